@@ -1,0 +1,64 @@
+# Tidemark build. `make test` and `make run` are the only commands a newcomer needs:
+# both create the environment first when it is missing or stale.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+PROTOS    := $(wildcard protos/tidemark/v1/*.proto)
+GENERATED := tidemark/v1/.generated
+
+.PHONY: setup system-deps protos run test lint format bench bench-oracle bench-storage bench-catalog bench-compute clean
+
+setup: $(INSTALLED) $(GENERATED)
+
+$(INSTALLED): pyproject.toml
+	@bash scripts/ensure-python-venv.sh "$(PYTHON)" "$(VENV)"
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+# Generated protobuf/gRPC modules live in tidemark/v1/ and are never committed.
+$(GENERATED): $(PROTOS) $(INSTALLED)
+	@bash scripts/generate-protos.sh "$(BIN)/python"
+	@touch $@
+
+protos: $(INSTALLED)
+	@bash scripts/generate-protos.sh "$(BIN)/python"
+	@touch $(GENERATED)
+
+# Java for Spark and the etcd server for the integration tests, from Debian packages.
+system-deps:
+	@bash scripts/install-system-deps.sh
+
+run: setup
+	$(BIN)/tidemark up
+
+test: setup system-deps
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+format: setup
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+bench: bench-oracle bench-storage bench-catalog bench-compute
+
+bench-oracle: setup system-deps
+	$(BIN)/python bench/oracle.py
+
+bench-storage: setup system-deps
+	$(BIN)/python bench/storage.py
+
+bench-catalog: setup system-deps
+	$(BIN)/python bench/catalog.py
+
+bench-compute: setup system-deps
+	$(BIN)/python bench/compute.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -f tidemark/v1/*_pb2*.py tidemark/v1/*_pb2*.pyi $(GENERATED)
