@@ -146,13 +146,17 @@ class MutableAntichain(Generic[T]):
         return self._counts.get(t, 0)
 
     def frontier(self) -> Antichain[T]:
-        """The minimal times with a positive count (recomputed only after a change)."""
+        """The minimal times with a positive count (recomputed only after a change). The
+        result is the caller's own copy."""
         if self._frontier is None:
             self._frontier = Antichain(self.lattice, (t for t, n in self._counts.items() if n > 0))
-        return self._frontier
+        return self._frontier.copy()
 
     def less_equal(self, t: T) -> bool:
-        return self.frontier().less_equal(t)
+        if self._frontier is None:
+            self.frontier()
+        assert self._frontier is not None
+        return self._frontier.less_equal(t)
 
     def is_empty(self) -> bool:
         return not self._counts

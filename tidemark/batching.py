@@ -1,0 +1,85 @@
+"""Group commit: many concurrent callers, one backend round trip.
+
+Callers submit requests; a single flusher takes everything that has arrived, runs one
+backend operation for the whole group and hands each caller its own answer. A request that
+arrives while a flush is running waits for the next one, never joining a flush that has
+already started: that keeps each answer linearizable, because the backend operation that
+serves a request always begins after the request was made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, TypeVar
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+
+FlushFn = Callable[[Sequence[Req]], Awaitable[Sequence[Resp]]]
+
+
+class GroupCommit(Generic[Req, Resp]):
+    """Runs ``flush`` over batches of requests, at most one flush at a time.
+
+    ``flush`` receives the requests in arrival order and returns one response per request in
+    the same order; if it raises, every request of that batch fails with the exception.
+    """
+
+    def __init__(self, flush: FlushFn[Req, Resp], max_batch: int = 4096) -> None:
+        self._flush = flush
+        self._max_batch = max_batch
+        self._pending: list[tuple[Req, asyncio.Future[Resp]]] = []
+        self._runner: asyncio.Task[None] | None = None
+
+    async def submit(self, request: Req) -> Resp:
+        future: asyncio.Future[Resp] = asyncio.get_running_loop().create_future()
+        self._pending.append((request, future))
+        if self._runner is None or self._runner.done():
+            self._runner = asyncio.create_task(self._run())
+        return await future
+
+    async def _run(self) -> None:
+        # Yield once so that callers arriving in the same event-loop tick share the flush.
+        await asyncio.sleep(0)
+        while self._pending:
+            batch = self._pending[: self._max_batch]
+            del self._pending[: self._max_batch]
+            live = [(req, fut) for req, fut in batch if not fut.cancelled()]
+            if not live:
+                continue
+            try:
+                responses = await self._flush([req for req, _ in live])
+            except asyncio.CancelledError:
+                for _, fut in live:
+                    if not fut.done():
+                        fut.cancel()
+                raise
+            except BaseException as exc:
+                for _, fut in live:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                continue
+            if len(responses) != len(live):
+                error = RuntimeError(
+                    f"batch flush returned {len(responses)} responses for {len(live)} requests"
+                )
+                for _, fut in live:
+                    if not fut.done():
+                        fut.set_exception(error)
+                continue
+            for (_, fut), resp in zip(live, responses, strict=True):
+                if not fut.done():
+                    fut.set_result(resp)
+
+    async def close(self) -> None:
+        if self._runner is not None and not self._runner.done():
+            self._runner.cancel()
+            try:
+                await self._runner
+            except asyncio.CancelledError:
+                pass
+        for _, fut in self._pending:
+            if not fut.done():
+                fut.cancel()
+        self._pending.clear()

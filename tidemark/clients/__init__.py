@@ -1,0 +1,1 @@
+"""Typed clients for Tidemark's services, for other services and for tools."""

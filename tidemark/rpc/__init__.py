@@ -1,0 +1,23 @@
+"""RPC plumbing shared by every Tidemark process: server bootstrap, error mapping, access
+logging, request ids and client helpers."""
+
+from tidemark.rpc.client import CLIENT_RETRY, NO_RETRY, call, open_channel, stream
+from tidemark.rpc.errors import error_from_rpc, status_for_exception
+from tidemark.rpc.request_id import REQUEST_ID_KEY, current_request_id
+from tidemark.rpc.server import Server, Service, announce_port, serve
+
+__all__ = [
+    "CLIENT_RETRY",
+    "NO_RETRY",
+    "REQUEST_ID_KEY",
+    "Server",
+    "Service",
+    "announce_port",
+    "call",
+    "current_request_id",
+    "error_from_rpc",
+    "open_channel",
+    "serve",
+    "status_for_exception",
+    "stream",
+]

@@ -1,0 +1,121 @@
+"""Server interceptors defined by what happens around one call.
+
+A ``grpc.aio`` interceptor only gets to swap a method's handler, and a handler comes in four
+shapes (unary or streaming requests and responses), each of which may be a coroutine, an async
+generator or a plain function. :func:`wrap_handler` hides that: it runs the original behaviour
+inside an async context manager, so an interceptor is one ``async with`` body that sees the
+call start, end, and any exception the service code raised.
+
+Streaming responses are re-emitted with ``context.write`` from a coroutine rather than yielded
+from a wrapping async generator: when the client goes away, the cancellation then reaches the
+context manager in the call's own task right away, instead of whenever the abandoned generator
+happens to be garbage collected.
+"""
+
+from __future__ import annotations
+
+import inspect
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+import grpc
+import grpc.aio
+
+Context = grpc.aio.ServicerContext[Any, Any]
+CallScope = Callable[[Context], AbstractAsyncContextManager[None]]
+Behaviour = Callable[..., Any]
+
+
+def _run_single(behaviour: Behaviour, scope: CallScope) -> Behaviour:
+    async def run(request: Any, context: Context) -> Any:
+        async with scope(context):
+            result = behaviour(request, context)
+            if inspect.isawaitable(result):
+                result = await result
+            return result
+
+    return run
+
+
+async def _write_all(responses: AsyncIterator[Any], context: Context) -> None:
+    try:
+        async for response in responses:
+            await context.write(response)
+    finally:
+        # Run the generator's own cleanup now, in this task, even if the call was cancelled.
+        close = getattr(responses, "aclose", None)
+        if close is not None:
+            await close()
+
+
+def _run_streaming(behaviour: Behaviour, scope: CallScope) -> Behaviour:
+    async def run(request: Any, context: Context) -> None:
+        async with scope(context):
+            result = behaviour(request, context)
+            if inspect.isawaitable(result):
+                # Reader/writer style: the handler wrote its responses itself.
+                await result
+            elif isinstance(result, AsyncIterator):
+                await _write_all(result, context)
+            elif result is not None:
+                for response in result:
+                    await context.write(response)
+
+    return run
+
+
+def wrap_handler(
+    handler: grpc.RpcMethodHandler[Any, Any], scope: CallScope
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """A handler that behaves like ``handler`` but runs each call inside ``scope(context)``."""
+    deserializer = handler.request_deserializer
+    serializer = handler.response_serializer
+    if handler.request_streaming and handler.response_streaming:
+        assert handler.stream_stream is not None
+        return grpc.stream_stream_rpc_method_handler(
+            _run_streaming(handler.stream_stream, scope), deserializer, serializer
+        )
+    if handler.request_streaming:
+        assert handler.stream_unary is not None
+        return grpc.stream_unary_rpc_method_handler(
+            _run_single(handler.stream_unary, scope), deserializer, serializer
+        )
+    if handler.response_streaming:
+        assert handler.unary_stream is not None
+        return grpc.unary_stream_rpc_method_handler(
+            _run_streaming(handler.unary_stream, scope), deserializer, serializer
+        )
+    assert handler.unary_unary is not None
+    return grpc.unary_unary_rpc_method_handler(
+        _run_single(handler.unary_unary, scope), deserializer, serializer
+    )
+
+
+class CallInterceptor(grpc.aio.ServerInterceptor, ABC):  # type: ignore[type-arg]
+    """Base class: subclasses say what happens around each call in :meth:`around_call`."""
+
+    @abstractmethod
+    def around_call(
+        self, details: grpc.HandlerCallDetails, context: Context
+    ) -> AbstractAsyncContextManager[None]:
+        """Entered before the service code runs and exited after it finished or raised."""
+
+    def unknown_method(self, details: grpc.HandlerCallDetails) -> None:
+        """Called for a method no service implements (gRPC answers UNIMPLEMENTED)."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Any:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            self.unknown_method(handler_call_details)
+            return None
+
+        def scope(context: Context) -> AbstractAsyncContextManager[None]:
+            return self.around_call(handler_call_details, context)
+
+        return wrap_handler(handler, scope)
