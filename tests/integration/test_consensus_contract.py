@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.etcd import EtcdServer, free_port
+from tests.support.etcd import EtcdServer
+from tests.support.ports import free_port
 from tidemark.consensus import (
     Committed,
     Consensus,

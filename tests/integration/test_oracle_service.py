@@ -15,7 +15,8 @@ import pytest
 from tests.support.etcd import EtcdServer
 from tests.support.oracle_history import check_history
 from tests.support.oracle_load import random_calls
-from tests.support.service_process import REPO_ROOT, ServiceProcess, free_port
+from tests.support.ports import free_port
+from tests.support.service_process import REPO_ROOT, ServiceProcess
 from tidemark.clients.oracle import OracleClient
 from tidemark.errors import InvalidArgument, Unavailable
 from tidemark.retry import RetryPolicy

@@ -19,7 +19,8 @@ from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from tests.support.service_process import REPO_ROOT, EchoProcess, LogRecord, free_port
+from tests.support.ports import free_port
+from tests.support.service_process import REPO_ROOT, EchoProcess, LogRecord
 from tidemark import errors
 from tidemark.retry import RetryPolicy
 from tidemark.rpc import NO_RETRY, REQUEST_ID_KEY, call, open_channel, stream

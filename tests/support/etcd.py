@@ -23,7 +23,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -34,19 +33,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.ports import free_port
+
 ETCD_BINARY = os.environ.get("TIDEMARK_ETCD_BINARY", "/usr/bin/etcd")
 
 _HOST = "127.0.0.1"
 _START_TIMEOUT_S = 30.0
 _STOP_TIMEOUT_S = 10.0
-
-
-def free_port() -> int:
-    """A TCP port on the loopback interface that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((_HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class _PortTaken(Exception):
@@ -83,6 +76,11 @@ class EtcdServer:
     def url(self) -> str:
         """The consensus URL for this server (see ``tidemark.consensus.open_consensus``)."""
         return f"etcd://{self.endpoint}"
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs (benchmarks read its CPU time)."""
+        return self._process.pid if self.running and self._process is not None else None
 
     @property
     def running(self) -> bool:

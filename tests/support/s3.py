@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,19 +36,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.ports import free_port
+
 ACCESS_KEY = "tidemark-test"
 SECRET_KEY = "tidemark-test-secret"
 _HOST = "127.0.0.1"
 _START_TIMEOUT_S = 30.0
 _STOP_TIMEOUT_S = 10.0
-
-
-def free_port(host: str = _HOST) -> int:
-    """A TCP port nothing listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _moto_command(host: str, port: int) -> list[str]:

@@ -8,7 +8,6 @@ import json
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,14 +20,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 30.0
 
 LogRecord = dict[str, Any]
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class ServiceProcess:
