@@ -20,11 +20,22 @@ class OracleConfig(ServiceConfig):
     backend_retry_seconds: float = setting(
         5.0, help="how long a call retries an unavailable consensus before failing UNAVAILABLE"
     )
+    batch_linger: float = setting(
+        0.002,
+        help="under load, the longest calls queued behind a consensus round trip wait for more "
+        "calls to share the next one, while more keep arriving (0: no wait); fewer round trips "
+        "per call for at most that much latency",
+        metavar="SECONDS",
+    )
 
 
 async def main(config: OracleConfig) -> None:
     consensus = open_consensus(config.consensus_url)
-    oracle = TimestampOracle(consensus, retry=RetryPolicy(config.backend_retry_seconds))
+    oracle = TimestampOracle(
+        consensus,
+        retry=RetryPolicy(config.backend_retry_seconds),
+        batch_linger_s=config.batch_linger,
+    )
     try:
         await serve(
             [oracle_service(oracle)],

@@ -78,8 +78,13 @@ class _Timeline:
         self.oracle = oracle
         self.key = KEY_PREFIX + name
         self.version_hint: VersionedData | None = None
-        self.reads: GroupCommit[None, TimelineState] = GroupCommit(self._flush_reads)
-        self.writes: GroupCommit[_WriteRequest, int] = GroupCommit(self._flush_writes)
+        linger = oracle.batch_linger_s
+        self.reads: GroupCommit[None, TimelineState] = GroupCommit(
+            self._flush_reads, linger_s=linger
+        )
+        self.writes: GroupCommit[_WriteRequest, int] = GroupCommit(
+            self._flush_writes, linger_s=linger
+        )
 
     async def _flush_reads(self, requests: Sequence[None]) -> list[TimelineState]:
         current = await retry_unavailable(
@@ -152,10 +157,14 @@ class TimestampOracle:
         consensus: Consensus,
         clock: Callable[[], int] = now_ms,
         retry: RetryPolicy | None = None,
+        batch_linger_s: float = 0.0,
     ) -> None:
+        """``batch_linger_s``: under load, how long calls queued behind a backend operation wait
+        for more calls to share the next one (see :mod:`tidemark.batching`)."""
         self.consensus = consensus
         self.clock = clock
         self.retry = retry or RetryPolicy()
+        self.batch_linger_s = batch_linger_s
         self._timelines: dict[str, _Timeline] = {}
 
     def _timeline(self, name: str) -> _Timeline:

@@ -43,4 +43,5 @@ def oracle_service(oracle: TimestampOracle) -> Service[OracleServicer]:
         oracle_pb2.DESCRIPTOR.services_by_name["TimestampOracle"],
         OracleServicer(oracle),
         oracle_pb2_grpc.add_TimestampOracleServicer_to_server,
+        hot=True,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from tidemark.consensus._signal import ChangeSignal
+from tidemark.change_signal import ChangeSignal
 from tidemark.consensus.base import (
     DEFAULT_MAX_VALUE_BYTES,
     CasResult,

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from tidemark.consensus._signal import ChangeSignal
+from tidemark.change_signal import ChangeSignal
 from tidemark.consensus.base import (
     DEFAULT_MAX_VALUE_BYTES,
     CasResult,

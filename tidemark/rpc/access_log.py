@@ -1,5 +1,10 @@
 """One log line per call: method, status, duration and request id.
 
+Lines are at info level, except for health probes, and for the successful calls of *hot*
+methods, which come at debug: methods such as the oracle's are called thousands of times a
+second, where a line per call would drown every other line and cost the server a good share of
+its CPU. A hot method's failures are still logged at info (server faults at error).
+
 The request id is the caller's ``x-request-id`` if it sent a usable one, otherwise a fresh one.
 It is bound to the logging context for the whole call (so every line the handler logs carries
 it) and returned to the caller in the trailing metadata.
@@ -9,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 
 import grpc
@@ -41,7 +46,11 @@ def _cancellation_status(context: Context) -> grpc.StatusCode:
 
 
 class AccessLogInterceptor(CallInterceptor):
-    """Logs every call once it finished (see the module docs)."""
+    """Logs every call once it finished (see the module docs). ``hot_methods``: full method
+    names (``/package.Service/Method``) whose successful calls are logged at debug."""
+
+    def __init__(self, hot_methods: Iterable[str] = ()) -> None:
+        self.hot_methods = frozenset(hot_methods)
 
     @asynccontextmanager
     async def around_call(
@@ -73,8 +82,7 @@ class AccessLogInterceptor(CallInterceptor):
         request_id = request_id_from_metadata(details.invocation_metadata) or new_request_id()
         self._log(details.method, grpc.StatusCode.UNIMPLEMENTED, time.perf_counter(), request_id)
 
-    @staticmethod
-    def _log(method: str, status: grpc.StatusCode, started: float, request_id: str) -> None:
+    def _log(self, method: str, status: grpc.StatusCode, started: float, request_id: str) -> None:
         fields = {
             "method": method,
             "status": status.name,
@@ -83,7 +91,9 @@ class AccessLogInterceptor(CallInterceptor):
         }
         if status in SERVER_FAULTS:
             log.error("rpc", **fields)
-        elif method in QUIET_METHODS:
+        elif method in QUIET_METHODS or (
+            status == grpc.StatusCode.OK and method in self.hot_methods
+        ):
             log.debug("rpc", **fields)
         else:
             log.info("rpc", **fields)

@@ -10,14 +10,18 @@ Streaming responses are re-emitted with ``context.write`` from a coroutine rathe
 from a wrapping async generator: when the client goes away, the cancellation then reaches the
 context manager in the call's own task right away, instead of whenever the abandoned generator
 happens to be garbage collected.
+
+gRPC pays for every interceptor on every call (a coroutine, a continuation, a new handler), so
+the server runs its built-in interceptors as one :class:`InterceptorChain`, which wraps each
+method's handler once and enters the interceptors' scopes one inside the other.
 """
 
 from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import grpc
@@ -119,3 +123,61 @@ class CallInterceptor(grpc.aio.ServerInterceptor, ABC):  # type: ignore[type-arg
             return self.around_call(handler_call_details, context)
 
         return wrap_handler(handler, scope)
+
+
+class CallDetails(grpc.HandlerCallDetails):
+    """The method and invocation metadata of one call, as interceptors receive them."""
+
+    __slots__ = ("invocation_metadata", "method")
+
+    def __init__(self, method: str, invocation_metadata: Any) -> None:
+        self.method = method
+        self.invocation_metadata = invocation_metadata
+
+
+class InterceptorChain(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """Several :class:`CallInterceptor` run as one gRPC interceptor, the first outermost.
+
+    ``innermost`` says that no other interceptor runs inside the chain, so the handler gRPC
+    resolves for a method is always the same one: it is then wrapped once per method and
+    reused, instead of once per call.
+    """
+
+    def __init__(self, interceptors: Sequence[CallInterceptor], *, innermost: bool) -> None:
+        self.interceptors = tuple(interceptors)
+        self.innermost = innermost
+        self._wrapped: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Any:
+        method = handler_call_details.method
+        wrapped = self._wrapped.get(method)
+        if wrapped is not None:
+            return wrapped
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            for interceptor in self.interceptors:
+                interceptor.unknown_method(handler_call_details)
+            return None
+        wrapped = wrap_handler(handler, self._scope_for(method))
+        if self.innermost:
+            self._wrapped[method] = wrapped
+        return wrapped
+
+    def _scope_for(self, method: str) -> CallScope:
+        interceptors = self.interceptors
+
+        @asynccontextmanager
+        async def scope(context: Context) -> AsyncIterator[None]:
+            # Built from the context, not from the details gRPC passed in: a wrapped handler
+            # may serve many calls.
+            details = CallDetails(method, context.invocation_metadata())
+            async with AsyncExitStack() as scopes:  # nested like successive `async with`s
+                for interceptor in interceptors:
+                    await scopes.enter_async_context(interceptor.around_call(details, context))
+                yield
+
+        return scope

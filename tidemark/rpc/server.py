@@ -29,6 +29,7 @@ from grpc_reflection.v1alpha import reflection
 from tidemark.logging import get_logger
 from tidemark.rpc.access_log import AccessLogInterceptor
 from tidemark.rpc.errors import ErrorMappingInterceptor
+from tidemark.rpc.interceptor import InterceptorChain
 
 S = TypeVar("S")
 
@@ -63,10 +64,17 @@ class Service(Generic[S]):
     descriptor: ServiceDescriptor
     servicer: S
     add_to_server: Callable[[S, grpc.aio.Server], None]
+    # Called at high rates (the oracle): successful calls are logged at debug, not info.
+    hot: bool = False
 
     @property
     def name(self) -> str:
         return self.descriptor.full_name
+
+    @property
+    def method_names(self) -> list[str]:
+        """Full method names, as gRPC reports them: ``/package.Service/Method``."""
+        return [f"/{self.name}/{method.name}" for method in self.descriptor.methods]
 
 
 def split_listen_address(listen: str) -> tuple[str, int]:
@@ -100,9 +108,13 @@ class Server:
         self.drain = drain
         self._port: int | None = None
         self._health = health_aio.HealthServicer()
+        hot_methods = [name for service in services if service.hot for name in service.method_names]
+        built_in = InterceptorChain(
+            [AccessLogInterceptor(hot_methods), ErrorMappingInterceptor()],
+            innermost=not interceptors,
+        )
         self._server = grpc.aio.server(
-            interceptors=[AccessLogInterceptor(), ErrorMappingInterceptor(), *interceptors],
-            options=[*SERVER_OPTIONS, *options],
+            interceptors=[built_in, *interceptors], options=[*SERVER_OPTIONS, *options]
         )
         self._stopping: asyncio.Future[None] | None = None
         self._stopped = asyncio.Event()

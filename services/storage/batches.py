@@ -1,0 +1,129 @@
+"""Batches in the blob store: one immutable Parquet object per batch, under a key no other
+write will ever use, so a retried or concurrent write can never overwrite one.
+
+Keys look like ``shards/<collection>/<ms>-<uuid>.parquet``: the wall-clock milliseconds of
+the write let the orphan sweep tell an abandoned blob from one whose append is still in
+flight. Decoded tables are cached: a blob never changes, so a cached copy is never stale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from tidemark.blob import Blob
+from tidemark.columnar import from_parquet, to_parquet
+from tidemark.errors import NotFound
+from tidemark.retry import RetryPolicy, retry_unavailable
+
+_KEY = re.compile(r"shards/[^/]+/(\d{13})-[0-9a-f]{32}\.parquet")
+# Encoding or decoding this many rows is worth a hop to a worker thread.
+_THREAD_ROWS = 20_000
+
+
+def batch_prefix(collection_id: str) -> str:
+    return f"shards/{collection_id}/"
+
+
+def written_ms(key: str) -> int | None:
+    """When the blob ``key`` was written, or ``None`` if it is not a batch key."""
+    match = _KEY.fullmatch(key)
+    return int(match.group(1)) if match else None
+
+
+@dataclass(frozen=True)
+class WrittenBatch:
+    key: str
+    rows: int
+    bytes: int
+    written_ms: int
+
+
+class TableCache:
+    """Least-recently-used decoded tables, bounded by their Arrow buffer sizes."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._tables: OrderedDict[str, tuple[pa.Table, int]] = OrderedDict()
+        self._bytes = 0
+
+    def get(self, key: str) -> pa.Table | None:
+        entry = self._tables.get(key)
+        if entry is None:
+            return None
+        self._tables.move_to_end(key)
+        return entry[0]
+
+    def put(self, key: str, table: pa.Table) -> None:
+        size = table.get_total_buffer_size()
+        if size > self.max_bytes or key in self._tables:
+            return
+        self._tables[key] = (table, size)
+        self._bytes += size
+        while self._bytes > self.max_bytes:
+            _, (_, evicted) = self._tables.popitem(last=False)
+            self._bytes -= evicted
+
+    def discard(self, key: str) -> None:
+        entry = self._tables.pop(key, None)
+        if entry is not None:
+            self._bytes -= entry[1]
+
+
+class BatchStore:
+    def __init__(
+        self,
+        blob: Blob,
+        *,
+        cache_bytes: int = 256 << 20,
+        clock: Callable[[], int],
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        self.blob = blob
+        self.cache = TableCache(cache_bytes)
+        self.clock = clock
+        self.retry = retry or RetryPolicy()
+
+    def new_key(self, collection_id: str, now_ms: int) -> str:
+        return f"{batch_prefix(collection_id)}{now_ms:013d}-{uuid.uuid4().hex}.parquet"
+
+    async def write(self, collection_id: str, table: pa.Table) -> WrittenBatch:
+        """Store ``table`` under a fresh key. Durable once this returns."""
+        if table.num_rows >= _THREAD_ROWS:
+            data = await asyncio.to_thread(to_parquet, table)
+        else:
+            data = to_parquet(table)
+        now = self.clock()
+        key = self.new_key(collection_id, now)
+        await retry_unavailable(lambda: self.blob.put(key, data), self.retry, "the blob store")
+        self.cache.put(key, table)
+        return WrittenBatch(key, table.num_rows, len(data), now)
+
+    async def read(self, key: str, schema: pa.Schema) -> pa.Table:
+        """The batch stored under ``key``; ``NotFound`` if it is gone (garbage collected)."""
+        cached = self.cache.get(key)
+        if cached is not None:
+            return cached
+        data = await retry_unavailable(lambda: self.blob.get(key), self.retry, "the blob store")
+        if data is None:
+            raise NotFound(f"batch {key} is no longer in the blob store")
+        if len(data) > (1 << 20):
+            table = await asyncio.to_thread(from_parquet, data, schema)
+        else:
+            table = from_parquet(data, schema)
+        self.cache.put(key, table)
+        return table
+
+    async def delete(self, key: str) -> None:
+        self.cache.discard(key)
+        await retry_unavailable(lambda: self.blob.delete(key), self.retry, "the blob store")
+
+    async def keys(self, collection_id: str) -> list[str]:
+        prefix = batch_prefix(collection_id)
+        return await retry_unavailable(lambda: self.blob.list(prefix), self.retry, "the blob store")

@@ -1,0 +1,257 @@
+"""The gRPC face of storage: protobuf messages in and out of :class:`StorageCore`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc.aio
+
+from services.storage.core import StorageCore
+from services.storage.operations import short_id
+from services.storage.shards import Versioned
+from services.storage.state import CapabilityRecord
+from services.storage.subscriptions import MAX_MESSAGE_DATA_BYTES, SubscribeSpec
+from tidemark.cdc import Progress
+from tidemark.cdc.proto import frontier_from_proto, frontier_to_proto
+from tidemark.cdc.proto import to_proto as cdc_to_proto
+from tidemark.columnar import RelationSchema, from_ipc, slices, to_ipc
+from tidemark.errors import InvalidArgument
+from tidemark.frontier import Antichain
+from tidemark.rpc import Service
+from tidemark.v1 import common_pb2, storage_pb2, storage_pb2_grpc
+
+Context = grpc.aio.ServicerContext[object, object]
+
+
+def capability_proto(collection_id: str, record: CapabilityRecord) -> storage_pb2.Capability:
+    return storage_pb2.Capability(
+        collection_id=collection_id,
+        id=record.id,
+        kind=record.kind.value,  # type: ignore[arg-type]
+        frontier=frontier_to_proto(record.frontier),
+        lease_expires_ms=record.lease_expires_ms,
+        holder=record.holder,
+    )
+
+
+def pair_proto(
+    collection_id: str, pair: tuple[CapabilityRecord, CapabilityRecord]
+) -> storage_pb2.CapabilityPair:
+    return storage_pb2.CapabilityPair(
+        read=capability_proto(collection_id, pair[0]),
+        write=capability_proto(collection_id, pair[1]),
+    )
+
+
+def description_proto(versioned: Versioned) -> storage_pb2.CollectionDescription:
+    state = versioned.state
+    return storage_pb2.CollectionDescription(
+        collection_id=state.collection_id,
+        schema=state.schema.to_proto(),
+        since=frontier_to_proto(state.since),
+        upper=frontier_to_proto(state.upper),
+        batch_count=len(state.batches),
+        rows=state.total_rows,
+        bytes=state.total_bytes,
+        capabilities=[
+            storage_pb2.CapabilitySummary(
+                id_prefix=short_id(c.id).rstrip("…"),
+                kind=c.kind.value,  # type: ignore[arg-type]
+                frontier=frontier_to_proto(c.frontier),
+                lease_expires_ms=c.lease_expires_ms,
+                holder=c.holder,
+            )
+            for c in state.capabilities
+        ],
+        batches=[
+            storage_pb2.BatchSummary(
+                key=b.key,
+                lower=frontier_to_proto(b.lower),
+                upper=frontier_to_proto(b.upper),
+                since=frontier_to_proto(b.since),
+                rows=b.rows,
+                bytes=b.size,
+            )
+            for b in state.batches
+        ],
+        state_version=versioned.version,
+        state_bytes=versioned.size,
+        created_ms=state.created_ms,
+    )
+
+
+def required_frontier(message: object, field: str) -> Antichain[int]:
+    """A frontier field that must be present: an absent one would read as ``{}``, which
+    closes a collection forever, so it is never assumed."""
+    if not message.HasField(field):  # type: ignore[attr-defined]
+        raise InvalidArgument(f"{field} is required (an empty frontier must be given explicitly)")
+    proto: common_pb2.Frontier = getattr(message, field)
+    return frontier_from_proto(proto)
+
+
+def _ref(request: object) -> storage_pb2.CapabilityRef:
+    if not request.HasField("capability"):  # type: ignore[attr-defined]
+        raise InvalidArgument("the request names no capability")
+    ref: storage_pb2.CapabilityRef = request.capability  # type: ignore[attr-defined]
+    return ref
+
+
+class StorageServicer(storage_pb2_grpc.StorageServicer):
+    def __init__(self, core: StorageCore) -> None:
+        self.core = core
+
+    async def Create(
+        self, request: storage_pb2.CreateRequest, context: Context
+    ) -> storage_pb2.CapabilityPair:
+        schema = RelationSchema.from_proto(request.schema)
+        pair = await self.core.create(
+            request.collection_id,
+            schema,
+            initial_frontier=request.initial_frontier,
+            holder=request.holder,
+        )
+        return pair_proto(request.collection_id, pair)
+
+    async def Append(
+        self, request: storage_pb2.AppendRequest, context: Context
+    ) -> storage_pb2.AppendResponse:
+        ref = _ref(request)
+        updates = from_ipc(request.arrow_ipc) if request.arrow_ipc else None
+        expected = (
+            frontier_from_proto(request.expected_upper)
+            if request.HasField("expected_upper")
+            else None
+        )
+        outcome = await self.core.append(
+            ref.collection_id,
+            ref.id,
+            updates,
+            required_frontier(request, "new_upper"),
+            token=request.idempotency_token,
+            expected_upper=expected,
+        )
+        return storage_pb2.AppendResponse(
+            upper=frontier_to_proto(outcome.upper), already_committed=outcome.already_committed
+        )
+
+    async def SubscribeAt(
+        self, request: storage_pb2.SubscribeRequest, context: Context
+    ) -> AsyncIterator[common_pb2.CdcMessage]:
+        ref = _ref(request)
+        options = request.options
+        spec = SubscribeSpec(
+            snapshot=not options.no_snapshot,
+            columns=tuple(options.columns),
+            row_filter=options.filter if options.HasField("filter") else None,
+            stop_at=frontier_from_proto(options.stop_at) if options.HasField("stop_at") else None,
+            as_of=options.as_of if options.HasField("as_of") else None,
+            max_rows=options.max_rows_per_message or self.core.settings.max_rows_per_message,
+        )
+        async for event in self.core.subscribe(ref.collection_id, ref.id, spec):
+            if isinstance(event, Progress):
+                yield cdc_to_proto(event)
+            else:
+                yield common_pb2.CdcMessage(updates=common_pb2.Updates(arrow_ipc=to_ipc(event)))
+
+    async def Snapshot(
+        self, request: storage_pb2.SnapshotRequest, context: Context
+    ) -> AsyncIterator[storage_pb2.SnapshotResponse]:
+        ref = _ref(request)
+        result = await self.core.snapshot(
+            ref.collection_id,
+            ref.id,
+            request.as_of if request.HasField("as_of") else None,
+            columns=list(request.columns),
+            row_filter=request.filter if request.HasField("filter") else None,
+        )
+        since = frontier_to_proto(result.since)
+        upper = frontier_to_proto(result.upper)
+        pieces = slices(
+            result.table, self.core.settings.max_rows_per_message, MAX_MESSAGE_DATA_BYTES
+        )
+        for piece in pieces:
+            yield storage_pb2.SnapshotResponse(
+                arrow_ipc=to_ipc(piece), as_of=result.as_of, since=since, upper=upper
+            )
+
+    async def CloneCapability(
+        self, request: storage_pb2.CloneCapabilityRequest, context: Context
+    ) -> storage_pb2.Capability:
+        ref = _ref(request)
+        record = await self.core.clone(ref.collection_id, ref.id, request.holder)
+        return capability_proto(ref.collection_id, record)
+
+    async def DowngradeCapability(
+        self, request: storage_pb2.DowngradeCapabilityRequest, context: Context
+    ) -> storage_pb2.Capability:
+        ref = _ref(request)
+        frontier = required_frontier(request, "frontier")
+        record = await self.core.downgrade(ref.collection_id, ref.id, frontier)
+        return capability_proto(ref.collection_id, record)
+
+    async def DropCapability(
+        self, request: storage_pb2.DropCapabilityRequest, context: Context
+    ) -> storage_pb2.DropCapabilityResponse:
+        ref = _ref(request)
+        await self.core.drop(ref.collection_id, ref.id)
+        return storage_pb2.DropCapabilityResponse()
+
+    async def AcquireCapabilities(
+        self, request: storage_pb2.AcquireCapabilitiesRequest, context: Context
+    ) -> storage_pb2.CapabilityPair:
+        pair = await self.core.acquire(request.collection_id, request.holder)
+        return pair_proto(request.collection_id, pair)
+
+    async def RenewLeases(
+        self, request: storage_pb2.RenewLeasesRequest, context: Context
+    ) -> storage_pb2.RenewLeasesResponse:
+        renewed, missing = await self.core.renew(
+            [(ref.collection_id, ref.id) for ref in request.capabilities]
+        )
+        return storage_pb2.RenewLeasesResponse(
+            renewed=[capability_proto(c, record) for c, record in renewed],
+            missing=[storage_pb2.CapabilityRef(collection_id=c, id=i) for c, i in missing],
+        )
+
+    async def IngestCdc(
+        self, request_iterator: AsyncIterator[storage_pb2.IngestCdcRequest], context: Context
+    ) -> storage_pb2.IngestCdcResponse:
+        requests = aiter(request_iterator)
+        try:
+            first = await anext(requests)
+        except StopAsyncIteration:
+            raise InvalidArgument("IngestCdc needs at least one message") from None
+        ref = _ref(first)
+
+        async def messages() -> AsyncIterator[common_pb2.CdcMessage]:
+            if first.HasField("message"):
+                yield first.message
+            async for request in requests:
+                if request.HasField("message"):
+                    yield request.message
+
+        result = await self.core.ingest(ref.collection_id, ref.id, messages())
+        return storage_pb2.IngestCdcResponse(
+            upper=frontier_to_proto(result.upper),
+            intervals_appended=result.intervals,
+            updates_appended=result.updates,
+        )
+
+    async def Describe(
+        self, request: storage_pb2.DescribeRequest, context: Context
+    ) -> storage_pb2.CollectionDescription:
+        return description_proto(await self.core.describe(request.collection_id))
+
+    async def List(
+        self, request: storage_pb2.ListRequest, context: Context
+    ) -> storage_pb2.ListResponse:
+        described = [description_proto(v) for v in await self.core.list_collections()]
+        return storage_pb2.ListResponse(collections=described)
+
+
+def storage_service(core: StorageCore) -> Service[StorageServicer]:
+    return Service(
+        storage_pb2.DESCRIPTOR.services_by_name["Storage"],
+        StorageServicer(core),
+        storage_pb2_grpc.add_StorageServicer_to_server,
+    )

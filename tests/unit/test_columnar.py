@@ -1,0 +1,277 @@
+"""Columnar update batches: schemas, conversion, the Arrow algebra against the Python one, and
+the IPC/Parquet round trips."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tidemark.columnar import (
+    Column,
+    ColumnType,
+    RelationSchema,
+    advance_by,
+    concat,
+    conform,
+    consolidate,
+    counts_by_time,
+    from_ipc,
+    from_parquet,
+    project,
+    select_times,
+    slices,
+    table_from_updates,
+    time_range,
+    to_ipc,
+    to_parquet,
+    updates_from_table,
+    version_from_table,
+    with_time,
+)
+from tidemark.errors import InvalidArgument
+from tidemark.frontier import u64_frontier
+from tidemark.global_id import validate_global_id
+from tidemark.updates import advance_by as py_advance_by
+from tidemark.updates import consolidate as py_consolidate
+from tidemark.v1 import common_pb2
+
+EVERY_TYPE = RelationSchema(
+    [
+        Column("flag", ColumnType.BOOL),
+        Column("n", ColumnType.INT64, nullable=False),
+        Column("x", ColumnType.FLOAT64),
+        Column("amount", ColumnType.DECIMAL, precision=12, scale=2),
+        Column("name", ColumnType.TEXT),
+        Column("blob", ColumnType.BYTES),
+        Column("day", ColumnType.DATE),
+        Column("at", ColumnType.TIMESTAMP),
+        Column("doc", ColumnType.JSON),
+    ]
+)
+
+SAMPLE_ROW = (
+    True,
+    7,
+    1.5,
+    decimal.Decimal("12.34"),
+    "hé",
+    b"\x00\x01",
+    datetime.date(2024, 2, 29),
+    datetime.datetime(2024, 2, 29, 12, 30, 1, 123456),
+    '{"a": [1, 2]}',
+)
+NULL_ROW = (None, 8, None, None, None, None, None, None, None)
+
+PAIR = RelationSchema.of(("k", ColumnType.INT64), ("v", ColumnType.TEXT))
+
+
+# -- schemas ----------------------------------------------------------------------------------
+
+
+def test_schema_round_trips_through_proto_and_maps_to_arrow() -> None:
+    proto = EVERY_TYPE.to_proto()
+    assert (
+        RelationSchema.from_proto(common_pb2.RelationSchema.FromString(proto.SerializeToString()))
+        == EVERY_TYPE
+    )
+    arrow = EVERY_TYPE.update_schema()
+    assert arrow.names == [*EVERY_TYPE.names, "time", "diff"]
+    assert arrow.field("amount").type == pa.decimal128(12, 2)
+    assert arrow.field("at").type == pa.timestamp("us")
+    assert arrow.field("n").nullable is False
+    assert arrow.field("time").type == pa.uint64()
+    assert arrow.field("diff").type == pa.int64()
+
+
+@pytest.mark.parametrize(
+    ("columns", "message"),
+    [
+        ([], "at least one column"),
+        ([Column("a", ColumnType.INT64), Column("a", ColumnType.TEXT)], "appears twice"),
+    ],
+)
+def test_bad_schemas_are_rejected(columns: list[Column], message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        RelationSchema(columns)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: Column("time", ColumnType.INT64), "reserved"),
+        (lambda: Column("diff", ColumnType.INT64), "reserved"),
+        (lambda: Column("", ColumnType.INT64), "1 to 255"),
+        (lambda: Column("d", ColumnType.DECIMAL, precision=39), "precision"),
+        (lambda: Column("d", ColumnType.DECIMAL, precision=5, scale=6), "scale"),
+        (lambda: Column("i", ColumnType.INT64, precision=5), "decimal columns only"),
+    ],
+)
+def test_bad_columns_are_rejected(make: Any, message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        make()
+
+
+def test_decimal_precision_zero_means_38_and_untyped_proto_column_is_rejected() -> None:
+    assert Column("d", ColumnType.DECIMAL).arrow_type == pa.decimal128(38, 0)
+    with pytest.raises(InvalidArgument, match="no type"):
+        Column.from_proto(common_pb2.Column(name="x"))
+
+
+@pytest.mark.parametrize("good", ["u1", "s0", "u12", "s18446744073709551615"])
+def test_global_ids_accepted(good: str) -> None:
+    assert validate_global_id(good) == good
+
+
+@pytest.mark.parametrize("bad", ["", "u", "x1", "u01", "U1", "u-1", "u1 ", "s18446744073709551616"])
+def test_global_ids_rejected(bad: str) -> None:
+    with pytest.raises(InvalidArgument, match="GlobalId"):
+        validate_global_id(bad)
+
+
+# -- conversion -------------------------------------------------------------------------------
+
+
+def test_every_type_survives_rows_ipc_and_parquet() -> None:
+    updates = [(SAMPLE_ROW, 3, 2), (NULL_ROW, 4, -1)]
+    table = table_from_updates(EVERY_TYPE, updates)
+    assert table.schema == EVERY_TYPE.update_schema()
+    assert updates_from_table(table) == updates
+    assert from_ipc(to_ipc(table)).equals(table)
+    assert from_parquet(to_parquet(table), table.schema).equals(table)
+    empty = table.slice(0, 0)
+    assert from_ipc(to_ipc(empty)).schema == table.schema
+
+
+def test_large_batches_are_compressed_and_survive_parquet() -> None:
+    table = table_from_updates(PAIR, [((i, "same text" * 4), i % 7, 1) for i in range(5000)])
+    data = to_parquet(table)
+    assert len(data) < table.nbytes / 2
+    assert from_parquet(data, table.schema).equals(table)
+
+
+def test_not_ipc_is_invalid_argument() -> None:
+    with pytest.raises(InvalidArgument, match="Arrow IPC"):
+        from_ipc(b"definitely not arrow")
+
+
+def test_conform_reorders_and_widens_losslessly() -> None:
+    table = pa.table(
+        {
+            "diff": pa.array([1], pa.int32()),
+            "v": pa.array(["a"]),
+            "time": pa.array([5], pa.int64()),
+            "k": pa.array([3], pa.int16()),
+        }
+    )
+    conformed = conform(table, PAIR)
+    assert conformed.schema == PAIR.update_schema()
+    assert updates_from_table(conformed) == [((3, "a"), 5, 1)]
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        (pa.table({"k": [1], "time": [1], "diff": [1]}), "missing"),
+        (pa.table({"k": [1], "v": ["a"], "w": [1], "time": [1], "diff": [1]}), "unexpected"),
+        (pa.table({"k": ["x"], "v": ["a"], "time": [1], "diff": [1]}), "does not convert"),
+        (pa.table({"k": [1], "v": ["a"], "time": [-1], "diff": [1]}), "does not convert"),
+        (pa.table({"k": [1], "v": ["a"], "time": [None], "diff": [1]}), "null"),
+        (pa.table({"k": [1], "v": ["a"], "time": [1], "diff": [None]}), "null"),
+    ],
+)
+def test_conform_rejects(table: pa.Table, message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        conform(table, PAIR)
+
+
+def test_conform_rejects_null_in_non_nullable_column() -> None:
+    schema = RelationSchema([Column("k", ColumnType.INT64, nullable=False)])
+    with pytest.raises(InvalidArgument, match="not nullable"):
+        conform(pa.table({"k": [None], "time": [1], "diff": [1]}), schema)
+
+
+# -- the algebra against tidemark.updates -----------------------------------------------------
+
+rows = st.tuples(st.integers(0, 3), st.sampled_from(["a", "b", None]))
+update_lists = st.lists(st.tuples(rows, st.integers(0, 6), st.integers(-2, 2)), max_size=40)
+
+
+def _py(updates: list[tuple[Any, int, int]]) -> list[tuple[Any, int, int]]:
+    """Python consolidation, in the Arrow order (None sorts last)."""
+    consolidated = py_consolidate(updates)
+    return sorted(consolidated, key=lambda u: ((u[0][0], u[0][1] is None, u[0][1] or ""), u[1]))
+
+
+@given(update_lists)
+def test_consolidate_matches_python(updates: list[tuple[Any, int, int]]) -> None:
+    table = consolidate(table_from_updates(PAIR, updates))
+    assert updates_from_table(table) == _py(updates)
+    assert table.schema == PAIR.update_schema()
+
+
+@given(update_lists, st.integers(0, 7))
+def test_advance_by_matches_python(updates: list[tuple[Any, int, int]], since: int) -> None:
+    table = advance_by(table_from_updates(PAIR, updates), u64_frontier(since))
+    expected = py_advance_by(updates, u64_frontier(since))
+    assert updates_from_table(table) == _py(expected)
+
+
+def test_advance_by_empty_frontier_only_consolidates() -> None:
+    table = table_from_updates(PAIR, [((1, "a"), 3, 1), ((1, "a"), 3, 1), ((2, "b"), 1, 0)])
+    assert updates_from_table(advance_by(table, u64_frontier())) == [((1, "a"), 3, 2)]
+
+
+@given(update_lists, st.integers(0, 7), st.integers(0, 7))
+def test_select_times_and_counts(updates: list[tuple[Any, int, int]], lo: int, hi: int) -> None:
+    table = consolidate(table_from_updates(PAIR, updates))
+    picked = select_times(table, lo, hi)
+    expected = [u for u in _py(updates) if lo <= u[1] < hi]
+    assert updates_from_table(picked) == expected
+    counts: dict[int, int] = {}
+    for _, t, _ in expected:
+        counts[t] = counts.get(t, 0) + 1
+    assert counts_by_time(picked) == sorted(counts.items())
+    assert time_range(picked) == ((min(counts), max(counts)) if counts else None)
+
+
+def test_project_consolidates_rows_that_became_equal() -> None:
+    table = table_from_updates(
+        PAIR, [((1, "a"), 2, 1), ((1, "b"), 2, 1), ((2, "a"), 2, 1), ((2, "b"), 2, -1)]
+    )
+    projected = project(table, ["k"])
+    assert projected.column_names == ["k", "time", "diff"]
+    assert updates_from_table(projected) == [((1,), 2, 2)]
+    assert version_from_table(project(table, ["v"])) == {("a",): 2}
+
+
+def test_with_time_slices_and_concat() -> None:
+    table = table_from_updates(PAIR, [((i, "x"), i, 1) for i in range(5)])
+    moved = with_time(table, 9)
+    assert set(moved.column("time").to_pylist()) == {9}
+    assert moved.schema == table.schema
+    pieces = list(slices(table, 2))
+    assert [p.num_rows for p in pieces] == [2, 2, 1]
+    by_size = list(slices(table, 100, max_bytes=table.nbytes // 5 * 2))
+    assert [p.num_rows for p in by_size] == [2, 2, 1]
+    assert concat(pieces, table.schema).equals(table)
+    assert concat([], table.schema).num_rows == 0
+    with pytest.raises(InvalidArgument):
+        list(slices(table, 0))
+
+
+def test_nan_and_null_group_together() -> None:
+    schema = RelationSchema.of(("x", ColumnType.FLOAT64))
+    nan = float("nan")
+    table = table_from_updates(
+        schema, [((nan,), 1, 1), ((nan,), 1, 1), ((None,), 1, 1), ((None,), 1, 2)]
+    )
+    out = updates_from_table(consolidate(table))
+    assert len(out) == 2
+    assert out[1] == ((None,), 1, 3)
+    assert out[0][2] == 2

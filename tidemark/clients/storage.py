@@ -1,0 +1,605 @@
+"""Client of the storage service (``tidemark.v1.Storage``).
+
+Updates go in and come out as Arrow tables (the collection's columns, ``time``, ``diff``);
+for small amounts, ``(row, time, diff)`` triples of Python tuples work too. Frontiers are
+``Antichain[int]`` (``CLOSED`` is ``{}``); wherever one is expected an ``int`` ``t`` means
+``{t}``.
+
+Appends carry an idempotency token (a fresh one unless given) and are retried with it while
+the outcome is unknown, so each append takes effect exactly once.
+
+Subscriptions: :meth:`StorageClient.subscribe` yields CDCv2 messages with rows as tuples, ready
+for :class:`tidemark.cdc.CdcReader`; :meth:`StorageClient.subscribe_arrow` yields Arrow tables
+and progress statements; :meth:`StorageClient.subscribe_raw` the protobuf messages. A reader
+that has the history through ``{r}`` resumes with ``as_of=r - 1, snapshot=False`` (and may
+downgrade its read capability to ``r - 1``, not further, while it still needs the stream).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import decimal
+import time
+import uuid
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, TypeAlias
+
+import grpc.aio
+import pyarrow as pa
+
+from tidemark.cdc import Message, Progress, Updates
+from tidemark.cdc.proto import from_proto as cdc_from_proto
+from tidemark.cdc.proto import frontier_from_proto, frontier_to_proto
+from tidemark.cdc.proto import to_proto as cdc_to_proto
+from tidemark.columnar import (
+    RelationSchema,
+    Row,
+    RowUpdate,
+    from_ipc,
+    table_from_updates,
+    to_ipc,
+    updates_from_table,
+    version_from_table,
+)
+from tidemark.errors import DeadlineExceeded, Indeterminate, InvalidArgument, TidemarkError
+from tidemark.frontier import Antichain, u64_frontier
+from tidemark.logging import get_logger
+from tidemark.retry import RetryPolicy
+from tidemark.rpc import CLIENT_RETRY, call, error_from_rpc, open_channel, stream
+from tidemark.v1 import common_pb2, storage_pb2, storage_pb2_grpc
+
+log = get_logger("tidemark.clients.storage")
+
+CLOSED: Antichain[int] = u64_frontier()
+"""The empty frontier ``{}``."""
+
+FrontierLike: TypeAlias = int | Antichain[int]
+UpdatesLike: TypeAlias = pa.Table | Iterable[RowUpdate] | None
+
+READ = "read"
+WRITE = "write"
+_KIND_NAMES = {
+    storage_pb2.CAPABILITY_KIND_READ: READ,
+    storage_pb2.CAPABILITY_KIND_WRITE: WRITE,
+}
+
+
+def frontier(value: FrontierLike) -> Antichain[int]:
+    """``{t}`` for an ``int``; an antichain as it is."""
+    return u64_frontier(value) if isinstance(value, int) else value
+
+
+# -- results ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Capability:
+    collection_id: str
+    id: str
+    kind: str
+    """``"read"`` or ``"write"``."""
+    frontier: Antichain[int]
+    lease_expires_ms: int
+    holder: str = ""
+
+    @property
+    def ref(self) -> storage_pb2.CapabilityRef:
+        return storage_pb2.CapabilityRef(collection_id=self.collection_id, id=self.id)
+
+    @property
+    def usable(self) -> bool:
+        """False for the empty-id capability AcquireCapabilities returns for a frontier that
+        is already ``{}``."""
+        return bool(self.id)
+
+    @classmethod
+    def from_proto(cls, proto: storage_pb2.Capability) -> Capability:
+        return cls(
+            proto.collection_id,
+            proto.id,
+            _KIND_NAMES.get(proto.kind, "unknown"),
+            frontier_from_proto(proto.frontier),
+            proto.lease_expires_ms,
+            proto.holder,
+        )
+
+
+@dataclass(frozen=True)
+class CapabilityPair:
+    read: Capability
+    write: Capability
+
+    @classmethod
+    def from_proto(cls, proto: storage_pb2.CapabilityPair) -> CapabilityPair:
+        return cls(Capability.from_proto(proto.read), Capability.from_proto(proto.write))
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    upper: Antichain[int]
+    already_committed: bool
+    """The append had taken effect on an earlier attempt (the server recognised its token)."""
+
+
+@dataclass(frozen=True)
+class SnapshotResult:
+    table: pa.Table
+    """The rows, ``time`` (= ``as_of``) and ``diff`` (the multiplicity)."""
+    as_of: int
+    since: Antichain[int]
+    upper: Antichain[int]
+
+    def version(self) -> dict[Row, int]:
+        """``{row: multiplicity}``."""
+        return version_from_table(self.table)
+
+
+@dataclass(frozen=True)
+class RenewResult:
+    renewed: list[Capability]
+    missing: list[tuple[str, str]]
+    """``(collection_id, capability_id)`` of capabilities that no longer exist."""
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    upper: Antichain[int]
+    intervals: int
+    updates: int
+
+
+@dataclass(frozen=True)
+class CapabilityInfo:
+    id_prefix: str
+    kind: str
+    frontier: Antichain[int]
+    lease_expires_ms: int
+    holder: str
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    key: str
+    lower: Antichain[int]
+    upper: Antichain[int]
+    since: Antichain[int]
+    rows: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class CollectionInfo:
+    collection_id: str
+    schema: RelationSchema
+    since: Antichain[int]
+    upper: Antichain[int]
+    batch_count: int
+    rows: int
+    bytes: int
+    capabilities: list[CapabilityInfo]
+    batches: list[BatchInfo]
+    state_version: int
+    state_bytes: int
+    created_ms: int
+
+    @classmethod
+    def from_proto(cls, proto: storage_pb2.CollectionDescription) -> CollectionInfo:
+        return cls(
+            proto.collection_id,
+            RelationSchema.from_proto(proto.schema),
+            frontier_from_proto(proto.since),
+            frontier_from_proto(proto.upper),
+            proto.batch_count,
+            proto.rows,
+            proto.bytes,
+            [
+                CapabilityInfo(
+                    c.id_prefix,
+                    _KIND_NAMES.get(c.kind, "unknown"),
+                    frontier_from_proto(c.frontier),
+                    c.lease_expires_ms,
+                    c.holder,
+                )
+                for c in proto.capabilities
+            ],
+            [
+                BatchInfo(
+                    b.key,
+                    frontier_from_proto(b.lower),
+                    frontier_from_proto(b.upper),
+                    frontier_from_proto(b.since),
+                    b.rows,
+                    b.bytes,
+                )
+                for b in proto.batches
+            ],
+            proto.state_version,
+            proto.state_bytes,
+            proto.created_ms,
+        )
+
+
+# -- row filters ------------------------------------------------------------------------------
+
+_OPS = {
+    "=": storage_pb2.FILTER_OP_EQ,
+    "!=": storage_pb2.FILTER_OP_NE,
+    "<": storage_pb2.FILTER_OP_LT,
+    "<=": storage_pb2.FILTER_OP_LE,
+    ">": storage_pb2.FILTER_OP_GT,
+    ">=": storage_pb2.FILTER_OP_GE,
+    "is null": storage_pb2.FILTER_OP_IS_NULL,
+    "is not null": storage_pb2.FILTER_OP_IS_NOT_NULL,
+    "in": storage_pb2.FILTER_OP_IN,
+}
+_EPOCH = datetime.datetime(1970, 1, 1)
+
+
+def filter_value(value: object) -> storage_pb2.FilterValue:
+    """A Python constant as a filter operand."""
+    if isinstance(value, bool):
+        return storage_pb2.FilterValue(bool_value=value)
+    if isinstance(value, int):
+        return storage_pb2.FilterValue(int_value=value)
+    if isinstance(value, float):
+        return storage_pb2.FilterValue(float_value=value)
+    if isinstance(value, str):
+        return storage_pb2.FilterValue(text_value=value)
+    if isinstance(value, bytes):
+        return storage_pb2.FilterValue(bytes_value=value)
+    if isinstance(value, decimal.Decimal):
+        return storage_pb2.FilterValue(decimal_value=str(value))
+    if isinstance(value, datetime.datetime):
+        micros = (value - _EPOCH) // datetime.timedelta(microseconds=1)
+        return storage_pb2.FilterValue(timestamp_value=micros)
+    if isinstance(value, datetime.date):
+        return storage_pb2.FilterValue(date_value=(value - _EPOCH.date()).days)
+    raise InvalidArgument(f"no filter constant for {type(value).__name__} values")
+
+
+def where(column: str, op: str, value: object = None) -> storage_pb2.ColumnPredicate:
+    """One predicate, e.g. ``where("id", ">=", 10)``, ``where("name", "is null")``,
+    ``where("kind", "in", ["a", "b"])``."""
+    code = _OPS.get(op.lower())
+    if code is None:
+        raise InvalidArgument(f"unknown filter operator {op!r}; one of {sorted(_OPS)}")
+    predicate = storage_pb2.ColumnPredicate(column=column, op=code)
+    if code == storage_pb2.FILTER_OP_IN:
+        predicate.values.extend(filter_value(v) for v in value)  # type: ignore[attr-defined]
+    elif code not in (storage_pb2.FILTER_OP_IS_NULL, storage_pb2.FILTER_OP_IS_NOT_NULL):
+        predicate.value.CopyFrom(filter_value(value))
+    return predicate
+
+
+def row_filter(*predicates: storage_pb2.ColumnPredicate) -> storage_pb2.RowFilter:
+    """Rows for which every predicate holds."""
+    return storage_pb2.RowFilter(predicates=predicates)
+
+
+# -- the client -------------------------------------------------------------------------------
+
+
+class StorageClient:
+    """Calls retry while the service is unavailable (within ``retry``) and raise Tidemark
+    errors otherwise; each unary call finishes within ``timeout`` seconds."""
+
+    def __init__(
+        self, address: str, *, timeout: float = 10.0, retry: RetryPolicy = CLIENT_RETRY
+    ) -> None:
+        self.channel: grpc.aio.Channel = open_channel(address)
+        self.stub = storage_pb2_grpc.StorageStub(self.channel)
+        self.timeout = timeout
+        self.retry = retry
+        self._schemas: dict[str, RelationSchema] = {}
+
+    async def close(self) -> None:
+        await self.channel.close(None)
+
+    async def __aenter__(self) -> StorageClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def _call(self, method: Any, request: Any, seconds: float | None = None) -> Any:
+        return await call(method, request, timeout=seconds or self.timeout, retry=self.retry)
+
+    # -- collections ------------------------------------------------------------------------
+
+    async def create(
+        self,
+        collection_id: str,
+        schema: RelationSchema,
+        *,
+        initial_frontier: int = 0,
+        holder: str = "",
+    ) -> CapabilityPair:
+        request = storage_pb2.CreateRequest(
+            collection_id=collection_id,
+            schema=schema.to_proto(),
+            initial_frontier=initial_frontier,
+            holder=holder,
+        )
+        pair = CapabilityPair.from_proto(await self._call(self.stub.Create, request))
+        self._schemas[collection_id] = schema
+        return pair
+
+    async def describe(self, collection_id: str) -> CollectionInfo:
+        request = storage_pb2.DescribeRequest(collection_id=collection_id)
+        info = CollectionInfo.from_proto(await self._call(self.stub.Describe, request))
+        self._schemas[collection_id] = info.schema
+        return info
+
+    async def list(self) -> list[CollectionInfo]:
+        response = await self._call(self.stub.List, storage_pb2.ListRequest())
+        return [CollectionInfo.from_proto(d) for d in response.collections]
+
+    async def schema(self, collection_id: str) -> RelationSchema:
+        """The collection's schema (asked for once, then remembered)."""
+        known = self._schemas.get(collection_id)
+        if known is None:
+            known = (await self.describe(collection_id)).schema
+        return known
+
+    # -- appends ----------------------------------------------------------------------------
+
+    async def encode_updates(self, collection_id: str, updates: UpdatesLike) -> bytes:
+        """The Arrow IPC form of ``updates`` (empty bytes for none)."""
+        if updates is None:
+            return b""
+        if isinstance(updates, pa.Table):
+            table = updates
+        else:
+            held = list(updates)
+            if not held:
+                return b""
+            table = table_from_updates(await self.schema(collection_id), held)
+        return to_ipc(table) if table.num_rows else b""
+
+    async def append(
+        self,
+        capability: Capability,
+        updates: UpdatesLike,
+        new_upper: FrontierLike,
+        *,
+        token: str | None = None,
+        expected_upper: FrontierLike | None = None,
+    ) -> AppendResult:
+        """Append ``updates`` (times in ``[capability's frontier, new_upper)``) and move the
+        upper to ``new_upper``. The write capability's frontier is the upper it must meet;
+        after a successful append the capability is at ``new_upper``."""
+        data = await self.encode_updates(capability.collection_id, updates)
+        return await self.append_ipc(
+            capability, data, new_upper, token=token, expected_upper=expected_upper
+        )
+
+    async def append_ipc(
+        self,
+        capability: Capability,
+        arrow_ipc: bytes,
+        new_upper: FrontierLike,
+        *,
+        token: str | None = None,
+        expected_upper: FrontierLike | None = None,
+    ) -> AppendResult:
+        """:meth:`append` with updates already encoded as an Arrow IPC stream."""
+        request = storage_pb2.AppendRequest(
+            capability=capability.ref,
+            arrow_ipc=arrow_ipc,
+            new_upper=frontier_to_proto(frontier(new_upper)),
+            idempotency_token=token or uuid.uuid4().hex,
+        )
+        if expected_upper is not None:
+            request.expected_upper.CopyFrom(frontier_to_proto(frontier(expected_upper)))
+        deadline = time.monotonic() + self.timeout
+        backoff = self.retry.backoffs()
+        while True:
+            try:
+                response = await self._call(
+                    self.stub.Append, request, max(0.1, deadline - time.monotonic())
+                )
+                return AppendResult(frontier_from_proto(response.upper), response.already_committed)
+            except (Indeterminate, DeadlineExceeded) as exc:
+                # Unknown outcome: the same token makes a second attempt safe.
+                if backoff.expired() or time.monotonic() >= deadline:
+                    raise
+                log.debug("append_retry", error=exc.message)
+            await backoff.sleep()
+
+    # -- reads ------------------------------------------------------------------------------
+
+    async def snapshot(
+        self,
+        capability: Capability,
+        as_of: int | None = None,
+        *,
+        columns: Sequence[str] = (),
+        filter: storage_pb2.RowFilter | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the gRPC deadline)
+    ) -> SnapshotResult:
+        """The collection at ``as_of`` (default: the capability's frontier); waits, within
+        ``timeout``, until the upper has passed it."""
+        request = storage_pb2.SnapshotRequest(capability=capability.ref, columns=columns)
+        if as_of is not None:
+            request.as_of = as_of
+        if filter is not None:
+            request.filter.CopyFrom(filter)
+        tables: list[pa.Table] = []
+        last: storage_pb2.SnapshotResponse | None = None
+        async for response in stream(self.stub.Snapshot, request, timeout=timeout or self.timeout):
+            tables.append(from_ipc(response.arrow_ipc))
+            last = response
+        if last is None:
+            raise InvalidArgument("the snapshot stream was empty")
+        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        return SnapshotResult(
+            table, last.as_of, frontier_from_proto(last.since), frontier_from_proto(last.upper)
+        )
+
+    def subscribe_raw(
+        self,
+        capability: Capability,
+        *,
+        snapshot: bool = True,
+        columns: Sequence[str] = (),
+        filter: storage_pb2.RowFilter | None = None,
+        stop_at: FrontierLike | None = None,
+        as_of: int | None = None,
+        max_rows_per_message: int = 0,
+        timeout: float | None = None,
+    ) -> AsyncIterator[common_pb2.CdcMessage]:
+        """The subscription's CDCv2 messages as sent. Stop iterating to cancel it."""
+        options = storage_pb2.SubscribeOptions(
+            no_snapshot=not snapshot, columns=columns, max_rows_per_message=max_rows_per_message
+        )
+        if filter is not None:
+            options.filter.CopyFrom(filter)
+        if stop_at is not None:
+            options.stop_at.CopyFrom(frontier_to_proto(frontier(stop_at)))
+        if as_of is not None:
+            options.as_of = as_of
+        request = storage_pb2.SubscribeRequest(capability=capability.ref, options=options)
+        return stream(self.stub.SubscribeAt, request, timeout=timeout)
+
+    async def subscribe_arrow(
+        self, capability: Capability, **options: Any
+    ) -> AsyncIterator[pa.Table | Progress[int]]:
+        """Update batches as Arrow tables, and progress statements."""
+        async for message in self.subscribe_raw(capability, **options):
+            if message.WhichOneof("kind") == "updates" and message.updates.arrow_ipc:
+                yield from_ipc(message.updates.arrow_ipc)
+            else:
+                decoded = cdc_from_proto(message)
+                if isinstance(decoded, Progress):
+                    yield decoded
+
+    async def subscribe(
+        self, capability: Capability, **options: Any
+    ) -> AsyncIterator[Message[Row, int]]:
+        """CDCv2 messages with rows as tuples (options as for :meth:`subscribe_raw`)."""
+        async for message in self.subscribe_raw(capability, **options):
+            yield cdc_from_proto(message, _decode_rows)  # type: ignore[misc]
+
+    # -- capabilities -----------------------------------------------------------------------
+
+    async def clone(self, capability: Capability, holder: str = "") -> Capability:
+        request = storage_pb2.CloneCapabilityRequest(capability=capability.ref, holder=holder)
+        return Capability.from_proto(await self._call(self.stub.CloneCapability, request))
+
+    async def downgrade(self, capability: Capability, to: FrontierLike) -> Capability:
+        """Move the capability forward to ``to`` (``CLOSED`` drops it)."""
+        request = storage_pb2.DowngradeCapabilityRequest(
+            capability=capability.ref, frontier=frontier_to_proto(frontier(to))
+        )
+        return Capability.from_proto(await self._call(self.stub.DowngradeCapability, request))
+
+    async def drop(self, capability: Capability) -> None:
+        request = storage_pb2.DropCapabilityRequest(capability=capability.ref)
+        await self._call(self.stub.DropCapability, request)
+
+    async def acquire(self, collection_id: str, holder: str = "") -> CapabilityPair:
+        request = storage_pb2.AcquireCapabilitiesRequest(collection_id=collection_id, holder=holder)
+        return CapabilityPair.from_proto(await self._call(self.stub.AcquireCapabilities, request))
+
+    async def renew(self, capabilities: Iterable[Capability]) -> RenewResult:
+        request = storage_pb2.RenewLeasesRequest(capabilities=[c.ref for c in capabilities])
+        response = await self._call(self.stub.RenewLeases, request)
+        return RenewResult(
+            [Capability.from_proto(c) for c in response.renewed],
+            [(m.collection_id, m.id) for m in response.missing],
+        )
+
+    def keep_alive(self, capabilities: Iterable[Capability], every: float = 10.0) -> LeaseKeeper:
+        """``async with client.keep_alive(caps):`` renews their leases every ``every``
+        seconds (pick well under the service's lease) until the block ends."""
+        return LeaseKeeper(self, list(capabilities), every)
+
+    # -- CDC ingestion ----------------------------------------------------------------------
+
+    async def ingest_cdc(
+        self,
+        capability: Capability,
+        messages: AsyncIterable[Message[Row, int] | common_pb2.CdcMessage]
+        | Iterable[Message[Row, int] | common_pb2.CdcMessage],
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (the gRPC deadline)
+    ) -> IngestResult:
+        """Send a CDCv2 stream (duplicates, reordering and re-batching allowed) through the
+        write capability; the service appends each interval once it is complete."""
+        schema = await self.schema(capability.collection_id)
+
+        async def requests() -> AsyncIterator[storage_pb2.IngestCdcRequest]:
+            yield storage_pb2.IngestCdcRequest(capability=capability.ref)
+            if isinstance(messages, AsyncIterable):
+                async for message in messages:
+                    yield storage_pb2.IngestCdcRequest(message=_cdc_proto(schema, message))
+            else:
+                for message in messages:
+                    yield storage_pb2.IngestCdcRequest(message=_cdc_proto(schema, message))
+
+        try:
+            response = await self.stub.IngestCdc(requests(), timeout=timeout or self.timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc(exc) from exc
+        return IngestResult(
+            frontier_from_proto(response.upper),
+            response.intervals_appended,
+            response.updates_appended,
+        )
+
+
+def _decode_rows(data: bytes) -> list[RowUpdate]:
+    return updates_from_table(from_ipc(data))
+
+
+def _cdc_proto(
+    schema: RelationSchema, message: Message[Row, int] | common_pb2.CdcMessage
+) -> common_pb2.CdcMessage:
+    if isinstance(message, common_pb2.CdcMessage):
+        return message
+    if isinstance(message, Updates):
+        table = table_from_updates(schema, message.updates)
+        return common_pb2.CdcMessage(updates=common_pb2.Updates(arrow_ipc=to_ipc(table)))
+    return cdc_to_proto(message)
+
+
+@dataclass
+class LeaseKeeper:
+    """Renews a set of capabilities in the background; see :meth:`StorageClient.keep_alive`."""
+
+    client: StorageClient
+    capabilities: list[Capability]
+    every: float
+    lost: set[tuple[str, str]] = field(default_factory=set)
+    """Capabilities the service reported gone."""
+    _task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            live = [c for c in self.capabilities if (c.collection_id, c.id) not in self.lost]
+            if live:
+                try:
+                    result = await self.client.renew(live)
+                    self.lost.update(result.missing)
+                except TidemarkError as exc:
+                    log.warning("lease_renewal_failed", error=exc.message)
+            await asyncio.sleep(self.every)
+
+    async def __aenter__(self) -> LeaseKeeper:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task

@@ -1,0 +1,43 @@
+"""Update batches as bytes: Arrow IPC streams on the wire, Parquet files at rest."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tidemark.errors import InvalidArgument
+
+# Fast to write and read, and compact; storage batches are written once and read many times.
+PARQUET_COMPRESSION = "zstd"
+# Below this many rows compression saves a few bytes and costs more time than the rest of the
+# write (setting up the codec): small batches are stored uncompressed.
+COMPRESS_FROM_ROWS = 4096
+
+
+def to_ipc(table: pa.Table) -> bytes:
+    """One Arrow IPC stream holding ``table`` (schema included, even when empty)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def from_ipc(data: bytes) -> pa.Table:
+    """The table an Arrow IPC stream holds; ``InvalidArgument`` if it is not one."""
+    try:
+        with pa.ipc.open_stream(pa.py_buffer(data)) as reader:
+            return reader.read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InvalidArgument(f"not an Arrow IPC stream: {exc}") from None
+
+
+def to_parquet(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    compression = PARQUET_COMPRESSION if table.num_rows >= COMPRESS_FROM_ROWS else "none"
+    pq.write_table(table, sink, compression=compression, row_group_size=1 << 20)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def from_parquet(data: bytes, schema: pa.Schema | None = None) -> pa.Table:
+    """The table a Parquet file holds, with ``schema`` if given (the file must match it)."""
+    return pq.read_table(pa.BufferReader(data), schema=schema)
