@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from tests.support.service_process import REPO_ROOT
+from tidemark.clients.catalog import CatalogClient
 from tidemark.clients.oracle import OracleClient
 
 
@@ -85,6 +86,12 @@ async def test_up_serves_and_keeps_its_data_across_restarts(tmp_path: Path) -> N
         written = await oracle.write_ts("e2e")
         await oracle.apply_write("e2e", written)
         assert await oracle.read_ts("e2e") == written
+        # The catalog came up on storage and published its first state to the oracle.
+        catalog = CatalogClient(first.endpoint("catalog"))
+        snapshot = await catalog.snapshot_at(await oracle.read_ts("catalog"))
+        names = {i.name.database for i in snapshot.items if i.WhichOneof("body") == "database"}
+        assert "tidemark" in names
+        await catalog.close()
         await oracle.close()
     finally:
         assert first.interrupt() == 0
