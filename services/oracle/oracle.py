@@ -68,9 +68,15 @@ def validate_timeline(name: str) -> str:
 
 @dataclass(frozen=True)
 class _WriteRequest:
-    """``apply is None``: allocate a write timestamp; otherwise apply a write at ``apply``."""
+    """``apply is None``: allocate a run of ``count`` write timestamps; otherwise apply a
+    write at ``apply``."""
 
     apply: int | None
+    count: int = 1
+
+
+# The most write timestamps one call may take at once (a client batching its callers).
+MAX_WRITE_RUN = 1 << 20
 
 
 class _Timeline:
@@ -96,7 +102,7 @@ class _Timeline:
 
     async def _flush_writes(self, requests: Sequence[_WriteRequest]) -> list[int]:
         applied = [r.apply for r in requests if r.apply is not None]
-        allocations = len(requests) - len(applied)
+        allocations = sum(r.count for r in requests if r.apply is None)
         # The first attempt trusts the version hint (the compare-and-set checks it); a retry
         # after a failure re-reads, since an indeterminate write may have landed.
         use_hint = [True]
@@ -123,7 +129,7 @@ class _Timeline:
         for r in requests:
             if r.apply is None:
                 responses.append(next_ts)
-                next_ts += 1
+                next_ts += r.count
             else:
                 responses.append(r.apply)
         return responses
@@ -179,8 +185,12 @@ class TimestampOracle:
     async def peek_write_ts(self, timeline: str) -> int:
         return (await self._timeline(timeline).reads.submit(None)).write_ts
 
-    async def write_ts(self, timeline: str) -> int:
-        return await self._timeline(timeline).writes.submit(_WriteRequest(None))
+    async def write_ts(self, timeline: str, count: int = 1) -> int:
+        """The first of ``count`` consecutive write timestamps, all above every earlier
+        ``ReadTs``/``WriteTs``; the caller owns ``[first, first + count)``."""
+        if not 1 <= count <= MAX_WRITE_RUN:
+            raise InvalidArgument(f"count {count} must be between 1 and {MAX_WRITE_RUN}")
+        return await self._timeline(timeline).writes.submit(_WriteRequest(None, count))
 
     async def apply_write(self, timeline: str, timestamp: int) -> None:
         if not 0 <= timestamp <= U64_MAX:

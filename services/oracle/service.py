@@ -23,7 +23,8 @@ class OracleServicer(oracle_pb2_grpc.TimestampOracleServicer):
     async def WriteTs(
         self, request: oracle_pb2.WriteTsRequest, context: Context
     ) -> oracle_pb2.TimestampResponse:
-        return oracle_pb2.TimestampResponse(timestamp=await self.oracle.write_ts(request.timeline))
+        ts = await self.oracle.write_ts(request.timeline, request.count or 1)
+        return oracle_pb2.TimestampResponse(timestamp=ts)
 
     async def ApplyWrite(
         self, request: oracle_pb2.ApplyWriteRequest, context: Context

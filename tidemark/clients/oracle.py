@@ -1,12 +1,55 @@
-"""Client of the timestamp oracle service."""
+"""Client of the timestamp oracle service.
+
+Concurrent callers of one client share calls, the same way the oracle shares backend round
+trips (:mod:`tidemark.batching`): the ``ReadTs`` calls waiting when a call goes out share its
+answer, the waiting ``WriteTs`` calls take one run of consecutive timestamps, and the waiting
+``ApplyWrite`` calls send only their maximum. Each shared call starts after every caller in it
+arrived, so every caller still sees a linearizable oracle.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TypeVar
+
 import grpc.aio
 
+from tidemark.batching import GroupCommit
 from tidemark.retry import RetryPolicy
 from tidemark.rpc import CLIENT_RETRY, call, open_channel
 from tidemark.v1 import oracle_pb2, oracle_pb2_grpc
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+
+
+class _TimelineCalls:
+    def __init__(self, client: OracleClient, timeline: str) -> None:
+        self.client = client
+        self.timeline = timeline
+        self.reads: GroupCommit[None, int] = GroupCommit(self._read)
+        self.writes: GroupCommit[None, int] = GroupCommit(self._write)
+        self.applies: GroupCommit[int, None] = GroupCommit(self._apply)
+
+    async def _read(self, callers: Sequence[None]) -> list[int]:
+        request = oracle_pb2.ReadTsRequest(timeline=self.timeline)
+        response = await self.client._call(self.client.stub.ReadTs, request)
+        return [response.timestamp] * len(callers)
+
+    async def _write(self, callers: Sequence[None]) -> list[int]:
+        request = oracle_pb2.WriteTsRequest(timeline=self.timeline, count=len(callers))
+        response = await self.client._call(self.client.stub.WriteTs, request)
+        return [response.timestamp + i for i in range(len(callers))]
+
+    async def _apply(self, timestamps: Sequence[int]) -> list[None]:
+        # Applying the largest applies every smaller one too.
+        request = oracle_pb2.ApplyWriteRequest(timeline=self.timeline, timestamp=max(timestamps))
+        await self.client._call(self.client.stub.ApplyWrite, request)
+        return [None] * len(timestamps)
+
+    async def close(self) -> None:
+        for batcher in (self.reads, self.writes, self.applies):
+            await batcher.close()
 
 
 class OracleClient:
@@ -21,27 +64,34 @@ class OracleClient:
         self.stub = oracle_pb2_grpc.TimestampOracleStub(self.channel)
         self.timeout = timeout
         self.retry = retry
+        self._timelines: dict[str, _TimelineCalls] = {}
+
+    def _calls(self, timeline: str) -> _TimelineCalls:
+        calls = self._timelines.get(timeline)
+        if calls is None:
+            calls = self._timelines[timeline] = _TimelineCalls(self, timeline)
+        return calls
+
+    async def _call(
+        self, method: grpc.aio.UnaryUnaryMultiCallable[Req, Resp], request: Req
+    ) -> Resp:
+        return await call(method, request, timeout=self.timeout, retry=self.retry)
 
     async def read_ts(self, timeline: str) -> int:
-        request = oracle_pb2.ReadTsRequest(timeline=timeline)
-        response = await call(self.stub.ReadTs, request, timeout=self.timeout, retry=self.retry)
-        return response.timestamp
+        return await self._calls(timeline).reads.submit(None)
 
     async def write_ts(self, timeline: str) -> int:
-        request = oracle_pb2.WriteTsRequest(timeline=timeline)
-        response = await call(self.stub.WriteTs, request, timeout=self.timeout, retry=self.retry)
-        return response.timestamp
+        return await self._calls(timeline).writes.submit(None)
+
+    async def apply_write(self, timeline: str, timestamp: int) -> None:
+        await self._calls(timeline).applies.submit(timestamp)
 
     async def peek_write_ts(self, timeline: str) -> int:
         request = oracle_pb2.PeekWriteTsRequest(timeline=timeline)
-        response = await call(
-            self.stub.PeekWriteTs, request, timeout=self.timeout, retry=self.retry
-        )
+        response = await self._call(self.stub.PeekWriteTs, request)
         return response.timestamp
 
-    async def apply_write(self, timeline: str, timestamp: int) -> None:
-        request = oracle_pb2.ApplyWriteRequest(timeline=timeline, timestamp=timestamp)
-        await call(self.stub.ApplyWrite, request, timeout=self.timeout, retry=self.retry)
-
     async def close(self) -> None:
+        for calls in self._timelines.values():
+            await calls.close()
         await self.channel.close(None)

@@ -12,8 +12,8 @@ context manager in the call's own task right away, instead of whenever the aband
 happens to be garbage collected.
 
 gRPC pays for every interceptor on every call (a coroutine, a continuation, a new handler), so
-the server runs its built-in interceptors as one :class:`InterceptorChain`, which wraps each
-method's handler once and enters the interceptors' scopes one inside the other.
+the server runs its built-in interceptors as one :class:`InterceptorChain`: one wrapper whose
+scope enters theirs one inside the other, built once per method when nothing runs inside it.
 """
 
 from __future__ import annotations

@@ -1,0 +1,37 @@
+"""Moving updates to the shard that owns their key.
+
+Before a stateful operator, each input's updates are split by ``shard_of(route(row), P)``
+wherever they currently are; after the exchange, shard ``p`` holds every update whose key it
+owns, so its arrangement sees the whole history of those keys and nothing else. Linear
+operators need no exchange: they run on whatever part of the data a shard holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from services.compute.dataflow.batch import KeyFunction, Update
+from services.compute.dataflow.keys import shard_of
+
+
+def partition(updates: Sequence[Update], route: KeyFunction, shards: int) -> list[list[Update]]:
+    """``updates`` split into one list per shard, by the shard that owns each row's key."""
+    parts: list[list[Update]] = [[] for _ in range(shards)]
+    if shards == 1:
+        parts[0].extend(updates)
+        return parts
+    for update in updates:
+        parts[shard_of(route(update[0]), shards)].append(update)
+    return parts
+
+
+def exchange(
+    held: Sequence[Sequence[Update]], route: KeyFunction, shards: int
+) -> list[list[Update]]:
+    """Every shard's ``held`` updates re-partitioned by key: entry ``p`` of the result is what
+    shard ``p`` receives."""
+    received: list[list[Update]] = [[] for _ in range(shards)]
+    for updates in held:
+        for target, part in enumerate(partition(updates, route, shards)):
+            received[target].extend(part)
+    return received

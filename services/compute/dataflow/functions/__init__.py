@@ -1,0 +1,1 @@
+"""Implementations of the plan's scalar functions, grouped by the types they work on."""

@@ -1,0 +1,260 @@
+"""Incremental aggregate states: each folds in ``(value, diff)`` changes and can say its
+current result in O(1) (O(log n) for MIN/MAX), independent of the order changes arrive in.
+
+Exactness is what makes results deterministic: integer and decimal sums are kept as exact
+integers, and float sums as an exact integer count of 2**-1074 units (every finite double is a
+whole number of those), rounded to a double only when the result is read. That rounding is the
+correctly rounded exact sum, which is what ``math.fsum`` returns.
+"""
+
+from __future__ import annotations
+
+import bisect
+from abc import ABC, abstractmethod
+from typing import Any
+
+from services.compute.dataflow.functions import decimals
+from services.compute.dataflow.ordering import NAN, canonical_float, float_key
+
+_FLOAT_UNIT_BITS = 1074
+_FLOAT_ONE = 1 << _FLOAT_UNIT_BITS
+_INF = float("inf")
+
+
+class Aggregate(ABC):
+    """The state of one aggregate for one group."""
+
+    __slots__ = ()
+
+    @abstractmethod
+    def add(self, value: Any, diff: int) -> None:
+        """``diff`` more copies of ``value`` (None for NULL; negative diffs remove)."""
+
+    @abstractmethod
+    def result(self, rows: int) -> Any:
+        """The aggregate's value; ``rows`` is the group's total multiplicity."""
+
+    @abstractmethod
+    def is_empty(self) -> bool:
+        """Whether the state is that of an empty group (so the group can be dropped)."""
+
+
+class CountRows(Aggregate):
+    """COUNT(*): the group's multiplicity, which the group tracks itself."""
+
+    __slots__ = ()
+
+    def add(self, value: Any, diff: int) -> None:
+        pass
+
+    def result(self, rows: int) -> Any:
+        return rows
+
+    def is_empty(self) -> bool:
+        return True
+
+
+class CountValues(Aggregate):
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def add(self, value: Any, diff: int) -> None:
+        if value is not None:
+            self.count += diff
+
+    def result(self, rows: int) -> Any:
+        return self.count
+
+    def is_empty(self) -> bool:
+        return self.count == 0
+
+
+class _Summing(Aggregate):
+    """Keeps an exact integer total and the count of non-NULL values."""
+
+    __slots__ = ("count", "total")
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.count = 0
+
+    def is_empty(self) -> bool:
+        return self.total == 0 and self.count == 0
+
+
+class SumExact(_Summing):
+    """SUM of int64 (scale 0) or DECIMAL(p, scale): the total in units of 10**-scale."""
+
+    __slots__ = ("scale",)
+
+    def __init__(self, scale: int) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def add(self, value: Any, diff: int) -> None:
+        if value is None:
+            return
+        self.count += diff
+        if value.__class__ is int:
+            self.total += value * diff
+        else:
+            self.total += int(value.scaleb(self.scale, decimals.EXACT)) * diff
+
+    def result(self, rows: int) -> Any:
+        if self.count <= 0:
+            return None
+        return decimals.from_scaled(self.total, self.scale)
+
+
+class AvgExact(SumExact):
+    """AVG of int64 (a float: exact sum / count, correctly rounded) or of DECIMAL(p, s) (a
+    DECIMAL(38, min(38, s + 6)), rounded half-even)."""
+
+    __slots__ = ("result_scale",)
+
+    def __init__(self, scale: int, result_scale: int | None) -> None:
+        super().__init__(scale)
+        self.result_scale = result_scale
+
+    def result(self, rows: int) -> Any:
+        if self.count <= 0:
+            return None
+        if self.result_scale is None:
+            return canonical_float(self.total / self.count)
+        shift = self.result_scale - self.scale
+        return decimals.from_scaled(
+            decimals.divide_half_even(self.total * 10**shift, self.count), self.result_scale
+        )
+
+
+class SumFloat(_Summing):
+    """SUM of float64: the exact sum correctly rounded, with IEEE rules for NaN and infinities
+    (kept as counts, since an infinity can be removed again)."""
+
+    __slots__ = ("nans", "negative_infinities", "positive_infinities")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nans = 0
+        self.positive_infinities = 0
+        self.negative_infinities = 0
+
+    def add(self, value: Any, diff: int) -> None:
+        if value is None:
+            return
+        self.count += diff
+        if value != value:
+            self.nans += diff
+        elif value == _INF:
+            self.positive_infinities += diff
+        elif value == -_INF:
+            self.negative_infinities += diff
+        else:
+            numerator, denominator = value.as_integer_ratio()
+            self.total += numerator * (_FLOAT_ONE // denominator) * diff
+
+    def is_empty(self) -> bool:
+        return (
+            super().is_empty()
+            and self.nans == 0
+            and self.positive_infinities == 0
+            and self.negative_infinities == 0
+        )
+
+    def sum(self) -> float:
+        if self.nans > 0 or (self.positive_infinities > 0 and self.negative_infinities > 0):
+            return NAN
+        if self.positive_infinities > 0:
+            return _INF
+        if self.negative_infinities > 0:
+            return -_INF
+        try:
+            return canonical_float(self.total / _FLOAT_ONE)
+        except OverflowError:
+            return _INF if self.total > 0 else -_INF
+
+    def result(self, rows: int) -> Any:
+        if self.count <= 0:
+            return None
+        return self.sum()
+
+
+class AvgFloat(SumFloat):
+    __slots__ = ()
+
+    def result(self, rows: int) -> Any:
+        if self.count <= 0:
+            return None
+        return canonical_float(self.sum() / self.count)
+
+
+class Extreme(Aggregate):
+    """MIN or MAX: the multiset of values with a sorted list of those present, so a removed
+    extreme is replaced by the next one without a scan."""
+
+    __slots__ = ("counts", "is_float", "maximum", "present")
+
+    def __init__(self, maximum: bool, is_float: bool) -> None:
+        self.maximum = maximum
+        self.is_float = is_float
+        self.counts: dict[Any, int] = {}
+        self.present: list[Any] = []
+
+    def add(self, value: Any, diff: int) -> None:
+        if value is None:
+            return
+        before = self.counts.get(value, 0)
+        after = before + diff
+        if after:
+            self.counts[value] = after
+        else:
+            self.counts.pop(value, None)
+        key = float_key(value) if self.is_float else value
+        if before <= 0 < after:
+            bisect.insort(self.present, key)
+        elif after <= 0 < before:
+            del self.present[bisect.bisect_left(self.present, key)]
+
+    def result(self, rows: int) -> Any:
+        if not self.present:
+            return None
+        key = self.present[-1] if self.maximum else self.present[0]
+        if self.is_float:
+            return NAN if key[0] else key[1]
+        return key
+
+    def is_empty(self) -> bool:
+        return not self.counts
+
+
+class Distinct(Aggregate):
+    """Feeds ``inner`` each distinct non-NULL value once: when its count turns positive, and
+    out again when it stops being positive."""
+
+    __slots__ = ("counts", "inner")
+
+    def __init__(self, inner: Aggregate) -> None:
+        self.inner = inner
+        self.counts: dict[Any, int] = {}
+
+    def add(self, value: Any, diff: int) -> None:
+        if value is None:
+            return
+        before = self.counts.get(value, 0)
+        after = before + diff
+        if after:
+            self.counts[value] = after
+        else:
+            self.counts.pop(value, None)
+        if before <= 0 < after:
+            self.inner.add(value, 1)
+        elif after <= 0 < before:
+            self.inner.add(value, -1)
+
+    def result(self, rows: int) -> Any:
+        return self.inner.result(rows)
+
+    def is_empty(self) -> bool:
+        return not self.counts

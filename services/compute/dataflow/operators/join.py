@@ -1,0 +1,165 @@
+"""Equi-join (inner and outer) over two arrangements keyed by the join key.
+
+At each time ``t`` the change of ``L ⋈ R`` is ``ΔL ⋈ R_before + L_after ⋈ ΔR``: the left
+changes meet the right side as it was before ``t``, then are applied, then the right changes
+meet the updated left side. The output at ``t`` thus depends on inputs at times ``<= t`` only,
+and each key costs work in proportion to its matches.
+
+Outer joins add the preserved side's unmatched rows, NULL-padded. Whether a left row is
+unmatched depends only on whether the right side has any row under its key. Per touched key
+and time: while the right side stays empty the left changes are padded through; when it
+becomes non-empty the padded rows of the key are retracted (all of them, as they were before
+``t``); when it becomes empty they are inserted (as they are after ``t``). Rows with a NULL in
+the key never match: inner joins drop them and outer joins pad them straight away.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from services.compute.dataflow.batch import Key, KeyFunction, Row, Update, keyed_by_time
+from services.compute.dataflow.operators.arrangement import Arrangement
+from services.compute.dataflow.operators.base import OperatorState, StatefulOperator
+
+Changes = dict[Key, list[tuple[Row, int]]]
+
+
+class JoinOperator(StatefulOperator):
+    def __init__(
+        self,
+        left_key: KeyFunction,
+        right_key: KeyFunction,
+        left_width: int,
+        right_width: int,
+        keep_left: bool,
+        keep_right: bool,
+    ) -> None:
+        self.left_key = left_key
+        self.right_key = right_key
+        self.left_width = left_width
+        self.right_width = right_width
+        self.keep_left = keep_left
+        self.keep_right = keep_right
+        self.routes = (left_key, right_key)
+
+    def new_state(self) -> JoinState:
+        return JoinState(self)
+
+
+class JoinState(OperatorState):
+    def __init__(self, spec: JoinOperator) -> None:
+        super().__init__()
+        self.spec = spec
+        self.left = Arrangement()
+        self.right = Arrangement()
+        # Appended to an unmatched left row, prepended to an unmatched right row.
+        self.left_padding: Row = (None,) * spec.right_width
+        self.right_padding: Row = (None,) * spec.left_width
+
+    def key_count(self) -> int:
+        return len(self.left) + len(self.right)
+
+    def process(self, inputs: Sequence[list[Update]]) -> list[Update]:
+        left_updates, right_updates = inputs
+        spec = self.spec
+        out: list[Update] = []
+        left_by_time = keyed_by_time(left_updates, spec.left_key)
+        right_by_time = keyed_by_time(right_updates, spec.right_key)
+        for time in sorted(left_by_time.keys() | right_by_time.keys()):
+            left_changes = left_by_time.get(time, {})
+            right_changes = right_by_time.get(time, {})
+            self._pad_null_keys(left_changes, right_changes, time, out)
+            self._step(time, left_changes, right_changes, out)
+        return out
+
+    def _pad_null_keys(self, left: Changes, right: Changes, time: int, out: list[Update]) -> None:
+        """Takes the rows whose key holds a NULL out of the changes; outer joins pad them."""
+        for changes, keep, pad_left in (
+            (left, self.spec.keep_left, True),
+            (right, self.spec.keep_right, False),
+        ):
+            null_keys = [key for key in changes if None in key]
+            for key in null_keys:
+                rows = changes.pop(key)
+                if keep:
+                    out.extend(self._padded(rows, pad_left, time))
+
+    def _padded(
+        self, rows: Sequence[tuple[Row, int]], left_side: bool, time: int, sign: int = 1
+    ) -> list[Update]:
+        if left_side:
+            padding = self.left_padding
+            return [((*row, *padding), time, sign * diff) for row, diff in rows]
+        padding = self.right_padding
+        return [((*padding, *row), time, sign * diff) for row, diff in rows]
+
+    def _step(
+        self, time: int, left_changes: Changes, right_changes: Changes, out: list[Update]
+    ) -> None:
+        spec = self.spec
+        work = self.work
+        left, right = self.left, self.right
+        outer = spec.keep_left or spec.keep_right
+        touched = left_changes.keys() | right_changes.keys() if outer else ()
+        # Which keys had rows on each side before this time (for the outer transitions).
+        left_before = {key: key in left.rows for key in touched}
+        right_before = {key: key in right.rows for key in touched}
+
+        for key, changes in left_changes.items():
+            work.key_lookups += 1
+            matches = right.get(key)
+            if matches:
+                work.rows_visited += len(matches)
+                for r, r_mult in matches.items():
+                    for left_row, diff in changes:
+                        out.append(((*left_row, *r), time, diff * r_mult))
+            left.apply(key, changes)
+
+        for key, changes in right_changes.items():
+            work.key_lookups += 1
+            matches = left.get(key)
+            if matches:
+                work.rows_visited += len(matches)
+                for left_row, l_mult in matches.items():
+                    for r, diff in changes:
+                        out.append(((*left_row, *r), time, l_mult * diff))
+            right.apply(key, changes)
+
+        if spec.keep_left:
+            self._outer(time, touched, left, left_changes, right_before, right, True, out)
+        if spec.keep_right:
+            self._outer(time, touched, right, right_changes, left_before, left, False, out)
+
+    def _outer(
+        self,
+        time: int,
+        touched: Sequence[Key] | set[Key],
+        kept: Arrangement,
+        kept_changes: Changes,
+        other_before: dict[Key, bool],
+        other: Arrangement,
+        left_side: bool,
+        out: list[Update],
+    ) -> None:
+        """The padded rows of the preserved side ``kept`` for the keys touched at ``time``."""
+        for key in touched:
+            was_matched = other_before[key]
+            is_matched = key in other.rows
+            changes = kept_changes.get(key)
+            if not was_matched and not is_matched:
+                if changes:
+                    out.extend(self._padded(changes, left_side, time))
+            elif not was_matched:
+                # Newly matched: retract the padded rows as they were before this time, which
+                # is the current rows minus this time's changes.
+                current = kept.get(key)
+                if current:
+                    self.work.rows_visited += len(current)
+                    out.extend(self._padded(list(current.items()), left_side, time, -1))
+                if changes:
+                    out.extend(self._padded(changes, left_side, time))
+            elif not is_matched:
+                current = kept.get(key)
+                if current:
+                    self.work.rows_visited += len(current)
+                    out.extend(self._padded(list(current.items()), left_side, time))

@@ -1,0 +1,96 @@
+"""Reduce: grouping with aggregates, one arrangement entry per group.
+
+A group holds its total multiplicity, one incremental state per aggregate, and the output row
+it last emitted. At each time the step touches a group, the group folds in that time's changes,
+computes its row again (None when the total is not positive), and emits the difference from
+the last row at that time: a retraction and an insertion, or nothing if the row is unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from services.compute.dataflow.batch import Key, KeyFunction, Row, Update, keyed_by_time
+from services.compute.dataflow.operators.aggregates import Aggregate
+from services.compute.dataflow.operators.base import OperatorState, StatefulOperator
+
+Evaluator = Callable[[Row], Any]
+
+
+class AggregateSpec:
+    """One aggregate: what it reads from a row (None for COUNT(*)) and how to make its state."""
+
+    def __init__(self, value: Evaluator | None, new_state: Callable[[], Aggregate]) -> None:
+        self.value = value
+        self.new_state = new_state
+
+
+class ReduceOperator(StatefulOperator):
+    def __init__(self, group_key: KeyFunction, aggregates: Sequence[AggregateSpec]) -> None:
+        self.group_key = group_key
+        self.aggregates = list(aggregates)
+        self.routes = (group_key,)
+
+    def new_state(self) -> ReduceState:
+        return ReduceState(self)
+
+
+class Group:
+    __slots__ = ("aggregates", "output", "rows")
+
+    def __init__(self, aggregates: list[Aggregate]) -> None:
+        self.rows = 0
+        self.aggregates = aggregates
+        self.output: Row | None = None
+
+    def is_empty(self) -> bool:
+        return (
+            self.rows == 0
+            and self.output is None
+            and all(state.is_empty() for state in self.aggregates)
+        )
+
+
+class ReduceState(OperatorState):
+    def __init__(self, spec: ReduceOperator) -> None:
+        super().__init__()
+        self.spec = spec
+        self.groups: dict[Key, Group] = {}
+
+    def key_count(self) -> int:
+        return len(self.groups)
+
+    def process(self, inputs: Sequence[list[Update]]) -> list[Update]:
+        (updates,) = inputs
+        out: list[Update] = []
+        keyed = keyed_by_time(updates, self.spec.group_key)
+        for time in sorted(keyed):
+            for key, changes in keyed[time].items():
+                self._update_group(key, changes, time, out)
+        return out
+
+    def _update_group(
+        self, key: Key, changes: list[tuple[Row, int]], time: int, out: list[Update]
+    ) -> None:
+        self.work.key_lookups += 1
+        group = self.groups.get(key)
+        if group is None:
+            group = self.groups[key] = Group([a.new_state() for a in self.spec.aggregates])
+        states = group.aggregates
+        readers = [a.value for a in self.spec.aggregates]
+        for row, diff in changes:
+            group.rows += diff
+            for state, read in zip(states, readers, strict=True):
+                state.add(read(row) if read is not None else None, diff)
+        output: Row | None = None
+        if group.rows > 0:
+            output = (*key, *(state.result(group.rows) for state in states))
+        if output != group.output:
+            if group.output is not None:
+                out.append((group.output, time, -1))
+            if output is not None:
+                out.append((output, time, 1))
+            group.output = output
+        if group.is_empty():
+            del self.groups[key]

@@ -1,0 +1,114 @@
+"""TopK: per group, the rows at positions [offset, offset + limit) of a total order.
+
+A group keeps each row's multiplicity and a sorted list of the rows with a positive one (by the
+order's key, which ends with the whole row, so no two distinct rows tie). At each time the step
+touches a group it updates the list (a binary search per changed row), walks the list from the
+front until the window is filled, and emits the difference from the window it last emitted.
+That walk covers offset + limit positions, not the group.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from services.compute.dataflow.batch import Key, KeyFunction, Row, Update, keyed_by_time
+from services.compute.dataflow.operators.base import OperatorState, StatefulOperator
+
+SortKey = Callable[[Row], tuple[Any, ...]]
+
+
+class TopKOperator(StatefulOperator):
+    def __init__(
+        self, group_key: KeyFunction, sort_key: SortKey, offset: int, limit: int | None
+    ) -> None:
+        self.group_key = group_key
+        self.sort_key = sort_key
+        self.offset = offset
+        self.limit = limit
+        self.routes = (group_key,)
+
+    def new_state(self) -> TopKState:
+        return TopKState(self)
+
+
+class TopKGroup:
+    __slots__ = ("counts", "ordered", "output")
+
+    def __init__(self) -> None:
+        self.counts: dict[Row, int] = {}
+        # (sort key, row) for every row with a positive multiplicity, in order.
+        self.ordered: list[tuple[tuple[Any, ...], Row]] = []
+        self.output: dict[Row, int] = {}
+
+
+class TopKState(OperatorState):
+    def __init__(self, spec: TopKOperator) -> None:
+        super().__init__()
+        self.spec = spec
+        self.groups: dict[Key, TopKGroup] = {}
+
+    def key_count(self) -> int:
+        return len(self.groups)
+
+    def process(self, inputs: Sequence[list[Update]]) -> list[Update]:
+        (updates,) = inputs
+        out: list[Update] = []
+        keyed = keyed_by_time(updates, self.spec.group_key)
+        for time in sorted(keyed):
+            for key, changes in keyed[time].items():
+                self._update_group(key, changes, time, out)
+        return out
+
+    def _update_group(
+        self, key: Key, changes: list[tuple[Row, int]], time: int, out: list[Update]
+    ) -> None:
+        self.work.key_lookups += 1
+        group = self.groups.get(key)
+        if group is None:
+            group = self.groups[key] = TopKGroup()
+        counts, ordered = group.counts, group.ordered
+        sort_key = self.spec.sort_key
+        for row, diff in changes:
+            if not diff:
+                continue
+            before = counts.get(row, 0)
+            after = before + diff
+            if after:
+                counts[row] = after
+            else:
+                del counts[row]
+            if before <= 0 < after:
+                bisect.insort(ordered, (sort_key(row), row))
+            elif after <= 0 < before:
+                del ordered[bisect.bisect_left(ordered, (sort_key(row), row))]
+        window = self._window(group)
+        previous = group.output
+        for row, count in window.items():
+            change = count - previous.get(row, 0)
+            if change:
+                out.append((row, time, change))
+        for row, count in previous.items():
+            if row not in window:
+                out.append((row, time, -count))
+        group.output = window
+        if not counts:
+            del self.groups[key]
+
+    def _window(self, group: TopKGroup) -> dict[Row, int]:
+        low = self.spec.offset
+        high = None if self.spec.limit is None else low + self.spec.limit
+        window: dict[Row, int] = {}
+        position = 0
+        counts = group.counts
+        for _, row in group.ordered:
+            if high is not None and position >= high:
+                break
+            self.work.rows_visited += 1
+            end = position + counts[row]
+            kept = (end if high is None else min(end, high)) - max(position, low)
+            if kept > 0:
+                window[row] = kept
+            position = end
+        return window

@@ -1,0 +1,27 @@
+"""Counters of the work stateful operators do, for tests and diagnostics.
+
+Timings are noisy; counts are not. A test can show that a one-row change to a large view costs
+a handful of key lookups by reading these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Work:
+    """What arrangements were asked to do."""
+
+    key_lookups: int = 0
+    """Keys looked up or updated in an arrangement."""
+    rows_visited: int = 0
+    """Arranged rows read while producing output (join matches, window rows, ...)."""
+
+    def add(self, other: Work) -> None:
+        self.key_lookups += other.key_lookups
+        self.rows_visited += other.rows_visited
+
+    def reset(self) -> None:
+        self.key_lookups = 0
+        self.rows_visited = 0

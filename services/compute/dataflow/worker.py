@@ -1,0 +1,36 @@
+"""One shard's share of a dataflow: the state of every stateful operator for the keys it owns.
+
+In-process, a ``Dataflow`` keeps P workers side by side. On Spark, each resident task will own
+one worker, and the driver will send it, node by node, the updates the exchange routed to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from services.compute.dataflow.batch import Update
+from services.compute.dataflow.graph import Graph
+from services.compute.dataflow.operators.base import OperatorState, StatefulOperator
+from services.compute.dataflow.work import Work
+
+
+class ShardWorker:
+    def __init__(self, graph: Graph, shard: int) -> None:
+        self.shard = shard
+        self.states: dict[int, OperatorState] = {}
+        for node in graph.stateful_nodes():
+            assert isinstance(node.operator, StatefulOperator)
+            self.states[node.id] = node.operator.new_state()
+
+    def process(self, node_id: int, inputs: Sequence[list[Update]]) -> list[Update]:
+        """Runs stateful node ``node_id`` on this shard's share of the step's input."""
+        return self.states[node_id].process(inputs)
+
+    def work(self) -> Work:
+        total = Work()
+        for state in self.states.values():
+            total.add(state.work)
+        return total
+
+    def key_count(self) -> int:
+        return sum(state.key_count() for state in self.states.values())

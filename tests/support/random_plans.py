@@ -1,0 +1,642 @@
+"""Hypothesis strategies for random well-typed plans and random input histories.
+
+For the compute engine's main property: for random plans over random histories, the output
+at every time equals ``reference_eval.evaluate(plan, inputs_at(history, t))``.
+
+- :func:`input_schemas`: 1-3 input collections (``u1``..``u3``) with 1-3 INT64/TEXT columns,
+  some nullable.
+- :func:`plans`: a random plan over given schemas, well typed by construction, covering
+  every relation node and every function (nested), with ``output_schema`` set.
+- :func:`histories`: per input, ``(row, time, diff)`` updates at times ``0..max_time``
+  (inserts, deletes, updates as retraction plus insertion, unconsolidated repeats), keeping
+  every multiplicity non-negative at every time, plus batch boundaries that put several
+  times in one batch.
+- :func:`scenarios`: all three together.
+
+Values come from small skewed domains (plus NULLs and a few extremes for overflow), so joins
+match and groups collide. Reduce, TopK and outer joins only ever see non-negative inputs
+(the contract leaves them undefined otherwise): such inputs are wrapped in Threshold.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, TypeAlias
+
+from hypothesis import strategies as st
+
+from tidemark.columnar import Column, ColumnType, RelationSchema
+from tidemark.plan import builders as pb
+from tidemark.plan import derive_schema, scalar_type
+from tidemark.plan.derive import aggregate_type
+from tidemark.plan.scalar_types import ScalarType
+from tidemark.v1 import plan_pb2
+
+T = ColumnType
+Row: TypeAlias = tuple[Any, ...]
+RowUpdate: TypeAlias = tuple[Row, int, int]
+"""``(row, time, diff)``."""
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+# Skewed small domains: early entries are drawn most often (sampled_from shrinks towards
+# them too), the tail reaches edge cases.
+SMALL_INTS = [1, 0, 2, 1, 3, -1, 2, 10, -7]
+EXTREME_INTS = [INT64_MAX, INT64_MIN, 2**62, -(2**62)]
+SHORT_TEXTS = ["a", "b", "", "ab", "a", "B", " a ", "ba", "é", "ß", "a_b", "%"]
+PATTERNS = ["a%", "%b", "_", "%", "a", "a_", "%a%", "", "__%"]
+TEXTS_TO_PARSE = ["1", " 2 ", "-3", "x", "1.5", "2020-01-02", "true", "1e3", "", "NaN"]
+DATES = [datetime.date(2020, 1, 1), datetime.date(2020, 2, 29), datetime.date(1999, 12, 31)]
+TIMESTAMPS = [
+    datetime.datetime(2020, 1, 1, 12, 30),
+    datetime.datetime(2020, 2, 29, 23, 59, 59, 999999),
+    datetime.datetime(1999, 12, 31, 0, 0, 0, 1),
+]
+FLOATS = [0.5, 1.0, -2.25, 0.1, 1e308, float("inf"), float("nan"), -0.0]
+DECIMALS = [Decimal("1.50"), Decimal("0.01"), Decimal("-2.5"), Decimal("100")]
+DECIMAL_TYPE = ScalarType.decimal(10, 2)
+
+
+@dataclass(frozen=True)
+class History:
+    """Updates per input collection, and the batch boundaries an engine should use."""
+
+    updates: dict[str, list[RowUpdate]]
+    max_time: int
+    # Strictly increasing; batch i holds the updates with times in
+    # [batch_uppers[i-1], batch_uppers[i]) (the first from 0); the last is max_time + 1.
+    batch_uppers: list[int]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    schemas: dict[str, RelationSchema]
+    plan: plan_pb2.Plan
+    history: History
+
+
+def inputs_at(history: History, time: int) -> dict[str, dict[Row, int]]:
+    """Each input's multiset as of ``time``: all updates at times <= ``time``, summed."""
+    result: dict[str, dict[Row, int]] = {}
+    for name, updates in history.updates.items():
+        version: dict[Row, int] = {}
+        for row, at, diff in updates:
+            if at <= time:
+                version[row] = version.get(row, 0) + diff
+        result[name] = {row: count for row, count in version.items() if count != 0}
+    return result
+
+
+def batches(history: History) -> Iterator[tuple[int, int, dict[str, list[RowUpdate]]]]:
+    """``(lower, upper, updates by input)`` for each batch, in time order."""
+    lower = 0
+    for upper in history.batch_uppers:
+        chosen = {
+            name: [u for u in updates if lower <= u[1] < upper]
+            for name, updates in history.updates.items()
+        }
+        yield lower, upper, chosen
+        lower = upper
+
+
+# Inputs and histories ---------------------------------------------------------------------
+
+
+def value_strategy(column: Column) -> st.SearchStrategy[Any]:
+    """Skewed values for an input column (INT64 or TEXT), NULL where allowed."""
+    if column.type is T.INT64:
+        base: st.SearchStrategy[Any] = st.one_of(
+            st.sampled_from(SMALL_INTS[:5]),
+            st.sampled_from(SMALL_INTS),
+            st.sampled_from(EXTREME_INTS),
+        )
+    else:
+        base = st.one_of(st.sampled_from(SHORT_TEXTS[:4]), st.sampled_from(SHORT_TEXTS))
+    if column.nullable:
+        return st.one_of(base, st.none())
+    return base
+
+
+@st.composite
+def input_schemas(draw: st.DrawFn, max_inputs: int = 3) -> dict[str, RelationSchema]:
+    count = draw(st.integers(1, max_inputs))
+    schemas = {}
+    for index in range(1, count + 1):
+        width = draw(st.integers(1, 3))
+        columns = []
+        for position in range(width):
+            # The first column is usually INT64, so inputs share a join-friendly key.
+            kind = T.INT64 if position == 0 and draw(st.integers(0, 3)) else None
+            kind = kind or draw(st.sampled_from([T.INT64, T.TEXT]))
+            nullable = draw(st.booleans())
+            columns.append(Column("abc"[position], kind, nullable))
+        schemas[f"u{index}"] = RelationSchema(columns)
+    return schemas
+
+
+@st.composite
+def collection_history(draw: st.DrawFn, schema: RelationSchema, max_time: int) -> list[RowUpdate]:
+    rows = st.tuples(*(value_strategy(c) for c in schema.columns))
+    current: dict[Row, int] = {}
+    updates: list[RowUpdate] = []
+
+    def change(row: Row, time: int, diff: int) -> None:
+        updates.append((row, time, diff))
+        current[row] = current.get(row, 0) + diff
+        if current[row] == 0:
+            del current[row]
+
+    for time in range(max_time + 1):
+        for _ in range(draw(st.integers(0, 4))):
+            op = draw(st.sampled_from(["insert", "insert", "delete", "update", "churn"]))
+            present = sorted(current, key=repr)
+            if op == "insert" or not present:
+                change(draw(rows), time, draw(st.sampled_from([1, 1, 2, 3])))
+            elif op == "delete":
+                row = draw(st.sampled_from(present))
+                change(row, time, -draw(st.integers(1, current[row])))
+            elif op == "update":
+                row = draw(st.sampled_from(present))
+                change(row, time, -1)
+                change(draw(rows), time, 1)
+            else:  # the same row up and down at one time: unconsolidated updates
+                row = draw(rows)
+                change(row, time, 2)
+                change(row, time, -1)
+    return updates
+
+
+@st.composite
+def histories(draw: st.DrawFn, schemas: Mapping[str, RelationSchema], max_time: int = 5) -> History:
+    updates = {name: draw(collection_history(schema, max_time)) for name, schema in schemas.items()}
+    inner = draw(st.sets(st.integers(1, max_time), max_size=max_time))
+    uppers = sorted(inner | {max_time + 1})
+    return History(updates, max_time, uppers)
+
+
+# Scalars ----------------------------------------------------------------------------------
+
+# Kinds a Map expression or a cast may produce.
+EXPRESSION_KINDS = [T.INT64, T.TEXT, T.BOOL, T.INT64, T.DECIMAL, T.FLOAT64, T.DATE, T.TIMESTAMP]
+
+
+@dataclass
+class _ScalarMaker:
+    draw: st.DrawFn
+    columns: list[ScalarType]
+
+    def choice(self, options: Sequence[Any]) -> Any:
+        return self.draw(st.sampled_from(options))
+
+    def columns_of(self, *kinds: ColumnType) -> list[int]:
+        return [i for i, t in enumerate(self.columns) if t.kind in kinds]
+
+    def literal(self, kind: ColumnType) -> plan_pb2.Scalar:
+        if self.draw(st.integers(0, 9)) == 0:
+            return pb.literal(None, DECIMAL_TYPE if kind is T.DECIMAL else kind)
+        if kind is T.INT64:
+            return pb.literal(self.choice(SMALL_INTS + EXTREME_INTS[:1]), kind)
+        if kind is T.TEXT:
+            return pb.literal(self.choice(SHORT_TEXTS), kind)
+        if kind is T.BOOL:
+            return pb.literal(self.draw(st.booleans()), kind)
+        if kind is T.DECIMAL:
+            return pb.literal(self.choice(DECIMALS), T.DECIMAL)
+        if kind is T.FLOAT64:
+            return pb.literal(self.choice(FLOATS), kind)
+        if kind is T.DATE:
+            return pb.literal(self.choice(DATES), kind)
+        return pb.literal(self.choice(TIMESTAMPS), T.TIMESTAMP)
+
+    def leaf(self, kind: ColumnType) -> plan_pb2.Scalar:
+        positions = self.columns_of(kind)
+        if positions and self.draw(st.integers(0, 3)) > 0:
+            return pb.column(self.choice(positions))
+        return self.literal(kind)
+
+    def expr(self, kind: ColumnType, depth: int = 2, leaf_ok: bool = True) -> plan_pb2.Scalar:
+        """A random expression producing ``kind`` (any decimal type for DECIMAL); a function
+        application, cast or case when not ``leaf_ok``."""
+        if depth <= 0 or (leaf_ok and self.draw(st.integers(0, 3)) == 0):
+            return self.leaf(kind)
+        make = getattr(self, f"_{kind.name.lower()}")
+        result: plan_pb2.Scalar = make(depth - 1)
+        return result
+
+    def any_expr(self, depth: int, leaf_ok: bool = True) -> plan_pb2.Scalar:
+        return self.expr(self.choice(EXPRESSION_KINDS), depth, leaf_ok)
+
+    def _comparable_pair(self, depth: int) -> tuple[plan_pb2.Scalar, plan_pb2.Scalar]:
+        kind = self.choice([T.INT64, T.INT64, T.TEXT, T.DECIMAL, T.FLOAT64, T.DATE, T.BOOL])
+        left = self.expr(kind, depth)
+        # Numbers compare across numeric kinds.
+        if kind in (T.INT64, T.DECIMAL, T.FLOAT64) and self.draw(st.booleans()):
+            kind = self.choice([T.INT64, T.DECIMAL, T.FLOAT64])
+        return left, self.expr(kind, depth)
+
+    def _bool(self, depth: int) -> plan_pb2.Scalar:
+        shape = self.choice(["compare", "compare", "null", "logic", "not", "like", "case"])
+        if shape == "compare":
+            left, right = self._comparable_pair(depth)
+            return pb.call(self.choice(["eq", "ne", "lt", "le", "gt", "ge"]), left, right)
+        if shape == "null":
+            return pb.call(self.choice(["is_null", "is_not_null"]), self.any_expr(depth))
+        if shape == "logic":
+            args = [self.expr(T.BOOL, depth) for _ in range(self.draw(st.integers(2, 3)))]
+            return pb.call(self.choice(["and", "or"]), *args)
+        if shape == "not":
+            return pb.call("not", self.expr(T.BOOL, depth))
+        if shape == "like":
+            pattern = self.choice([pb.literal(p, T.TEXT) for p in PATTERNS])
+            return pb.call("like", self.expr(T.TEXT, depth), pattern)
+        return self._case(T.BOOL, depth)
+
+    def _case(self, kind: ColumnType, depth: int) -> plan_pb2.Scalar:
+        return pb.case(self.expr(T.BOOL, depth), self.expr(kind, depth), self.expr(kind, depth))
+
+    def _coalesce(self, kind: ColumnType, depth: int) -> plan_pb2.Scalar:
+        args = [self.expr(kind, depth) for _ in range(self.draw(st.integers(1, 3)))]
+        return pb.call("coalesce", *args)
+
+    def _numeric(self, kind: ColumnType, depth: int) -> plan_pb2.Scalar:
+        """Arithmetic whose promoted kind is ``kind``."""
+        # The other operand may be of any kind that promotes to ``kind``.
+        lower = {
+            T.INT64: [T.INT64],
+            T.DECIMAL: [T.INT64, T.DECIMAL],
+            T.FLOAT64: [T.INT64, T.DECIMAL, T.FLOAT64],
+        }[kind]
+        if self.draw(st.integers(0, 4)) == 0:
+            return pb.call(self.choice(["neg", "abs"]), self.expr(kind, depth))
+        name = self.choice(["add", "sub", "mul", "div", "mod"])
+        left, right = self.expr(kind, depth), self.expr(self.choice(lower), depth)
+        if self.draw(st.booleans()):
+            left, right = right, left
+        return pb.call(name, left, right)
+
+    def _int64(self, depth: int) -> plan_pb2.Scalar:
+        shape = self.choice(["arith", "arith", "length", "extract", "coalesce", "case", "cast"])
+        if shape == "arith":
+            return self._numeric(T.INT64, depth)
+        if shape == "length":
+            return pb.call("length", self.expr(T.TEXT, depth))
+        if shape == "extract":
+            source = self.expr(self.choice([T.DATE, T.TIMESTAMP]), depth)
+            return pb.call(self.choice(["extract_year", "extract_month", "extract_day"]), source)
+        if shape == "coalesce":
+            return self._coalesce(T.INT64, depth)
+        if shape == "case":
+            return self._case(T.INT64, depth)
+        return pb.cast(self.expr(self.choice([T.TEXT, T.DECIMAL, T.FLOAT64]), depth), T.INT64)
+
+    def _text(self, depth: int) -> plan_pb2.Scalar:
+        shape = self.choice(["unary", "substr", "concat", "coalesce", "case", "cast"])
+        if shape == "unary":
+            return pb.call(self.choice(["lower", "upper", "trim"]), self.expr(T.TEXT, depth))
+        if shape == "substr":
+            args = [self.expr(T.TEXT, depth), self.expr(T.INT64, depth)]
+            if self.draw(st.booleans()):
+                args.append(self.expr(T.INT64, depth))
+            return pb.call("substr", *args)
+        if shape == "concat":
+            args = [self.expr(T.TEXT, depth) for _ in range(self.draw(st.integers(1, 3)))]
+            return pb.call("concat", *args)
+        if shape == "coalesce":
+            return self._coalesce(T.TEXT, depth)
+        if shape == "case":
+            return self._case(T.TEXT, depth)
+        return pb.cast(self.any_expr(depth), T.TEXT)
+
+    def _decimal(self, depth: int) -> plan_pb2.Scalar:
+        shape = self.choice(["arith", "arith", "cast", "cast_text", "coalesce", "case"])
+        if shape == "arith":
+            return self._numeric(T.DECIMAL, depth)
+        if shape == "cast":
+            source = self.expr(self.choice([T.INT64, T.FLOAT64, T.DECIMAL]), depth)
+            return pb.cast(source, self.choice([DECIMAL_TYPE, ScalarType.decimal(4, 1)]))
+        if shape == "cast_text":
+            text = self.choice([pb.literal(t, T.TEXT) for t in TEXTS_TO_PARSE])
+            return pb.cast(text, DECIMAL_TYPE)
+        if shape == "coalesce":
+            return self._coalesce(T.DECIMAL, depth)
+        return self._case(T.DECIMAL, depth)
+
+    def _float64(self, depth: int) -> plan_pb2.Scalar:
+        shape = self.choice(["arith", "arith", "cast", "coalesce", "case"])
+        if shape == "arith":
+            return self._numeric(T.FLOAT64, depth)
+        if shape == "cast":
+            return pb.cast(self.expr(self.choice([T.INT64, T.DECIMAL, T.TEXT]), depth), T.FLOAT64)
+        if shape == "coalesce":
+            return self._coalesce(T.FLOAT64, depth)
+        return self._case(T.FLOAT64, depth)
+
+    def _date(self, depth: int) -> plan_pb2.Scalar:
+        shape = self.choice(["from_text", "from_timestamp", "coalesce", "case"])
+        if shape == "from_text":
+            text = self.choice([pb.literal(t, T.TEXT) for t in TEXTS_TO_PARSE])
+            return pb.cast(text, T.DATE)
+        if shape == "from_timestamp":
+            return pb.cast(self.expr(T.TIMESTAMP, depth), T.DATE)
+        if shape == "coalesce":
+            return self._coalesce(T.DATE, depth)
+        return self._case(T.DATE, depth)
+
+    def _timestamp(self, depth: int) -> plan_pb2.Scalar:
+        shape = self.choice(["trunc", "from_date", "case"])
+        if shape == "trunc":
+            return pb.call("date_trunc_day", self.expr(T.TIMESTAMP, depth))
+        if shape == "from_date":
+            return pb.cast(self.expr(T.DATE, depth), T.TIMESTAMP)
+        return self._case(T.TIMESTAMP, depth)
+
+
+# Relations --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Node:
+    relation: plan_pb2.Relation
+    types: list[ScalarType]
+    # No negative multiplicity can appear (so Reduce, TopK and outer joins are defined).
+    nonneg: bool
+
+
+@dataclass
+class _PlanMaker:
+    draw: st.DrawFn
+    schemas: Mapping[str, RelationSchema]
+    # Let bindings in force, outermost first; a LocalGet refers to the last one with its id.
+    scope: list[tuple[int, _Node]] = field(default_factory=list)
+
+    def choice(self, options: Sequence[Any]) -> Any:
+        return self.draw(st.sampled_from(options))
+
+    def scalars(self, node: _Node) -> _ScalarMaker:
+        return _ScalarMaker(self.draw, node.types)
+
+    def node(self, relation: plan_pb2.Relation, nonneg: bool) -> _Node:
+        schema = self._derive(relation)
+        return _Node(relation, [ScalarType.of_column(c) for c in schema.columns], nonneg)
+
+    def _derive(self, relation: plan_pb2.Relation) -> RelationSchema:
+        # LocalGets need their bindings: wrap the node in the Lets in scope.
+        wrapped = relation
+        for let_id, bound in reversed(self.scope):
+            wrapped = pb.let(let_id, bound.relation, wrapped)
+        return derive_schema(wrapped)
+
+    def sql_relation(self, node: _Node) -> _Node:
+        """``node`` with negative multiplicities removed if it may have any."""
+        if node.nonneg:
+            return node
+        return _Node(pb.threshold(node.relation), node.types, True)
+
+    def leaf(self) -> _Node:
+        options = ["get", "get", "get", "constant"] + ["local_get"] * (2 if self.scope else 0)
+        shape = self.choice(options)
+        if shape == "local_get":
+            visible = dict(self.scope)  # later bindings shadow earlier ones
+            let_id = self.choice(sorted(visible))
+            bound = visible[let_id]
+            return _Node(pb.local_get(let_id), bound.types, bound.nonneg)
+        if shape == "constant":
+            return self.constant()
+        name = self.choice(sorted(self.schemas))
+        return self.node(pb.get(name, self.schemas[name]), nonneg=True)
+
+    def constant(self) -> _Node:
+        name = self.choice(sorted(self.schemas))
+        schema = self.schemas[name]
+        rows = []
+        for _ in range(self.draw(st.integers(1, 3))):
+            values = tuple(self.draw(value_strategy(c)) for c in schema.columns)
+            rows.append((values, self.choice([1, 1, 2, -1])))
+        return self.node(pb.constant(schema, rows), nonneg=all(d > 0 for _, d in rows))
+
+    def relation(self, depth: int, leaf_ok: bool = True) -> _Node:
+        if depth <= 0 or (leaf_ok and self.draw(st.integers(0, 4)) == 0):
+            return self.leaf()
+        shape = self.choice(
+            [
+                "filter",
+                "filter",
+                "map",
+                "map",
+                "project",
+                "union",
+                "negate",
+                "threshold",
+                "distinct",
+                "join",
+                "join",
+                "reduce",
+                "reduce",
+                "top_k",
+                "let",
+            ]
+        )
+        result: _Node = getattr(self, f"_{shape}")(depth - 1)
+        return result
+
+    def _filter(self, depth: int) -> _Node:
+        child = self.relation(depth)
+        maker = self.scalars(child)
+        count = self.draw(st.integers(1, 2))
+        predicates = [maker.expr(T.BOOL, leaf_ok=False) for _ in range(count)]
+        return self.node(pb.filter(child.relation, *predicates), child.nonneg)
+
+    def _map(self, depth: int) -> _Node:
+        child = self.relation(depth)
+        types = list(child.types)
+        expressions = []
+        for _ in range(self.draw(st.integers(1, 2))):
+            expr = _ScalarMaker(self.draw, types).any_expr(2, leaf_ok=False)
+            types.append(scalar_type(expr, types))  # later expressions see earlier ones
+            expressions.append(expr)
+        return self.node(pb.map(child.relation, *expressions), child.nonneg)
+
+    def _project(self, depth: int) -> _Node:
+        child = self.relation(depth)
+        width = len(child.types)
+        positions = self.draw(st.lists(st.integers(0, width - 1), min_size=1, max_size=3))
+        return self.node(pb.project(child.relation, *positions), child.nonneg)
+
+    def _same_shape(self, like: _Node, depth: int) -> _Node:
+        """A relation with ``like``'s column types: another one projected to match, or
+        ``like`` itself filtered."""
+        other = self.relation(depth)
+        picks = []
+        for wanted in like.types:
+            fits = [i for i, t in enumerate(other.types) if t.same_type(wanted)]
+            if not fits:
+                break
+            picks.append(self.choice(fits))
+        else:
+            return self.node(pb.project(other.relation, *picks), other.nonneg)
+        predicate = self.scalars(like).expr(T.BOOL)
+        return self.node(pb.filter(like.relation, predicate), like.nonneg)
+
+    def _union(self, depth: int) -> _Node:
+        first = self.relation(depth)
+        second = self._same_shape(first, depth)
+        if self.draw(st.booleans()):  # EXCEPT ALL shape: first - second, then Threshold
+            negated = pb.negate(second.relation)
+            return self.node(pb.threshold(pb.union(first.relation, negated)), nonneg=True)
+        return self.node(pb.union(first.relation, second.relation), first.nonneg and second.nonneg)
+
+    def _negate(self, depth: int) -> _Node:
+        child = self.relation(depth)
+        return self.node(pb.negate(child.relation), nonneg=False)
+
+    def _threshold(self, depth: int) -> _Node:
+        return self.node(pb.threshold(self.relation(depth).relation), nonneg=True)
+
+    def _distinct(self, depth: int) -> _Node:
+        return self.node(pb.distinct(self.relation(depth).relation), nonneg=True)
+
+    def _join(self, depth: int) -> _Node:
+        kind = self.choice(["inner", "inner", "left_outer", "right_outer", "full_outer"])
+        left, right = self.relation(depth), self.relation(depth)
+        if kind != "inner":
+            left, right = self.sql_relation(left), self.sql_relation(right)
+        pairs = [
+            (i, j)
+            for i, lt in enumerate(left.types)
+            for j, rt in enumerate(right.types)
+            if (lt.is_numeric and rt.is_numeric) or lt.kind is rt.kind
+        ]
+        # Mostly equi-joins; sometimes a cross product.
+        count = 0
+        if pairs and self.draw(st.integers(0, 4)) > 0:
+            count = self.draw(st.integers(1, 2))
+        chosen = [self.choice(pairs) for _ in range(count)]
+        left_keys: list[plan_pb2.Scalar] = []
+        right_keys: list[plan_pb2.Scalar] = []
+        for i, j in chosen:
+            left_keys.append(pb.column(i))
+            right_keys.append(pb.column(j))
+            # Sometimes a computed key: both sides through the same text function.
+            if left.types[i].kind is T.TEXT and self.draw(st.integers(0, 3)) == 0:
+                function = self.choice(["lower", "upper", "trim"])
+                left_keys[-1] = pb.call(function, left_keys[-1])
+                right_keys[-1] = pb.call(function, right_keys[-1])
+        relation = pb.join(left.relation, right.relation, left_keys, right_keys, kind)
+        return self.node(relation, left.nonneg and right.nonneg)
+
+    def _aggregate(self, maker: _ScalarMaker) -> plan_pb2.Aggregate:
+        func = self.choice(["count", "count", "sum", "min", "max", "avg"])
+        distinct = self.draw(st.integers(0, 3)) == 0
+        if func == "count" and self.draw(st.booleans()):
+            return pb.aggregate("count")
+        if func in ("sum", "avg"):
+            kind = self.choice([T.INT64, T.INT64, T.DECIMAL, T.FLOAT64])
+        else:
+            kind = self.choice([T.INT64, T.TEXT, T.INT64, T.DECIMAL, T.FLOAT64, T.BOOL, T.DATE])
+        expr = maker.expr(kind, 1)
+        return pb.aggregate(func, expr, distinct=distinct)
+
+    def _reduce(self, depth: int) -> _Node:
+        child = self.sql_relation(self.relation(depth))
+        width = len(child.types)
+        key = self.draw(st.lists(st.integers(0, width - 1), max_size=2, unique=True))
+        maker = self.scalars(child)
+        count = self.draw(st.integers(0 if key else 1, 3))
+        aggregates = [self._aggregate(maker) for _ in range(count)]
+        for aggregate in aggregates:
+            aggregate_type(aggregate, child.types)  # fail here, not later, if ill-typed
+        return self.node(pb.reduce(child.relation, key, aggregates), nonneg=True)
+
+    def _top_k(self, depth: int) -> _Node:
+        child = self.sql_relation(self.relation(depth))
+        width = len(child.types)
+        key = self.draw(st.lists(st.integers(0, width - 1), max_size=1, unique=True))
+        order = [
+            pb.sort_key(
+                self.draw(st.integers(0, width - 1)),
+                descending=self.draw(st.booleans()),
+                nulls_flipped=self.draw(st.booleans()),
+            )
+            for _ in range(self.draw(st.integers(0, 2)))
+        ]
+        limit = self.draw(st.one_of(st.none(), st.integers(0, 3)))
+        offset = self.draw(st.sampled_from([0, 0, 1, 2]))
+        return self.node(pb.top_k(child.relation, key, order, limit, offset), nonneg=True)
+
+    def _let(self, depth: int) -> _Node:
+        value = self.relation(depth)
+        let_id = self.draw(st.integers(0, 2))
+        self.scope.append((let_id, value))
+        try:
+            body = self.relation(depth)
+            # Make the body use the binding at least once, often twice.
+            if not _uses_local(body.relation, let_id):
+                local = _Node(pb.local_get(let_id), value.types, value.nonneg)
+                body = self._combine(body, local)
+        finally:
+            self.scope.pop()
+        return _Node(pb.let(let_id, value.relation, body.relation), body.types, body.nonneg)
+
+    def _combine(self, body: _Node, local: _Node) -> _Node:
+        """A node using both ``body`` and ``local``: a join on a shared column type, or a
+        cross join."""
+        pairs = [
+            (i, j)
+            for i, lt in enumerate(body.types)
+            for j, rt in enumerate(local.types)
+            if lt.kind is rt.kind
+        ]
+        keys: tuple[list[int], list[int]] = ([], [])
+        if pairs:
+            i, j = self.choice(pairs)
+            keys = ([i], [j])
+        relation = pb.join(body.relation, local.relation, keys[0], keys[1])
+        return self.node(relation, body.nonneg and local.nonneg)
+
+
+def children(relation: plan_pb2.Relation) -> list[plan_pb2.Relation]:
+    """The relations a node reads, in field order."""
+    kind = relation.WhichOneof("kind")
+    if kind is None:
+        return []
+    node = getattr(relation, kind)
+    if kind == "union":
+        return list(node.inputs)
+    if kind == "join":
+        return [node.left, node.right]
+    if kind == "let":
+        return [node.value, node.body]
+    if kind in ("get", "constant", "local_get"):
+        return []
+    return [node.input]
+
+
+def _uses_local(relation: plan_pb2.Relation, let_id: int) -> bool:
+    kind = relation.WhichOneof("kind")
+    if kind == "local_get":
+        return relation.local_get.id == let_id
+    if kind == "let" and relation.let.id == let_id:
+        return _uses_local(relation.let.value, let_id)  # the body sees the inner binding
+    return any(_uses_local(child, let_id) for child in children(relation))
+
+
+@st.composite
+def plans(
+    draw: st.DrawFn, schemas: Mapping[str, RelationSchema], max_depth: int = 3
+) -> plan_pb2.Plan:
+    """A random plan over ``schemas`` with ``output_schema`` set to its derived schema."""
+    maker = _PlanMaker(draw, schemas)
+    root = maker.relation(max_depth, leaf_ok=False).relation
+    return pb.plan(root, derive_schema(root))
+
+
+@st.composite
+def scenarios(draw: st.DrawFn, max_depth: int = 3, max_time: int = 5) -> Scenario:
+    schemas = draw(input_schemas())
+    plan = draw(plans(schemas, max_depth))
+    history = draw(histories(schemas, max_time))
+    return Scenario(schemas, plan, history)
