@@ -12,6 +12,9 @@ at every time equals ``reference_eval.evaluate(plan, inputs_at(history, t))``.
   every multiplicity non-negative at every time, plus batch boundaries that put several
   times in one batch.
 - :func:`scenarios`: all three together.
+- :func:`inputs_at` / :func:`versions`: the input multisets at a time / at every time, to
+  compare ``evaluate(plan, inputs_at(history, t))`` with an engine's output at ``t``;
+  :func:`batches`: the updates split at ``batch_uppers``, as an engine would receive them.
 
 Values come from small skewed domains (plus NULLs and a few extremes for overflow), so joins
 match and groups collide. Reduce, TopK and outer joins only ever see non-negative inputs
@@ -91,6 +94,12 @@ def inputs_at(history: History, time: int) -> dict[str, dict[Row, int]]:
     return result
 
 
+def versions(history: History) -> Iterator[tuple[int, dict[str, dict[Row, int]]]]:
+    """``(time, inputs_at(history, time))`` for every time ``0..max_time``."""
+    for time in range(history.max_time + 1):
+        yield time, inputs_at(history, time)
+
+
 def batches(history: History) -> Iterator[tuple[int, int, dict[str, list[RowUpdate]]]]:
     """``(lower, upper, updates by input)`` for each batch, in time order."""
     lower = 0
@@ -109,13 +118,11 @@ def batches(history: History) -> Iterator[tuple[int, int, dict[str, list[RowUpda
 def value_strategy(column: Column) -> st.SearchStrategy[Any]:
     """Skewed values for an input column (INT64 or TEXT), NULL where allowed."""
     if column.type is T.INT64:
-        base: st.SearchStrategy[Any] = st.one_of(
-            st.sampled_from(SMALL_INTS[:5]),
-            st.sampled_from(SMALL_INTS),
-            st.sampled_from(EXTREME_INTS),
-        )
+        # Mostly the first few, so keys collide; one draw in ten is an extreme (overflow).
+        choices: list[Any] = SMALL_INTS[:5] * 3 + SMALL_INTS + EXTREME_INTS[:3]
     else:
-        base = st.one_of(st.sampled_from(SHORT_TEXTS[:4]), st.sampled_from(SHORT_TEXTS))
+        choices = SHORT_TEXTS[:4] * 3 + SHORT_TEXTS
+    base = st.sampled_from(choices)
     if column.nullable:
         return st.one_of(base, st.none())
     return base
@@ -130,8 +137,8 @@ def input_schemas(draw: st.DrawFn, max_inputs: int = 3) -> dict[str, RelationSch
         columns = []
         for position in range(width):
             # The first column is usually INT64, so inputs share a join-friendly key.
-            kind = T.INT64 if position == 0 and draw(st.integers(0, 3)) else None
-            kind = kind or draw(st.sampled_from([T.INT64, T.TEXT]))
+            kinds = [T.INT64, T.INT64, T.INT64, T.TEXT] if position == 0 else [T.INT64, T.TEXT]
+            kind = draw(st.sampled_from(kinds))
             nullable = draw(st.booleans())
             columns.append(Column("abc"[position], kind, nullable))
         schemas[f"u{index}"] = RelationSchema(columns)
@@ -151,7 +158,7 @@ def collection_history(draw: st.DrawFn, schema: RelationSchema, max_time: int) -
             del current[row]
 
     for time in range(max_time + 1):
-        for _ in range(draw(st.integers(0, 4))):
+        for _ in range(draw(st.sampled_from([2, 1, 3, 0, 4]))):
             op = draw(st.sampled_from(["insert", "insert", "delete", "update", "churn"]))
             present = sorted(current, key=repr)
             if op == "insert" or not present:
@@ -196,7 +203,7 @@ class _ScalarMaker:
         return [i for i, t in enumerate(self.columns) if t.kind in kinds]
 
     def literal(self, kind: ColumnType) -> plan_pb2.Scalar:
-        if self.draw(st.integers(0, 9)) == 0:
+        if self.draw(st.integers(0, 9)) == 9:
             return pb.literal(None, DECIMAL_TYPE if kind is T.DECIMAL else kind)
         if kind is T.INT64:
             return pb.literal(self.choice(SMALL_INTS + EXTREME_INTS[:1]), kind)
@@ -214,7 +221,7 @@ class _ScalarMaker:
 
     def leaf(self, kind: ColumnType) -> plan_pb2.Scalar:
         positions = self.columns_of(kind)
-        if positions and self.draw(st.integers(0, 3)) > 0:
+        if positions and self.draw(st.integers(0, 3)) < 3:
             return pb.column(self.choice(positions))
         return self.literal(kind)
 
@@ -226,6 +233,23 @@ class _ScalarMaker:
         make = getattr(self, f"_{kind.name.lower()}")
         result: plan_pb2.Scalar = make(depth - 1)
         return result
+
+    def simple_predicate(self) -> plan_pb2.Scalar:
+        """A column compared with a value from its domain: selective, but rarely empty."""
+        positions = self.columns_of(T.INT64, T.TEXT)
+        if not positions:
+            return self.expr(T.BOOL, leaf_ok=False)
+        position = self.choice(positions)
+        column = pb.column(position)
+        shape = self.choice(["compare", "compare", "compare", "is_not_null", "and", "or"])
+        if shape == "is_not_null":
+            return pb.call(shape, column)
+        if shape in ("and", "or"):
+            return pb.call(shape, self.simple_predicate(), self.simple_predicate())
+        name = self.choice(["le", "ge", "ne", "eq", "lt", "gt"])
+        if self.columns[position].kind is T.INT64:
+            return pb.call(name, column, pb.literal(self.choice(SMALL_INTS[:5]), T.INT64))
+        return pb.call(name, column, pb.literal(self.choice(SHORT_TEXTS[:4]), T.TEXT))
 
     def any_expr(self, depth: int, leaf_ok: bool = True) -> plan_pb2.Scalar:
         return self.expr(self.choice(EXPRESSION_KINDS), depth, leaf_ok)
@@ -239,15 +263,15 @@ class _ScalarMaker:
         return left, self.expr(kind, depth)
 
     def _bool(self, depth: int) -> plan_pb2.Scalar:
-        shape = self.choice(["compare", "compare", "null", "logic", "not", "like", "case"])
+        shape = self.choice(["compare", "compare", "null", "and", "or", "not", "like", "case"])
         if shape == "compare":
             left, right = self._comparable_pair(depth)
             return pb.call(self.choice(["eq", "ne", "lt", "le", "gt", "ge"]), left, right)
         if shape == "null":
             return pb.call(self.choice(["is_null", "is_not_null"]), self.any_expr(depth))
-        if shape == "logic":
+        if shape in ("and", "or"):
             args = [self.expr(T.BOOL, depth) for _ in range(self.draw(st.integers(2, 3)))]
-            return pb.call(self.choice(["and", "or"]), *args)
+            return pb.call(shape, *args)
         if shape == "not":
             return pb.call("not", self.expr(T.BOOL, depth))
         if shape == "like":
@@ -270,23 +294,25 @@ class _ScalarMaker:
             T.DECIMAL: [T.INT64, T.DECIMAL],
             T.FLOAT64: [T.INT64, T.DECIMAL, T.FLOAT64],
         }[kind]
-        if self.draw(st.integers(0, 4)) == 0:
-            return pb.call(self.choice(["neg", "abs"]), self.expr(kind, depth))
-        name = self.choice(["add", "sub", "mul", "div", "mod"])
+        name = self.choice(["add", "sub", "mul", "div", "mod", "neg", "abs"])
+        if name in ("neg", "abs"):
+            return pb.call(name, self.expr(kind, depth))
         left, right = self.expr(kind, depth), self.expr(self.choice(lower), depth)
         if self.draw(st.booleans()):
             left, right = right, left
         return pb.call(name, left, right)
 
     def _int64(self, depth: int) -> plan_pb2.Scalar:
-        shape = self.choice(["arith", "arith", "length", "extract", "coalesce", "case", "cast"])
+        extracts = ["extract_year", "extract_month", "extract_day"]
+        shape = self.choice(
+            ["arith", "arith", "arith", "length", *extracts, "coalesce", "case", "cast"]
+        )
         if shape == "arith":
             return self._numeric(T.INT64, depth)
         if shape == "length":
             return pb.call("length", self.expr(T.TEXT, depth))
-        if shape == "extract":
-            source = self.expr(self.choice([T.DATE, T.TIMESTAMP]), depth)
-            return pb.call(self.choice(["extract_year", "extract_month", "extract_day"]), source)
+        if shape in extracts:
+            return pb.call(shape, self.expr(self.choice([T.DATE, T.TIMESTAMP]), depth))
         if shape == "coalesce":
             return self._coalesce(T.INT64, depth)
         if shape == "case":
@@ -294,9 +320,11 @@ class _ScalarMaker:
         return pb.cast(self.expr(self.choice([T.TEXT, T.DECIMAL, T.FLOAT64]), depth), T.INT64)
 
     def _text(self, depth: int) -> plan_pb2.Scalar:
-        shape = self.choice(["unary", "substr", "concat", "coalesce", "case", "cast"])
-        if shape == "unary":
-            return pb.call(self.choice(["lower", "upper", "trim"]), self.expr(T.TEXT, depth))
+        shape = self.choice(
+            ["lower", "upper", "trim", "substr", "substr", "concat", "coalesce", "case", "cast"]
+        )
+        if shape in ("lower", "upper", "trim"):
+            return pb.call(shape, self.expr(T.TEXT, depth))
         if shape == "substr":
             args = [self.expr(T.TEXT, depth), self.expr(T.INT64, depth)]
             if self.draw(st.booleans()):
@@ -394,7 +422,11 @@ class _PlanMaker:
         """``node`` with negative multiplicities removed if it may have any."""
         if node.nonneg:
             return node
-        return _Node(pb.threshold(node.relation), node.types, True)
+        relation = node.relation
+        if relation.WhichOneof("kind") == "negate":
+            # Threshold(Negate(x)) is always empty: keep x's positive part instead.
+            relation = relation.negate.input
+        return _Node(pb.threshold(relation), node.types, True)
 
     def leaf(self) -> _Node:
         options = ["get", "get", "get", "constant"] + ["local_get"] * (2 if self.scope else 0)
@@ -446,15 +478,19 @@ class _PlanMaker:
     def _filter(self, depth: int) -> _Node:
         child = self.relation(depth)
         maker = self.scalars(child)
-        count = self.draw(st.integers(1, 2))
-        predicates = [maker.expr(T.BOOL, leaf_ok=False) for _ in range(count)]
+        predicates = [
+            maker.simple_predicate()
+            if self.draw(st.integers(0, 2))
+            else maker.expr(T.BOOL, 2, False)
+            for _ in range(self.draw(st.integers(1, 2)))
+        ]
         return self.node(pb.filter(child.relation, *predicates), child.nonneg)
 
     def _map(self, depth: int) -> _Node:
         child = self.relation(depth)
         types = list(child.types)
         expressions = []
-        for _ in range(self.draw(st.integers(1, 2))):
+        for _ in range(self.draw(st.integers(1, 3))):
             expr = _ScalarMaker(self.draw, types).any_expr(2, leaf_ok=False)
             types.append(scalar_type(expr, types))  # later expressions see earlier ones
             expressions.append(expr)
@@ -512,7 +548,7 @@ class _PlanMaker:
         ]
         # Mostly equi-joins; sometimes a cross product.
         count = 0
-        if pairs and self.draw(st.integers(0, 4)) > 0:
+        if pairs and self.draw(st.integers(0, 4)) < 4:
             count = self.draw(st.integers(1, 2))
         chosen = [self.choice(pairs) for _ in range(count)]
         left_keys: list[plan_pb2.Scalar] = []
@@ -529,9 +565,11 @@ class _PlanMaker:
         return self.node(relation, left.nonneg and right.nonneg)
 
     def _aggregate(self, maker: _ScalarMaker) -> plan_pb2.Aggregate:
-        func = self.choice(["count", "count", "sum", "min", "max", "avg"])
-        distinct = self.draw(st.integers(0, 3)) == 0
-        if func == "count" and self.draw(st.booleans()):
+        # One draw for the pair: separate draws came out correlated under hypothesis.
+        func, distinct = self.choice(
+            [(f, d) for f in ("count", "sum", "min", "max", "avg") for d in (False, True)]
+        )
+        if func == "count" and not distinct and self.draw(st.booleans()):
             return pb.aggregate("count")
         if func in ("sum", "avg"):
             kind = self.choice([T.INT64, T.INT64, T.DECIMAL, T.FLOAT64])

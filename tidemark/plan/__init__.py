@@ -9,6 +9,7 @@ from tidemark.plan.datum import datum_type, from_datum, to_datum
 from tidemark.plan.derive import aggregate_type, check_plan, derive_schema, scalar_type
 from tidemark.plan.explain import explain, scalar_text
 from tidemark.plan.functions import (
+    DETERMINISTIC,
     FUNCTIONS,
     NONDETERMINISTIC,
     FunctionSpec,
@@ -20,6 +21,7 @@ from tidemark.plan.functions import (
 from tidemark.plan.scalar_types import ScalarType, unify
 
 __all__ = [
+    "DETERMINISTIC",
     "FUNCTIONS",
     "NONDETERMINISTIC",
     "FunctionSpec",

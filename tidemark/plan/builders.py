@@ -210,9 +210,11 @@ def call(function: str, *args: plan_pb2.Scalar | int) -> plan_pb2.Scalar:
 
 
 def case(
-    cond: plan_pb2.Scalar, then: plan_pb2.Scalar, otherwise: plan_pb2.Scalar
+    cond: plan_pb2.Scalar | int, then: plan_pb2.Scalar | int, otherwise: plan_pb2.Scalar | int
 ) -> plan_pb2.Scalar:
-    return plan_pb2.Scalar(case=plan_pb2.Case(cond=cond, then=then, otherwise=otherwise))
+    """CASE WHEN cond THEN then ELSE otherwise END; int arguments are column positions."""
+    node = plan_pb2.Case(cond=_scalar(cond), then=_scalar(then), otherwise=_scalar(otherwise))
+    return plan_pb2.Scalar(case=node)
 
 
 def cast(expr: plan_pb2.Scalar | int, to: ColumnType | Column | ScalarType) -> plan_pb2.Scalar:

@@ -32,33 +32,9 @@ class FunctionSpec:
     result: ResultRule
     # NULL in any argument gives NULL. Lets validation see which columns a predicate needs.
     strict: bool = True
-
-
-# Functions SQL has that a maintained view cannot use: their value depends on when or where
-# they run. They get their own message instead of "unknown function".
-NONDETERMINISTIC = frozenset(
-    {
-        "now",
-        "current_timestamp",
-        "current_date",
-        "current_time",
-        "localtimestamp",
-        "localtime",
-        "clock_timestamp",
-        "statement_timestamp",
-        "transaction_timestamp",
-        "timeofday",
-        "random",
-        "setseed",
-        "gen_random_uuid",
-        "uuid_generate_v4",
-        "nextval",
-        "currval",
-        "pg_backend_pid",
-        "current_user",
-        "session_user",
-    }
-)
+    # False for functions whose value depends on when or where they run: SQL has them, a
+    # maintained view cannot use them, and validation rejects them by name.
+    deterministic: bool = True
 
 
 def _any_nullable(args: Sequence[ScalarType]) -> bool:
@@ -157,6 +133,35 @@ def _date_trunc_day(name: str, args: Sequence[ScalarType]) -> ScalarType:
     return ScalarType(ColumnType.TIMESTAMP, _any_nullable(args))
 
 
+def _fixed(kind: ColumnType) -> ResultRule:
+    def rule(name: str, args: Sequence[ScalarType]) -> ScalarType:
+        return ScalarType(kind, nullable=False)
+
+    return rule
+
+
+# Functions SQL has that depend on the clock, randomness or session: typed, so the adapter can
+# name them, but never accepted in a plan.
+_NONDETERMINISTIC_RESULTS = {
+    "now": ColumnType.TIMESTAMP,
+    "current_timestamp": ColumnType.TIMESTAMP,
+    "localtimestamp": ColumnType.TIMESTAMP,
+    "clock_timestamp": ColumnType.TIMESTAMP,
+    "statement_timestamp": ColumnType.TIMESTAMP,
+    "transaction_timestamp": ColumnType.TIMESTAMP,
+    "current_date": ColumnType.DATE,
+    "current_time": ColumnType.TEXT,
+    "localtime": ColumnType.TEXT,
+    "timeofday": ColumnType.TEXT,
+    "random": ColumnType.FLOAT64,
+    "gen_random_uuid": ColumnType.TEXT,
+    "uuid_generate_v4": ColumnType.TEXT,
+    "current_user": ColumnType.TEXT,
+    "session_user": ColumnType.TEXT,
+    "pg_backend_pid": ColumnType.INT64,
+}
+
+
 def _specs() -> dict[str, FunctionSpec]:
     specs = [
         *(FunctionSpec(n, 2, 2, _comparison) for n in ("eq", "ne", "lt", "le", "gt", "ge")),
@@ -179,23 +184,32 @@ def _specs() -> dict[str, FunctionSpec]:
             for n in ("extract_year", "extract_month", "extract_day")
         ),
         FunctionSpec("date_trunc_day", 1, 1, _date_trunc_day),
+        *(
+            FunctionSpec(n, 0, 0, _fixed(kind), deterministic=False)
+            for n, kind in _NONDETERMINISTIC_RESULTS.items()
+        ),
     ]
     return {spec.name: spec for spec in specs}
 
 
 FUNCTIONS: dict[str, FunctionSpec] = _specs()
+"""Every known function by name, nondeterministic ones included (check ``deterministic``)."""
+DETERMINISTIC = frozenset(name for name, spec in FUNCTIONS.items() if spec.deterministic)
+"""The functions a plan may use, which the engine and the reference evaluator implement."""
+NONDETERMINISTIC = frozenset(FUNCTIONS) - DETERMINISTIC
 
 
 def lookup(name: str) -> FunctionSpec:
-    """The spec of a deterministic function; ``InvalidArgument`` for any other name."""
-    spec = FUNCTIONS.get(name)
-    if spec is not None:
-        return spec
-    if name.lower() in NONDETERMINISTIC:
+    """The spec of a function a plan may use; ``InvalidArgument`` for any other name."""
+    spec = FUNCTIONS.get(name) or FUNCTIONS.get(name.lower())
+    if spec is not None and not spec.deterministic:
         raise InvalidArgument(
             f"function {name!r} is nondeterministic; a maintained view cannot use it"
         )
-    raise InvalidArgument(f"unknown function {name!r}; known: {', '.join(sorted(FUNCTIONS))}")
+    if spec is None or spec.name != name:
+        known = ", ".join(sorted(DETERMINISTIC))
+        raise InvalidArgument(f"unknown function {name!r}; known: {known}")
+    return spec
 
 
 def result_type(name: str, args: Sequence[ScalarType]) -> ScalarType:
@@ -262,6 +276,7 @@ def cast_type(source: ScalarType, target: ScalarType) -> ScalarType:
     """The type of casting a ``source`` value to ``target``'s kind (its nullability ignored)."""
     if not cast_allowed(source, target):
         raise InvalidArgument(
-            f"cannot cast {source.describe()} to {target.with_nullable(True).describe()}"
+            f"cannot cast {source.with_nullable(True).describe()} to "
+            f"{target.with_nullable(True).describe()}"
         )
     return target.with_nullable(source.nullable or cast_can_fail(source, target))

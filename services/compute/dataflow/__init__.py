@@ -9,7 +9,6 @@ from services.compute.dataflow.batch import Row, Update, consolidate
 from services.compute.dataflow.dataflow import Dataflow
 from services.compute.dataflow.index import Index
 from services.compute.dataflow.keys import encode_key, shard_of
-from services.compute.dataflow.lower import lower
 from services.compute.dataflow.scalar import CompiledScalar, compile_scalar
 from services.compute.dataflow.work import Work
 
@@ -23,6 +22,5 @@ __all__ = [
     "compile_scalar",
     "consolidate",
     "encode_key",
-    "lower",
     "shard_of",
 ]

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 
 from services.compute.dataflow.batch import Key, Row, Update
 from services.compute.dataflow.lower import columns_key
+from services.compute.dataflow.ordering import canonical_float
 from tidemark.errors import FailedPrecondition, InvalidArgument
 
 
@@ -87,7 +88,8 @@ class Index:
         """The output rows whose key columns equal ``key``, at ``time``."""
         self._check_readable(time)
         contents: dict[Row, int] = {}
-        self._collect(tuple(key), time, contents)
+        wanted = tuple(canonical_float(v) if v.__class__ is float else v for v in key)
+        self._collect(wanted, time, contents)
         return contents
 
     def history_size(self) -> int:

@@ -78,39 +78,33 @@ class Descending:
         return hash(self.key)
 
 
-def _component(column: int, kind: ColumnType | None, descending: bool, nulls_first: bool) -> Any:
+def _component(column: int, kind: ColumnType, descending: bool, nulls_first: bool) -> Any:
     null_key = _NULL_FIRST if nulls_first else _NULL_LAST
-    is_float = kind is ColumnType.FLOAT64 or kind is None
+    is_float = kind is ColumnType.FLOAT64
 
     def key(row: Row) -> Any:
         value = row[column]
         if value is None:
             return null_key
-        inner = value_key(value) if is_float else value
+        inner = float_key(value) if is_float else value
         return (1, Descending(inner) if descending else inner)
 
     return key
 
 
 def compile_sort_key(
-    order: Sequence[tuple[int, bool, bool]], types: Sequence[ScalarType] | None
+    order: Sequence[tuple[int, bool, bool]], types: Sequence[ScalarType]
 ) -> SortKey:
-    """A key for rows sorted by ``order`` (``(column, descending, nulls_first)`` each), ties
-    broken by the whole row ascending with NULLs last. Two rows get equal keys only if they
-    are equal, so the order is total and deterministic."""
+    """A key for rows (with columns of ``types``) sorted by ``order`` (``(column, descending,
+    nulls_first)`` each), ties broken by the whole row ascending with NULLs last. Two rows get
+    equal keys only if they are equal, so the order is total and deterministic."""
     parts = [
-        _component(column, types[column].kind if types else None, descending, nulls_first)
+        _component(column, types[column].kind, descending, nulls_first)
         for column, descending, nulls_first in order
     ]
-    width = len(types) if types is not None else None
 
     def key(row: Row) -> tuple[Any, ...]:
-        head = [part(row) for part in parts]
-        head.extend(
-            _NULL_LAST if value is None else (1, value_key(value))
-            for value in row[: width if width is not None else len(row)]
-        )
-        return tuple(head)
+        return (*(part(row) for part in parts), *row_key(row))
 
     return key
 

@@ -17,6 +17,7 @@ from typing import Any
 from services.compute.dataflow.datum import datum_value
 from services.compute.dataflow.functions import casts, numeric, temporal, text
 from services.compute.dataflow.functions.compare import COMPARISONS, comparison
+from services.compute.dataflow.ordering import canonical_float
 from services.compute.dataflow.types import from_column
 from tidemark.columnar.schema import ColumnType
 from tidemark.errors import InvalidArgument
@@ -127,19 +128,32 @@ def promoted(arg: CompiledScalar, kind: ColumnType) -> Evaluator:
     source = arg.type.kind
     if source is kind:
         return arg.evaluate
-    to_kind: Callable[[Any], Any] = float if kind is ColumnType.FLOAT64 else Decimal
-    return strict1(to_kind, arg.evaluate)
+    if kind is ColumnType.FLOAT64:
+        # A decimal -0 would otherwise become the float -0.0, which the contract normalises.
+        return strict1(_to_float, arg.evaluate)
+    return strict1(Decimal, arg.evaluate)
+
+
+def _to_float(value: Any) -> float:
+    return canonical_float(float(value))
+
+
+def _conversion(source: ScalarType, target: ScalarType) -> Callable[[Any], Any] | None:
+    """How a non-NULL value of ``source`` becomes one of the unified type ``target`` (None when
+    it is already one)."""
+    if not target.is_numeric or source.same_type(target):
+        return None
+    if target.kind is ColumnType.FLOAT64:
+        return None if source.kind is ColumnType.FLOAT64 else _to_float
+    return casts.to_decimal(source.kind, target.precision, target.scale)
 
 
 def converted(arg: CompiledScalar, target: ScalarType) -> CompiledScalar:
     """``arg`` as a value of the unified type ``target``: numbers are promoted, and a decimal
     that does not fit ``target``'s precision becomes NULL."""
-    source = arg.type
-    if not target.is_numeric or source.same_type(target):
-        return CompiledScalar(arg.evaluate, source.with_nullable(target.nullable), arg.constant)
-    if target.kind is ColumnType.FLOAT64:
-        return CompiledScalar(promoted(arg, ColumnType.FLOAT64), target, arg.constant)
-    convert = casts.to_decimal(source.kind, target.precision, target.scale)
+    convert = _conversion(arg.type, target)
+    if convert is None:
+        return CompiledScalar(arg.evaluate, target, arg.constant)
     return CompiledScalar(strict1(convert, arg.evaluate), target, arg.constant)
 
 
@@ -358,13 +372,15 @@ def _coalesce(c: _Compiler, name: str, args: list[CompiledScalar]) -> CompiledSc
     unified = unify([arg.type for arg in args], f"{c.where}: {name}")
     nullable = all(arg.type.nullable for arg in args) or unified.lossy
     result_type = unified.type.with_nullable(nullable)
-    parts = [converted(arg, result_type).evaluate for arg in args]
+    # The first non-NULL argument wins, and only then is it converted: one that does not fit
+    # the result type makes the result NULL (it does not fall through to the next argument).
+    parts = [(arg.evaluate, _conversion(arg.type, result_type)) for arg in args]
 
     def evaluate(row: Row) -> Any:
-        for part in parts:
+        for part, convert in parts:
             value = part(row)
             if value is not None:
-                return value
+                return value if convert is None else convert(value)
         return None
 
     return CompiledScalar(evaluate, result_type)

@@ -193,6 +193,10 @@ def to_decimal(source: ColumnType, precision: int, scale: int) -> Converter:
     return from_decimal if source is ColumnType.DECIMAL else from_float
 
 
+def _to_float(value: Any) -> float:
+    return canonical_float(float(value))
+
+
 def _identity(value: Any) -> Any:
     return value
 
@@ -239,10 +243,12 @@ def cast_converter(source: ScalarType, target: ScalarType) -> tuple[Converter, b
         if s is ColumnType.DECIMAL:
             return decimal_to_text(source.scale), False
         return _TO_TEXT[s], False
+    if s is ColumnType.TEXT and t is ColumnType.DECIMAL:
+        return text_to_decimal(target.precision, target.scale), True
     if s is ColumnType.TEXT and t in _FROM_TEXT:
         return _FROM_TEXT[t], True
     if t is ColumnType.FLOAT64 and s in _NUMERIC:
-        return float, False
+        return _to_float, False
     if t is ColumnType.INT64 and s is ColumnType.FLOAT64:
         return float_to_int, True
     if t is ColumnType.INT64 and s is ColumnType.DECIMAL:
