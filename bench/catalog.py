@@ -25,18 +25,14 @@ import asyncio
 import json
 import os
 import platform
-import select
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import IO
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
@@ -44,6 +40,7 @@ if str(REPO_ROOT) not in sys.path:
 
 import grpc  # noqa: E402
 
+from bench.common import CpuMeter, Latency, LoggedService  # noqa: E402
 from services.catalog.storage_log import CATALOG_SCHEMA  # noqa: E402
 from tests.support.catalog_items import Draft  # noqa: E402
 from tests.support.etcd import running_etcd  # noqa: E402
@@ -64,104 +61,11 @@ START_TIMEOUT_S = 60.0
 # --- measurements -------------------------------------------------------------------------
 
 
-def percentile(sorted_values: Sequence[float], fraction: float) -> float:
-    """Nearest-rank percentile of an ascending sequence (0.0 when it is empty)."""
-    if not sorted_values:
-        return 0.0
-    rank = max(0, min(len(sorted_values) - 1, round(fraction * len(sorted_values)) - 1))
-    return sorted_values[rank]
-
-
-@dataclass(frozen=True)
-class Latency:
-    count: int
-    p50_ms: float
-    p99_ms: float
-
-    @staticmethod
-    def of(seconds: list[float]) -> Latency:
-        ordered = sorted(seconds)
-        return Latency(
-            len(ordered),
-            round(percentile(ordered, 0.50) * 1000, 2),
-            round(percentile(ordered, 0.99) * 1000, 2),
-        )
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
-class CpuMeter:
-    """CPU use of named processes over a window, in percent of one core."""
-
-    def __init__(self, pids: Mapping[str, int]) -> None:
-        self.pids = dict(pids)
-        self._start: dict[str, float] = {}
-        self._at = 0.0
-
-    def start(self) -> None:
-        self._start = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
-        self._at = time.monotonic()
-
-    def stop(self) -> dict[str, float]:
-        elapsed = time.monotonic() - self._at
-        return {
-            name: round(100 * (cpu_seconds(pid) - self._start[name]) / elapsed)
-            for name, pid in self.pids.items()
-        }
-
-
 # --- processes ----------------------------------------------------------------------------
 
 
-class Server:
-    """``python -m <module>`` with its JSON log in a file, its port read from stdout."""
-
-    def __init__(
-        self, module: str, args: Sequence[str], log_path: Path, env: Mapping[str, str] = {}
-    ) -> None:
-        environ = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMARK_")}
-        environ.update(env)
-        self.log_path = log_path
-        self._log: IO[bytes] = open(log_path, "ab")
-        command = [sys.executable, "-m", module, "--listen", "127.0.0.1:0", "--log-format", "json"]
-        self.process = subprocess.Popen(
-            [*command, *args],
-            cwd=REPO_ROOT,
-            env=environ,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-        )
-        assert self.process.stdout is not None
-        ready, _, _ = select.select([self.process.stdout], [], [], START_TIMEOUT_S)
-        line = self.process.stdout.readline() if ready else b""
-        if not line.strip().isdigit():
-            self.stop()
-            tail = log_path.read_text(errors="replace")[-4000:]
-            raise RuntimeError(f"{module} did not report its port; its log:\n{tail}")
-        self.address = f"127.0.0.1:{int(line)}"
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._log.close()
-
-
-def start_catalog(oracle: Server, storage: Server, work_dir: Path) -> Server:
-    return Server(
+def start_catalog(oracle: LoggedService, storage: LoggedService, work_dir: Path) -> LoggedService:
+    return LoggedService(
         "services.catalog",
         ["--storage", storage.address, "--oracle", oracle.address],
         work_dir / "catalog.log",
@@ -170,23 +74,23 @@ def start_catalog(oracle: Server, storage: Server, work_dir: Path) -> Server:
 
 @dataclass
 class Stack:
-    oracle: Server
-    storage: Server
-    catalog: Server
+    oracle: LoggedService
+    storage: LoggedService
+    catalog: LoggedService
     backend_pids: dict[str, int]
     work_dir: Path
 
-    def start_catalog(self) -> Server:
+    def start_catalog(self) -> LoggedService:
         return start_catalog(self.oracle, self.storage, self.work_dir)
 
     def meter(self) -> CpuMeter:
         return CpuMeter(
             {
-                "catalog": self.catalog.pid,
-                "storage": self.storage.pid,
-                "oracle": self.oracle.pid,
-                **self.backend_pids,
-                "bench": os.getpid(),
+                "catalog": [self.catalog.pid],
+                "storage": [self.storage.pid],
+                "oracle": [self.oracle.pid],
+                **{name: [pid] for name, pid in self.backend_pids.items()},
+                "bench": [os.getpid()],
             }
         )
 
@@ -207,13 +111,15 @@ def running_stack(backend: str, work_dir: Path) -> Iterator[Stack]:
         else:
             consensus = f"sqlite://{work_dir / 'consensus.db'}"
             blobs = f"file://{work_dir / 'blobs'}"
-        oracle = Server("services.oracle", ["--consensus-url", consensus], work_dir / "oracle.log")
+        oracle = LoggedService(
+            "services.oracle", ["--consensus-url", consensus], work_dir / "oracle.log"
+        )
         stack.callback(oracle.stop)
-        storage = Server(
+        storage = LoggedService(
             "services.storage",
             ["--consensus-url", consensus, "--blob-url", blobs],
             work_dir / "storage.log",
-            env,
+            env=env,
         )
         stack.callback(storage.stop)
         catalog = start_catalog(oracle, storage, work_dir)

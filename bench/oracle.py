@@ -21,18 +21,15 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import platform
-import select
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Literal
+from typing import Literal
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
@@ -40,6 +37,12 @@ if str(REPO_ROOT) not in sys.path:
 
 import grpc  # noqa: E402
 
+from bench.common import (  # noqa: E402
+    CpuMeter,
+    LoggedService,
+    percentile,
+    running_service,
+)
 from tests.support.etcd import running_etcd  # noqa: E402
 from tidemark.clients.oracle import OracleClient  # noqa: E402
 from tidemark.consensus import Committed, Consensus, open_consensus  # noqa: E402
@@ -52,19 +55,8 @@ OPERATION_NAMES: dict[Operation, str] = {"read": "ReadTs", "write": "WriteTs+App
 TARGETS: dict[Operation, float] = {"read": 10.0, "write": 5.0}
 TARGET_CLIENTS = 64
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-START_TIMEOUT_S = 30.0
-
 
 # --- measurements -------------------------------------------------------------------------
-
-
-def percentile(sorted_values: Sequence[float], fraction: float) -> float:
-    """Nearest-rank percentile of an ascending sequence (0.0 when it is empty)."""
-    if not sorted_values:
-        return 0.0
-    rank = max(0, min(len(sorted_values) - 1, round(fraction * len(sorted_values)) - 1))
-    return sorted_values[rank]
 
 
 @dataclass(frozen=True)
@@ -87,50 +79,6 @@ class Rate:
             operations=len(latencies_s),
             failures=failures,
         )
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time a process (all its threads) has used so far."""
-    with open(f"/proc/{pid}/stat") as stat:
-        # The command name may contain spaces; the fields after it are fixed.
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
-def machine_busy_seconds() -> float:
-    """CPU time every core of the machine has spent busy so far (all processes)."""
-    with open("/proc/stat") as stat:
-        ticks = [int(field) for field in stat.readline().split()[1:]]
-    idle, iowait = ticks[3], ticks[4]
-    return (sum(ticks[:8]) - idle - iowait) / CLOCK_TICKS
-
-
-class CpuMeter:
-    """CPU use over a window, in percent of one core: of named groups of processes, and as
-    ``other``, of everything else on the machine (other people's work disturbs the figures)."""
-
-    def __init__(self, groups: dict[str, list[int]]) -> None:
-        self.groups = groups
-        self._start: dict[str, float] = {}
-        self._started_at = 0.0
-
-    def _sample(self) -> dict[str, float]:
-        sample = {name: sum(cpu_seconds(pid) for pid in pids) for name, pids in self.groups.items()}
-        sample["other"] = machine_busy_seconds() - sum(sample.values())
-        return sample
-
-    def start(self) -> None:
-        self._start = self._sample()
-        self._started_at = time.monotonic()
-
-    def stop(self) -> dict[str, float]:
-        elapsed = time.monotonic() - self._started_at
-        end = self._sample()
-        # Clamped: the counters advance in clock ticks, so a near-idle "other" can come out
-        # a tick below zero.
-        return {
-            name: max(0, round(100 * (end[name] - self._start[name]) / elapsed)) for name in end
-        }
 
 
 # --- the floor: raw compare-and-set --------------------------------------------------------
@@ -285,66 +233,6 @@ class ClientPool:
                 process.kill()
 
 
-# --- the oracle process -------------------------------------------------------------------
-
-
-class OracleProcess:
-    """``python -m services.oracle`` with its log (JSON, as deployed) going to a file: the
-    benchmark must not spend its own CPU reading thousands of access-log lines a second."""
-
-    def __init__(self, consensus_url: str, log_path: Path, extra_args: Sequence[str] = ()) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMARK_")}
-        self.log_path = log_path
-        self._log: IO[bytes] = open(log_path, "wb")  # closed in stop()
-        self.process = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "services.oracle", "--listen", "127.0.0.1:0"),
-                *("--consensus-url", consensus_url, "--log-format", "json", *extra_args),
-            ],
-            cwd=REPO_ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-        )
-        self.address = f"127.0.0.1:{self._read_port()}"
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def _read_port(self) -> int:
-        assert self.process.stdout is not None
-        ready, _, _ = select.select([self.process.stdout], [], [], START_TIMEOUT_S)
-        line = self.process.stdout.readline() if ready else b""
-        if not line.strip().isdigit():
-            self.stop()
-            log = self.log_path.read_text(errors="replace")[-4000:]
-            raise RuntimeError(f"the oracle did not report its port; its log:\n{log}")
-        return int(line)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._log.close()
-
-
-@contextmanager
-def running_oracle(
-    consensus_url: str, log_path: Path, extra_args: Sequence[str] = ()
-) -> Iterator[OracleProcess]:
-    oracle = OracleProcess(consensus_url, log_path, extra_args)
-    try:
-        yield oracle
-    finally:
-        oracle.stop()
-
-
 # --- cells --------------------------------------------------------------------------------
 
 
@@ -369,7 +257,7 @@ class Settings:
 
 def run_cell(
     pool: ClientPool,
-    oracle: OracleProcess,
+    oracle: LoggedService,
     meter: CpuMeter,
     backend: str,
     operation: Operation,
@@ -414,7 +302,8 @@ def run_backend(
     report: Callable[[Cell], None],
 ) -> list[Cell]:
     cells = []
-    with running_oracle(consensus_url, log_path, settings.oracle_args) as oracle:
+    args = ["--consensus-url", consensus_url, *settings.oracle_args]
+    with running_service("services.oracle", args, log_path) as oracle:
         meter = CpuMeter({"oracle": [oracle.pid], "backend": backend_pids, "clients": pool.pids})
         for operation in ("read", "write"):
             for clients in settings.client_counts:
