@@ -1,0 +1,79 @@
+"""What the driver asks a resident task to do, and what the task answers.
+
+Every request gets exactly one ``Reply``; a request that fails inside the task is answered
+with the error (the task keeps serving), while a task that dies closes its socket.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from services.compute.dataflow.batch import Update
+
+
+@dataclass(frozen=True)
+class Install:
+    """Lower ``plan`` (serialized ``Plan``, or ``Relation`` when ``is_relation``) and keep an
+    empty shard of its operator state under ``dataflow_id``; with ``index_key_columns``, also
+    keep this shard's part of an index over the output, readable from ``index_since``."""
+
+    dataflow_id: str
+    plan: bytes
+    is_relation: bool = False
+    index_key_columns: tuple[int, ...] | None = None
+    index_since: int = 0
+
+
+@dataclass(frozen=True)
+class Drop:
+    dataflow_id: str
+
+
+@dataclass(frozen=True)
+class Process:
+    """Run stateful node ``node_id`` on this shard's share of one step's input (one list of
+    updates per input of the node)."""
+
+    dataflow_id: str
+    node_id: int
+    inputs: tuple[list[Update], ...]
+
+
+@dataclass(frozen=True)
+class ApplyIndex:
+    """Add this shard's part of a step's output (updates before ``upper``) to its index."""
+
+    dataflow_id: str
+    updates: list[Update]
+    upper: int
+
+
+@dataclass(frozen=True)
+class Peek:
+    """This shard's part of the output's contents at ``time``."""
+
+    dataflow_id: str
+    time: int
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Keys held and work done by this shard of a dataflow."""
+
+    dataflow_id: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Finish the task (its Spark slot is freed once every task of the job has finished)."""
+
+
+Request = Install | Drop | Process | ApplyIndex | Peek | Stats | Stop
+
+
+@dataclass(frozen=True)
+class Reply:
+    value: Any = None
+    error_class: str | None = None
+    error_message: str = ""

@@ -1,0 +1,105 @@
+"""The process's one SparkSession, tuned for many small jobs and a few resident tasks.
+
+Starting a session costs seconds (a JVM, then Python workers), so a process makes one and
+keeps it. Compute runs two kinds of Spark work side by side: P resident tasks per cluster of
+shards, which hold a task slot for their whole life while mostly waiting on a socket, and
+short bulk jobs (hydration, checks). The session therefore needs at least P + 2 slots; in
+local mode ``local[*]`` is widened to that many when the machine has fewer cores, because
+resident tasks are idle most of the time.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import sys
+import threading
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+DEFAULT_MASTER = "local[*]"
+
+_PROJECT_ROOT = str(Path(__file__).resolve().parents[3])
+
+# Latency over throughput: no UI, no progress bars, tiny shuffles, no speculative or
+# dynamically allocated executors (resident tasks must stay where they started).
+_SETTINGS: dict[str, str] = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.default.parallelism": "2",
+    "spark.sql.adaptive.enabled": "false",
+    "spark.speculation": "false",
+    "spark.dynamicAllocation.enabled": "false",
+    "spark.python.worker.reuse": "true",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.log.level": "ERROR",
+    # A barrier job that cannot get all its slots at once fails fast rather than waiting.
+    "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "1",
+}
+
+_lock = threading.Lock()
+_session: SparkSession | None = None
+
+
+def local_master(slots: int) -> str:
+    """``local[N]`` with at least ``slots`` task slots (and at least the core count)."""
+    return f"local[{max(slots, os.cpu_count() or 1)}]"
+
+
+def local_slots(master: str) -> int | None:
+    """How many tasks a ``local`` master runs at once (None for a cluster master)."""
+    match = re.fullmatch(r"local(?:\[(\d+|\*)(?:,\s*\d+)?\])?", master)
+    if match is None:
+        return None
+    count = match.group(1)
+    if count is None:
+        return 1
+    return (os.cpu_count() or 1) if count == "*" else int(count)
+
+
+def spark_session(
+    master: str = DEFAULT_MASTER,
+    *,
+    min_slots: int = 6,
+    app_name: str = "tidemark-compute",
+    settings: dict[str, str] | None = None,
+) -> SparkSession:
+    """The process's SparkSession, created on first call and reused after (later calls'
+    arguments are ignored). Stopped when the process exits."""
+    global _session
+    with _lock:
+        if _session is not None:
+            return _session
+        _prepare_worker_environment()
+        if master == DEFAULT_MASTER:
+            master = local_master(min_slots)
+        builder = SparkSession.builder.master(master).appName(app_name)
+        for key, value in {**_SETTINGS, **(settings or {})}.items():
+            builder = builder.config(key, value)
+        session = builder.getOrCreate()
+        session.sparkContext.setLogLevel("ERROR")
+        _session = session
+        atexit.register(stop_spark_session)
+        return session
+
+
+def stop_spark_session() -> None:
+    """Stops the process's session if one is running (a later call makes a new one)."""
+    global _session
+    with _lock:
+        session, _session = _session, None
+    if session is not None:
+        session.stop()
+
+
+def _prepare_worker_environment() -> None:
+    """Python workers must run this interpreter and import this project. Locally they inherit
+    the environment; on a real cluster the executor image provides both."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if _PROJECT_ROOT not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([_PROJECT_ROOT, *filter(None, paths)])

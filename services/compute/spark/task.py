@@ -1,0 +1,29 @@
+"""The function each resident Spark task runs: connect back to the driver, then serve.
+
+It must be importable by name in the executor's Python worker (the job's closure refers to it
+by module), so it stays free of driver-only state.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterable, Iterator
+
+from services.compute.spark.shard_host import ShardHost
+from services.compute.spark.wire import send_hello, tune
+
+
+def resident_task(
+    host: str, port: int, token: bytes, shards: int, partition: Iterable[int]
+) -> Iterator[int]:
+    """Hosts the shard numbered by this task's partition until the driver says stop."""
+    from pyspark import BarrierTaskContext
+
+    shard = BarrierTaskContext.get().partitionId()
+    with socket.create_connection((host, port), timeout=60) as sock:
+        sock.settimeout(None)  # between requests a task may idle for as long as it likes
+        tune(sock)
+        send_hello(sock, token, shard, os.getpid())
+        ShardHost(shard, shards).serve(sock)
+    yield shard
