@@ -105,6 +105,11 @@ class BatchStore:
         self.cache.put(key, table)
         return WrittenBatch(key, table.num_rows, len(data), now)
 
+    def cached(self, key: str) -> pa.Table | None:
+        """The batch stored under ``key`` if its table is in memory (written or read by this
+        process and not evicted since), without waiting for anything."""
+        return self.cache.get(key)
+
     async def read(self, key: str, schema: pa.Schema) -> pa.Table:
         """The batch stored under ``key``; ``NotFound`` if it is gone (garbage collected)."""
         cached = self.cache.get(key)

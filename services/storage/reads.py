@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import cast
 
 import pyarrow as pa
 
@@ -80,6 +81,12 @@ class Reader:
                         f"(since {frontier_text(state.since)}); hold a read capability at or "
                         "before the times you read"
                     )
+            # Batches in memory (this process wrote them, or read them lately) are used as they
+            # are, without a trip through the event loop: a subscriber served so goes on to
+            # send the updates before other work queued meanwhile gets the loop.
+            cached = [self.batches.cached(b.key) for b in chosen]
+            if all(table is not None for table in cached):
+                return shape(state, chosen, cast(list[pa.Table], cached))
             schema = state.schema.update_schema()
             try:
                 tables = await asyncio.gather(*(self.batches.read(b.key, schema) for b in chosen))

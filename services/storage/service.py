@@ -250,8 +250,12 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
 
 
 def storage_service(core: StorageCore) -> Service[StorageServicer]:
+    # Hot: appends, snapshots and lease renewals come at high rates, so successful calls are
+    # logged at debug (a line per call costs a good share of an append's CPU); failures and
+    # the service's own events (collections created, ...) are still logged at info.
     return Service(
         storage_pb2.DESCRIPTOR.services_by_name["Storage"],
         StorageServicer(core),
         storage_pb2_grpc.add_StorageServicer_to_server,
+        hot=True,
     )

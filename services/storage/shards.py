@@ -88,20 +88,28 @@ class ShardStore:
         self.retry = retry or RetryPolicy()
         self.on_commit = on_commit
         self._latest: dict[str, Versioned] = {}
+        # The state each shard's compare-and-set in flight is writing: a watch may deliver it
+        # before the compare-and-set's reply does, and then needs no decoding.
+        self._writing: dict[str, tuple[bytes, ShardState]] = {}
         self._commits: dict[str, GroupCommit[Operation[Any], _Outcome[Any]]] = {}
 
     def key(self, collection_id: str) -> str:
         return f"{self.prefix}shards/{collection_id}"
 
     def decode(self, collection_id: str, data: VersionedData) -> Versioned:
-        """The state in ``data``, decoded once per version."""
+        """The state in ``data``, decoded once per version (and not at all if this process
+        is writing those very bytes: equal bytes are an equal state)."""
         known = self._latest.get(collection_id)
         if known is not None and known.version == data.version:
             return known
-        try:
-            state = ShardState.decode(data.data)
-        except Exception as exc:
-            raise Internal(f"shard state of {collection_id} does not decode: {exc}") from exc
+        writing = self._writing.get(collection_id)
+        if writing is not None and writing[0] == data.data:
+            state = writing[1]
+        else:
+            try:
+                state = ShardState.decode(data.data)
+            except Exception as exc:
+                raise Internal(f"shard state of {collection_id} does not decode: {exc}") from exc
         versioned = Versioned(data.version, state, data.data)
         self._remember(collection_id, versioned)
         return versioned
@@ -142,7 +150,7 @@ class ShardStore:
         """Store a new shard; ``AlreadyExists`` if the id was ever used."""
         data = state.encode()
         for _ in range(MAX_CAS_ATTEMPTS):
-            result = await self._compare_and_set(collection_id, None, data)
+            result = await self._compare_and_set(collection_id, None, data, state)
             if isinstance(result, Committed):
                 versioned = Versioned(result.version, state, data)
                 self._committed(collection_id, versioned)
@@ -161,22 +169,27 @@ class ShardStore:
         raise AlreadyExists(f"collection {collection_id} already exists")
 
     async def _compare_and_set(
-        self, collection_id: str, version: int | None, data: bytes
+        self, collection_id: str, version: int | None, data: bytes, state: ShardState
     ) -> Committed | Mismatch | None:
-        """One compare-and-set, retried while the store is unavailable (it certainly did not
-        happen); ``None`` when its outcome is unknown."""
+        """One compare-and-set of ``state`` (encoded as ``data``), retried while the store is
+        unavailable (it certainly did not happen); ``None`` when its outcome is unknown."""
         key = self.key(collection_id)
         backoff = self.retry.backoffs()
-        while True:
-            try:
-                return await self.consensus.compare_and_set(key, version, data)
-            except Indeterminate:
-                self._latest.pop(collection_id, None)
-                return None
-            except Unavailable as exc:
-                if backoff.expired():
-                    raise Unavailable(f"the consensus store is unavailable: {exc.message}") from exc
-                await backoff.sleep()
+        self._writing[collection_id] = (data, state)
+        try:
+            while True:
+                try:
+                    return await self.consensus.compare_and_set(key, version, data)
+                except Indeterminate:
+                    self._latest.pop(collection_id, None)
+                    return None
+                except Unavailable as exc:
+                    if backoff.expired():
+                        message = f"the consensus store is unavailable: {exc.message}"
+                        raise Unavailable(message) from exc
+                    await backoff.sleep()
+        finally:
+            self._writing.pop(collection_id, None)
 
     async def update(self, collection_id: str, operation: Operation[R]) -> R:
         """Run ``operation`` against the current state and store the result; its result, or
@@ -220,7 +233,7 @@ class ShardStore:
                     return outcomes
                 current, confirmed = fresh, True
                 continue
-            result = await self._compare_and_set(collection_id, current.version, data)
+            result = await self._compare_and_set(collection_id, current.version, data, state)
             if result is None:
                 # Unknown outcome: look. If it landed (and nothing came after) we are done;
                 # otherwise the operations decide again on what is there. They recognise

@@ -428,6 +428,41 @@ async def test_subscriber_is_pushed_appends_made_through_another_storage_process
     assert sorted(updates) == [((t, "x"), t, 1) for t in range(1, 4)]
 
 
+async def test_subscribers_of_the_writing_and_of_another_process_get_the_same_history(
+    client: StorageClient, backends: Backends
+) -> None:
+    # The process that appends serves its subscriber from the batches it holds in memory; the
+    # other one reads them from the blob store. Both must give exactly the committed history.
+    other = start_storage(backends)
+    try:
+        async with StorageClient(other.address, retry=QUICK_RETRY) as elsewhere:
+            pair = await client.create(new_id(), SCHEMA)
+            rng = random.Random(21)
+
+            async def follow(through: StorageClient) -> list[tuple[Row, int, int]]:
+                reader: CdcReader[Row, int] = CdcReader(U64)
+                found: list[tuple[Row, int, int]] = []
+                async for message in through.subscribe(pair.read, stop_at=30):
+                    for updates, _ in reader.push(message):
+                        found.extend(updates)
+                assert reader.frontier == u64_frontier(30)
+                return consolidate(found)
+
+            followers = [asyncio.create_task(follow(c)) for c in (client, elsewhere)]
+            everything: list[tuple[Row, int, int]] = []
+            for t in range(30):
+                updates = [
+                    ((rng.randint(0, 4), rng.choice("ab")), t, rng.choice((1, -1)))
+                    for _ in range(rng.randint(0, 3))
+                ]
+                everything.extend(updates)
+                await client.append(pair.write, updates, t + 1)
+            local, remote = await asyncio.wait_for(asyncio.gather(*followers), 30)
+    finally:
+        other.kill()
+    assert local == remote == consolidate(everything)
+
+
 # -- CDC ingestion ----------------------------------------------------------------------------
 
 

@@ -80,6 +80,11 @@ class S3Server:
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs (benchmarks read its CPU time)."""
+        return self._process.pid if self.running and self._process is not None else None
+
     def url(self, bucket: str, prefix: str = "") -> str:
         """The ``s3://`` blob URL for ``bucket`` (and a key prefix inside it) on this server."""
         path = f"/{prefix.strip('/')}" if prefix.strip("/") else ""

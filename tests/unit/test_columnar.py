@@ -34,6 +34,8 @@ from tidemark.columnar import (
     version_from_table,
     with_time,
 )
+from tidemark.columnar import updates as columnar_updates
+from tidemark.columnar.updates import _consolidate_by_grouping
 from tidemark.errors import InvalidArgument
 from tidemark.frontier import u64_frontier
 from tidemark.global_id import validate_global_id
@@ -263,6 +265,44 @@ def test_with_time_slices_and_concat() -> None:
     assert concat([], table.schema).num_rows == 0
     with pytest.raises(InvalidArgument):
         list(slices(table, 0))
+
+
+FLOATS = RelationSchema.of(("x", ColumnType.FLOAT64), ("s", ColumnType.TEXT))
+awkward_rows = st.tuples(
+    st.sampled_from([0.0, -0.0, 1.5, float("nan"), float("inf"), None]),
+    st.sampled_from(["a", "b", None]),
+)
+
+
+@given(st.lists(st.tuples(awkward_rows, st.integers(0, 3), st.integers(-1, 2)), min_size=2))
+def test_consolidate_by_sorting_agrees_with_grouping(updates: list[tuple[Any, int, int]]) -> None:
+    # Sorting is the shortcut taken when no (data, time) repeats; grouping decides otherwise.
+    table = table_from_updates(FLOATS, updates)
+    assert _exactly(consolidate(table)) == _exactly(_consolidate_by_grouping(table))
+
+
+def _exactly(table: pa.Table) -> tuple[pa.Schema, list[list[str]]]:
+    """The schema and every value, told apart as Arrow would store them (NaN equal to NaN,
+    -0.0 unequal to 0.0)."""
+    return table.schema, [[repr(v) for v in column.to_pylist()] for column in table.columns]
+
+
+def test_batches_without_repeats_are_consolidated_without_grouping(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    updates = [((float(i % 3), f"r{i}"), i % 2, 1 - i % 2) for i in range(10)]
+    updates.append(((None, None), 1, 1))
+    table = table_from_updates(FLOATS, updates)
+    expected = _consolidate_by_grouping(table)
+
+    def refuse(table: pa.Table) -> pa.Table:
+        raise AssertionError("grouped although no (data, time) repeats")
+
+    monkeypatch.setattr(columnar_updates, "_consolidate_by_grouping", refuse)
+    consolidated = consolidate(table)
+    assert _exactly(consolidated) == _exactly(expected)
+    assert consolidated.num_rows == 6  # the zero diffs are gone
+    assert updates_from_table(consolidated)[-1] == ((None, None), 1, 1)
 
 
 def test_nan_and_null_group_together() -> None:

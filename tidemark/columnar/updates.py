@@ -74,6 +74,73 @@ def consolidate(table: pa.Table) -> pa.Table:
             pc.not_equal(table.column(DIFF_COLUMN), 0)
         )
     keys = [*data_columns(table), TIME_COLUMN]
+    # Sorted first, rows with equal (data, time) sit next to each other and are summed as runs:
+    # much cheaper than hash grouping, above all when nothing repeats (appends of fresh rows).
+    ordered = table.take(pc.sort_indices(table, sort_keys=[(k, "ascending") for k in keys]))
+    repeats = _repeats_previous(ordered, keys)
+    if repeats is _UNSORTABLE:
+        return _consolidate_by_grouping(table)
+    if repeats is not None:
+        ordered = _sum_runs(ordered, repeats)
+    kept = ordered.filter(pc.not_equal(ordered.column(DIFF_COLUMN), 0))
+    columns = [kept.column(key) for key in keys]
+    columns.append(kept.column(DIFF_COLUMN))
+    return pa.Table.from_arrays(columns, schema=_layout(table))
+
+
+# A float column holds -0.0: the sort cannot tell it from 0.0, so a run of rows that agree up
+# to those two could interleave them, while consolidation keeps them apart.
+_UNSORTABLE = pa.array([True])
+_NEGATIVE_ZERO_BITS = -(1 << 63)
+
+
+def _repeats_previous(table: pa.Table, keys: Sequence[str]) -> pa.Array | None:
+    """For a table (of at least two rows) sorted by ``keys``: whether each row after the
+    first agrees with the one before it on every key, as consolidation compares them (null
+    matches null, NaN matches NaN, 0.0 does not match -0.0); ``None`` when no row does, and
+    ``_UNSORTABLE`` when sorting cannot bring equal rows together."""
+    repeats: pa.Array | None = None
+    for key in keys:
+        values = table.column(key).combine_chunks()
+        if pa.types.is_float64(values.type):
+            bits = values.view(pa.int64())
+            if pc.any(pc.equal(bits, _NEGATIVE_ZERO_BITS)).as_py():
+                return _UNSORTABLE
+            before, after = bits.slice(0, len(bits) - 1), bits.slice(1)
+            same = pc.equal(before, after)
+            nans = pc.is_nan(values)
+            same = pc.or_kleene(same, pc.and_kleene(nans.slice(0, len(nans) - 1), nans.slice(1)))
+        elif pa.types.is_floating(values.type):
+            return _UNSORTABLE
+        else:
+            before, after = values.slice(0, len(values) - 1), values.slice(1)
+            same = pc.equal(before, after)
+        if values.null_count:
+            same = pc.or_kleene(same, pc.and_(pc.is_null(before), pc.is_null(after)))
+        # A null left in ``same`` means one side is null and the other is not: no repeat.
+        same = pc.fill_null(same, False)
+        repeats = same if repeats is None else pc.and_(repeats, same)
+        if not pc.any(repeats).as_py():
+            return None
+    return repeats
+
+
+def _sum_runs(table: pa.Table, repeats: pa.Array) -> pa.Table:
+    """One row per run of repeating rows (its first), with the run's diffs summed."""
+    starts = pc.add(pc.indices_nonzero(pc.invert(repeats)), 1)
+    starts = pa.concat_arrays([pa.array([0], starts.type), starts])
+    ends = pa.concat_arrays([pc.subtract(starts.slice(1), 1), pa.array([table.num_rows - 1])])
+    totals = pc.cumulative_sum(table.column(DIFF_COLUMN))
+    at_ends = totals.take(ends)
+    before = pa.concat_arrays([pa.array([0], pa.int64()), at_ends.combine_chunks().slice(0, len(ends) - 1)])
+    firsts = table.take(starts)
+    index = firsts.schema.get_field_index(DIFF_COLUMN)
+    return firsts.set_column(index, firsts.schema.field(index), pc.subtract(at_ends, before))
+
+
+def _consolidate_by_grouping(table: pa.Table) -> pa.Table:
+    """:func:`consolidate` for any table of at least two rows, by hash grouping."""
+    keys = [*data_columns(table), TIME_COLUMN]
     grouped = table.group_by(keys, use_threads=False).aggregate([(DIFF_COLUMN, "sum")])
     sums = grouped.column(grouped.num_columns - 1)
     kept = grouped.filter(pc.not_equal(sums, 0))
@@ -124,10 +191,17 @@ def with_time(table: pa.Table, time: int) -> pa.Table:
     return table.set_column(index, table.schema.field(index), times)
 
 
+# Up to this many rows, Python reads a column faster than an Arrow kernel is set up for it.
+_PYTHON_ROWS = 64
+
+
 def time_range(table: pa.Table) -> tuple[int, int] | None:
     """The least and greatest time in ``table``, or ``None`` if it is empty."""
     if table.num_rows == 0:
         return None
+    if table.num_rows <= _PYTHON_ROWS:
+        times = table.column(TIME_COLUMN).to_pylist()
+        return min(times), max(times)
     extremes = pc.min_max(table.column(TIME_COLUMN))
     return int(extremes["min"].as_py()), int(extremes["max"].as_py())
 
