@@ -287,22 +287,38 @@ def _exactly(table: pa.Table) -> tuple[pa.Schema, list[list[str]]]:
     return table.schema, [[repr(v) for v in column.to_pylist()] for column in table.columns]
 
 
-def test_batches_without_repeats_are_consolidated_without_grouping(
+def test_sorted_batches_are_consolidated_by_summing_runs_not_by_grouping(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    updates = [((float(i % 3), f"r{i}"), i % 2, 1 - i % 2) for i in range(10)]
-    updates.append(((None, None), 1, 1))
-    table = table_from_updates(FLOATS, updates)
-    expected = _consolidate_by_grouping(table)
+    unique = [((float(i % 3), f"r{i}"), i % 2, 1 - i % 2) for i in range(10)]
+    unique.append(((None, None), 1, 1))
+    nan = float("nan")
+    repeating = [
+        *unique,
+        ((None, None), 1, 2),
+        ((nan, "n"), 0, 1),
+        ((nan, "n"), 0, 1),
+        ((2.0, "r2"), 0, -1),  # cancels r2 at time 0 in ``unique``
+    ]
+    expected = {
+        "unique": _consolidate_by_grouping(table_from_updates(FLOATS, unique)),
+        "repeating": _consolidate_by_grouping(table_from_updates(FLOATS, repeating)),
+    }
 
     def refuse(table: pa.Table) -> pa.Table:
-        raise AssertionError("grouped although no (data, time) repeats")
+        raise AssertionError("grouped although sorting consolidates this")
 
     monkeypatch.setattr(columnar_updates, "_consolidate_by_grouping", refuse)
-    consolidated = consolidate(table)
-    assert _exactly(consolidated) == _exactly(expected)
-    assert consolidated.num_rows == 6  # the zero diffs are gone
-    assert updates_from_table(consolidated)[-1] == ((None, None), 1, 1)
+    without_repeats = consolidate(table_from_updates(FLOATS, unique))
+    assert _exactly(without_repeats) == _exactly(expected["unique"])
+    assert without_repeats.num_rows == 6  # the zero diffs are gone
+    summed = consolidate(table_from_updates(FLOATS, repeating))
+    assert _exactly(summed) == _exactly(expected["repeating"])
+    assert updates_from_table(summed)[-1] == ((None, None), 1, 3)
+    assert ((2.0, "r2"), 0, 1) not in updates_from_table(summed)
+    # -0.0 next to 0.0: sorting cannot keep them apart, so grouping decides.
+    with pytest.raises(AssertionError, match="grouped"):
+        consolidate(table_from_updates(FLOATS, [((0.0, "z"), 0, 1), ((-0.0, "z"), 0, 1)]))
 
 
 def test_nan_and_null_group_together() -> None:

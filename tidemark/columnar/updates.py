@@ -78,9 +78,9 @@ def consolidate(table: pa.Table) -> pa.Table:
     # much cheaper than hash grouping, above all when nothing repeats (appends of fresh rows).
     ordered = table.take(pc.sort_indices(table, sort_keys=[(k, "ascending") for k in keys]))
     repeats = _repeats_previous(ordered, keys)
-    if repeats is _UNSORTABLE:
-        return _consolidate_by_grouping(table)
     if repeats is not None:
+        if _sorting_may_split_runs(table, keys):
+            return _consolidate_by_grouping(table)
         ordered = _sum_runs(ordered, repeats)
     kept = ordered.filter(pc.not_equal(ordered.column(DIFF_COLUMN), 0))
     columns = [kept.column(key) for key in keys]
@@ -88,33 +88,38 @@ def consolidate(table: pa.Table) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=_layout(table))
 
 
-# A float column holds -0.0: the sort cannot tell it from 0.0, so a run of rows that agree up
-# to those two could interleave them, while consolidation keeps them apart.
-_UNSORTABLE = pa.array([True])
 _NEGATIVE_ZERO_BITS = -(1 << 63)
 
 
+def _sorting_may_split_runs(table: pa.Table, keys: Sequence[str]) -> bool:
+    """Whether a float key holds -0.0 (or is not float64): sorting cannot tell -0.0 from 0.0,
+    so rows that agree but for those two could interleave, while consolidation keeps them
+    apart. (Where no neighbours compare equal, not even 0.0 and -0.0 do, every row stands
+    alone whatever the sort did.)"""
+    for key in keys:
+        column = table.column(key)
+        if pa.types.is_floating(column.type):
+            if not pa.types.is_float64(column.type):
+                return True
+            bits = column.combine_chunks().view(pa.int64())
+            if pc.any(pc.equal(bits, _NEGATIVE_ZERO_BITS)).as_py():
+                return True
+    return False
+
+
 def _repeats_previous(table: pa.Table, keys: Sequence[str]) -> pa.Array | None:
-    """For a table (of at least two rows) sorted by ``keys``: whether each row after the
-    first agrees with the one before it on every key, as consolidation compares them (null
-    matches null, NaN matches NaN, 0.0 does not match -0.0); ``None`` when no row does, and
-    ``_UNSORTABLE`` when sorting cannot bring equal rows together."""
+    """For a table (of at least two rows) sorted by ``keys``: whether each row after the first
+    agrees with the one before it on every key, as consolidation compares them (null matches
+    null, NaN matches NaN; 0.0 matches -0.0 here, see :func:`_sorting_may_split_runs`);
+    ``None`` when no row does."""
     repeats: pa.Array | None = None
     for key in keys:
         values = table.column(key).combine_chunks()
-        if pa.types.is_float64(values.type):
-            bits = values.view(pa.int64())
-            if pc.any(pc.equal(bits, _NEGATIVE_ZERO_BITS)).as_py():
-                return _UNSORTABLE
-            before, after = bits.slice(0, len(bits) - 1), bits.slice(1)
-            same = pc.equal(before, after)
+        before, after = values.slice(0, len(values) - 1), values.slice(1)
+        same = pc.equal(before, after)
+        if pa.types.is_floating(values.type):
             nans = pc.is_nan(values)
             same = pc.or_kleene(same, pc.and_kleene(nans.slice(0, len(nans) - 1), nans.slice(1)))
-        elif pa.types.is_floating(values.type):
-            return _UNSORTABLE
-        else:
-            before, after = values.slice(0, len(values) - 1), values.slice(1)
-            same = pc.equal(before, after)
         if values.null_count:
             same = pc.or_kleene(same, pc.and_(pc.is_null(before), pc.is_null(after)))
         # A null left in ``same`` means one side is null and the other is not: no repeat.
@@ -127,15 +132,19 @@ def _repeats_previous(table: pa.Table, keys: Sequence[str]) -> pa.Array | None:
 
 def _sum_runs(table: pa.Table, repeats: pa.Array) -> pa.Table:
     """One row per run of repeating rows (its first), with the run's diffs summed."""
-    starts = pc.add(pc.indices_nonzero(pc.invert(repeats)), 1)
-    starts = pa.concat_arrays([pa.array([0], starts.type), starts])
-    ends = pa.concat_arrays([pc.subtract(starts.slice(1), 1), pa.array([table.num_rows - 1])])
-    totals = pc.cumulative_sum(table.column(DIFF_COLUMN))
-    at_ends = totals.take(ends)
-    before = pa.concat_arrays([pa.array([0], pa.int64()), at_ends.combine_chunks().slice(0, len(ends) - 1)])
+    # Row i ends a run where row i + 1 does not repeat it; the last row ends the last run.
+    ends = pa.concat_arrays(
+        [
+            pc.indices_nonzero(pc.invert(repeats)).cast(pa.int64()),
+            pa.array([table.num_rows - 1], pa.int64()),
+        ]
+    )
+    starts = pa.concat_arrays([pa.array([0], pa.int64()), pc.add(ends.slice(0, len(ends) - 1), 1)])
+    running = pc.cumulative_sum(table.column(DIFF_COLUMN)).combine_chunks().take(ends)
+    before = pa.concat_arrays([pa.array([0], pa.int64()), running.slice(0, len(running) - 1)])
     firsts = table.take(starts)
     index = firsts.schema.get_field_index(DIFF_COLUMN)
-    return firsts.set_column(index, firsts.schema.field(index), pc.subtract(at_ends, before))
+    return firsts.set_column(index, firsts.schema.field(index), pc.subtract(running, before))
 
 
 def _consolidate_by_grouping(table: pa.Table) -> pa.Table:
