@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import os
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -132,7 +133,7 @@ class SqliteConsensus(Consensus):
             raise Unavailable(f"cannot create the directory for {self.path}: {exc}") from exc
         conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
         try:
-            (mode,) = conn.execute("PRAGMA journal_mode=WAL").fetchone()
+            mode = self._enable_wal(conn)
             if str(mode).lower() != "wal":
                 raise Unavailable(f"SQLite file {self.path} cannot use WAL mode (got {mode})")
             # Durable on power loss, not just on process crash: these are commit decisions.
@@ -146,6 +147,22 @@ class SqliteConsensus(Consensus):
             raise
         self._conn = conn
         return conn
+
+    def _enable_wal(self, conn: sqlite3.Connection) -> object:
+        """Switch the file to WAL. Several processes opening a new file at once race for the
+        switch, and SQLite answers the losers "locked" at once instead of waiting out the busy
+        timeout (waiting could deadlock), so retry within that timeout."""
+        deadline = time.monotonic() + self.busy_timeout_s
+        delay = 0.005
+        while True:
+            try:
+                (mode,) = conn.execute("PRAGMA journal_mode=WAL").fetchone()
+                return mode
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 0.1)
 
     @contextlib.contextmanager
     def _write_transaction(self, conn: sqlite3.Connection) -> Iterator[_WriteTransaction]:
