@@ -43,10 +43,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import platform
-import select
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,7 +52,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
@@ -65,6 +62,7 @@ import grpc  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 
+from bench.common import CpuMeter, Latency, LoggedService, load_average  # noqa: E402
 from tests.support.etcd import running_etcd  # noqa: E402
 from tests.support.s3 import ACCESS_KEY, SECRET_KEY, S3Server, unique_bucket  # noqa: E402
 from tidemark.blob import open_blob  # noqa: E402
@@ -94,83 +92,7 @@ TARGET_BATCH_ROWS = 10_000
 TARGET_LATENCY_RATIO = 3.0  # append-to-subscriber p50 over the floor's p50
 
 FILL_BATCH_ROWS = 10_000
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-START_TIMEOUT_S = 60.0
 SUBSCRIBER_LEAD_S = 0.5  # the subscription is open this long before the first append
-
-
-# --- measurements -------------------------------------------------------------------------
-
-
-def percentile(sorted_values: Sequence[float], fraction: float) -> float:
-    """Nearest-rank percentile of an ascending sequence (0.0 when it is empty)."""
-    if not sorted_values:
-        return 0.0
-    rank = max(0, min(len(sorted_values) - 1, round(fraction * len(sorted_values)) - 1))
-    return sorted_values[rank]
-
-
-@dataclass(frozen=True)
-class Latency:
-    count: int
-    p50_ms: float
-    p99_ms: float
-
-    @staticmethod
-    def of(seconds: list[float]) -> Latency:
-        ordered = sorted(seconds)
-        return Latency(
-            len(ordered),
-            round(percentile(ordered, 0.50) * 1000, 3),
-            round(percentile(ordered, 0.99) * 1000, 3),
-        )
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time a process (all its threads) has used so far."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            # The command name may contain spaces; the fields after it are fixed.
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
-def machine_busy_seconds() -> float:
-    """CPU time every core of the machine has spent busy so far (all processes)."""
-    with open("/proc/stat") as stat:
-        ticks = [int(field) for field in stat.readline().split()[1:]]
-    idle, iowait = ticks[3], ticks[4]
-    return (sum(ticks[:8]) - idle - iowait) / CLOCK_TICKS
-
-
-class CpuMeter:
-    """CPU use over a window, in percent of one core: of named groups of processes, and as
-    ``other``, of everything else on the machine (this benchmark's own process included)."""
-
-    def __init__(self, groups: dict[str, list[int]]) -> None:
-        self.groups = groups
-        self._start: dict[str, float] = {}
-        self._started_at = 0.0
-
-    def _sample(self) -> dict[str, float]:
-        sample = {name: sum(cpu_seconds(pid) for pid in pids) for name, pids in self.groups.items()}
-        sample["other"] = machine_busy_seconds() - sum(sample.values())
-        return sample
-
-    def start(self) -> None:
-        self._start = self._sample()
-        self._started_at = time.monotonic()
-
-    def stop(self) -> dict[str, float]:
-        elapsed = time.monotonic() - self._started_at
-        end = self._sample()
-        # Clamped: the counters advance in clock ticks, so an idle group can come out a tick
-        # below zero.
-        return {
-            name: max(0, round(100 * (end[name] - self._start[name]) / elapsed)) for name in end
-        }
 
 
 # --- work for the client processes ---------------------------------------------------------
@@ -506,53 +428,6 @@ def running_backend(name: str, work_dir: Path) -> Iterator[Backend]:
         )
 
 
-class StorageProcess:
-    """``python -m services.storage`` with its log (JSON, as deployed) going to a file."""
-
-    def __init__(self, backend: Backend, log_path: Path, extra_args: Sequence[str] = ()) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMARK_")}
-        env.update(backend.env)
-        self.log_path = log_path
-        self._log: IO[bytes] = open(log_path, "wb")  # closed in stop()
-        self.process = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "services.storage", "--listen", "127.0.0.1:0"),
-                *("--consensus-url", backend.consensus_url, "--blob-url", backend.blob_url),
-                *("--log-format", "json", *extra_args),
-            ],
-            cwd=REPO_ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-        )
-        self.address = f"127.0.0.1:{self._read_port()}"
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def _read_port(self) -> int:
-        assert self.process.stdout is not None
-        ready, _, _ = select.select([self.process.stdout], [], [], START_TIMEOUT_S)
-        line = self.process.stdout.readline() if ready else b""
-        if not line.strip().isdigit():
-            self.stop()
-            log = self.log_path.read_text(errors="replace")[-4000:]
-            raise RuntimeError(f"storage did not report its port; its log:\n{log}")
-        return int(line)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._log.close()
-
-
 # --- setting up collections (from this process) -------------------------------------------
 
 
@@ -766,7 +641,7 @@ class Bench:
     """One backend's storage process, its meter and the client pool."""
 
     def __init__(
-        self, pool: ClientPool, backend: Backend, storage: StorageProcess, settings: Settings
+        self, pool: ClientPool, backend: Backend, storage: LoggedService, settings: Settings
     ) -> None:
         self.pool = pool
         self.backend = backend
@@ -999,7 +874,7 @@ def machine_description(load_before: float) -> dict[str, object]:
         "pyarrow": pa.__version__,
         "platform": platform.platform(),
         "load_average_before": round(load_before, 2),
-        "load_average_after": round(os.getloadavg()[0], 2),
+        "load_average_after": round(load_average(), 2),
     }
 
 
@@ -1066,8 +941,14 @@ def run_backend(
     with running_backend(name, work_dir / name.replace("+", "-")) as backend:
         saved = {key: os.environ.get(key) for key in backend.env}
         os.environ.update(backend.env)  # the floor opens the blob store from this process
-        storage = StorageProcess(
-            backend, work_dir / f"storage-{name.replace('+', '-')}.log", settings.storage_args
+        storage = LoggedService(
+            "services.storage",
+            [
+                *("--consensus-url", backend.consensus_url, "--blob-url", backend.blob_url),
+                *settings.storage_args,
+            ],
+            work_dir / f"storage-{name.replace('+', '-')}.log",
+            env=backend.env,
         )
         try:
             bench = Bench(pool, backend, storage, settings)
@@ -1099,7 +980,7 @@ def run_backend(
 
 def main(argv: Sequence[str] | None = None) -> None:
     settings, output = parse_settings(argv)
-    load_before = os.getloadavg()[0]
+    load_before = load_average()
     print(
         f"Storage benchmark: {os.cpu_count()} CPUs, {settings.seconds:g} s per cell after "
         f"{settings.warmup_s:g} s warm-up; backends {', '.join(settings.backends)}",
