@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
-from services.compute.dataflow.batch import KeyFunction, Update
+from services.compute.dataflow.batch import Key, KeyFunction, Row, Update, keyed_by_time
 from services.compute.dataflow.work import Work
 
 
@@ -35,6 +35,28 @@ class OperatorState(ABC):
     @abstractmethod
     def key_count(self) -> int:
         """How many keys the arrangements hold (for diagnostics)."""
+
+
+class GroupedState(OperatorState):
+    """State kept per group key (reduce, top-k): a step visits its times in increasing order
+    and, at each, only the groups whose input changed then."""
+
+    group_key: KeyFunction
+
+    def process(self, inputs: Sequence[list[Update]]) -> list[Update]:
+        (updates,) = inputs
+        out: list[Update] = []
+        keyed = keyed_by_time(updates, self.group_key)
+        for time in sorted(keyed):
+            for key, changes in keyed[time].items():
+                self._update_group(key, changes, time, out)
+        return out
+
+    @abstractmethod
+    def _update_group(
+        self, key: Key, changes: list[tuple[Row, int]], time: int, out: list[Update]
+    ) -> None:
+        """Apply one group's ``changes`` at ``time``, appending its output changes to ``out``."""
 
 
 class StatefulOperator(ABC):

@@ -10,11 +10,11 @@ That walk covers offset + limit positions, not the group.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from services.compute.dataflow.batch import Key, KeyFunction, Row, Update, keyed_by_time
-from services.compute.dataflow.operators.base import OperatorState, StatefulOperator
+from services.compute.dataflow.batch import Key, KeyFunction, Row, Update
+from services.compute.dataflow.operators.base import GroupedState, StatefulOperator
 
 SortKey = Callable[[Row], tuple[Any, ...]]
 
@@ -43,23 +43,15 @@ class TopKGroup:
         self.output: dict[Row, int] = {}
 
 
-class TopKState(OperatorState):
+class TopKState(GroupedState):
     def __init__(self, spec: TopKOperator) -> None:
         super().__init__()
         self.spec = spec
+        self.group_key = spec.group_key
         self.groups: dict[Key, TopKGroup] = {}
 
     def key_count(self) -> int:
         return len(self.groups)
-
-    def process(self, inputs: Sequence[list[Update]]) -> list[Update]:
-        (updates,) = inputs
-        out: list[Update] = []
-        keyed = keyed_by_time(updates, self.spec.group_key)
-        for time in sorted(keyed):
-            for key, changes in keyed[time].items():
-                self._update_group(key, changes, time, out)
-        return out
 
     def _update_group(
         self, key: Key, changes: list[tuple[Row, int]], time: int, out: list[Update]
