@@ -7,17 +7,20 @@ Benchmarks import this as ``bench.common`` (each script puts the repository root
 
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.connection
+import multiprocessing.process
 import os
 import select
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -169,3 +172,55 @@ def running_service(
         yield service
     finally:
         service.stop()
+
+
+class ProcessPool:
+    """Client processes, spawned (not forked: the parent has gRPC threads) and reused across
+    cells. Each runs ``target(conn)``: it receives jobs on ``conn`` until it receives ``None``,
+    answering each with its result (or the exception it raised)."""
+
+    def __init__(
+        self, target: Callable[[multiprocessing.connection.Connection], None], size: int
+    ) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._conns: list[multiprocessing.connection.Connection] = []
+        self._processes: list[multiprocessing.process.BaseProcess] = []
+        for _ in range(size):
+            parent_end, child_end = context.Pipe()
+            process = context.Process(target=target, args=(child_end,), daemon=True)
+            process.start()
+            child_end.close()
+            self._conns.append(parent_end)
+            self._processes.append(process)
+
+    @property
+    def size(self) -> int:
+        return len(self._processes)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._processes if p.pid is not None]
+
+    def run(self, jobs: Sequence[object | None], during: Callable[[], None]) -> list[Any]:
+        """Hand job ``i`` to process ``i`` (``None``: nothing for it), call ``during`` while
+        they run, and return their results in order."""
+        busy = []
+        for conn, job in zip(self._conns, jobs, strict=False):
+            if job is not None:
+                conn.send(job)
+                busy.append(conn)
+        during()
+        results = [conn.recv() for conn in busy]
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
+        return results
+
+    def close(self) -> None:
+        for conn in self._conns:
+            with suppress(OSError):  # a client process that died has nothing to be told
+                conn.send(None)
+        for process in self._processes:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()

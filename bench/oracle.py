@@ -26,7 +26,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -40,6 +39,7 @@ import grpc  # noqa: E402
 from bench.common import (  # noqa: E402
     CpuMeter,
     LoggedService,
+    ProcessPool,
     percentile,
     running_service,
 )
@@ -184,53 +184,25 @@ async def _connected_client(address: str) -> OracleClient:
     return OracleClient(address)
 
 
-class ClientPool:
-    """Client processes, spawned (not forked: the parent has gRPC threads) and reused."""
+class ClientPool(ProcessPool):
+    """Oracle client processes; a cell's samples are merged across them."""
 
     def __init__(self, size: int) -> None:
-        context = multiprocessing.get_context("spawn")
-        self._conns: list[multiprocessing.connection.Connection] = []
-        self._processes: list[multiprocessing.process.BaseProcess] = []
-        for _ in range(size):
-            parent_end, child_end = context.Pipe()
-            process = context.Process(target=client_process_main, args=(child_end,), daemon=True)
-            process.start()
-            child_end.close()
-            self._conns.append(parent_end)
-            self._processes.append(process)
-
-    @property
-    def pids(self) -> list[int]:
-        return [p.pid for p in self._processes if p.pid is not None]
+        super().__init__(client_process_main, size)
 
     def split(self, clients: int) -> list[int]:
         """How many of ``clients`` each process runs (as evenly as possible)."""
-        size = len(self._processes)
+        size = self.size
         return [clients // size + (1 if i < clients % size else 0) for i in range(size)]
 
-    def run(self, plans: Sequence[CellPlan], during: Callable[[], None]) -> CellSample:
+    def run_cell(self, plans: Sequence[CellPlan], during: Callable[[], None]) -> CellSample:
         """Hand each process its plan, call ``during`` while they run, merge the samples."""
-        busy = []
-        for conn, plan in zip(self._conns, plans, strict=True):
-            if plan.clients:
-                conn.send(plan)
-                busy.append(conn)
-        during()
+        jobs = [plan if plan.clients else None for plan in plans]
         merged = CellSample()
-        for conn in busy:
-            sample = conn.recv()
+        for sample in self.run(jobs, during):
             merged.latencies_s.extend(sample.latencies_s)
             merged.failures += sample.failures
         return merged
-
-    def close(self) -> None:
-        for conn in self._conns:
-            with suppress(OSError):  # a client process that died has nothing to be told
-                conn.send(None)
-        for process in self._processes:
-            process.join(timeout=10)
-            if process.is_alive():
-                process.kill()
 
 
 # --- cells --------------------------------------------------------------------------------
@@ -287,7 +259,7 @@ def run_cell(
         time.sleep(max(0.0, measure_to - time.monotonic()))
         cpu.update(meter.stop())
 
-    sample = pool.run(plans, meter_window)
+    sample = pool.run_cell(plans, meter_window)
     rate = Rate.of(sample.latencies_s, settings.seconds, sample.failures)
     return Cell(backend, operation, clients, rate, cpu)
 

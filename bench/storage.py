@@ -52,7 +52,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
@@ -62,7 +62,7 @@ import grpc  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 
-from bench.common import CpuMeter, Latency, LoggedService, load_average  # noqa: E402
+from bench.common import CpuMeter, Latency, LoggedService, ProcessPool, load_average  # noqa: E402
 from tests.support.etcd import running_etcd  # noqa: E402
 from tests.support.s3 import ACCESS_KEY, SECRET_KEY, S3Server, unique_bucket  # noqa: E402
 from tidemark.blob import open_blob  # noqa: E402
@@ -340,52 +340,11 @@ async def _connected_client(address: str) -> StorageClient:
     return StorageClient(address, timeout=60.0)
 
 
-class ClientPool:
-    """Client processes, spawned (not forked: the parent has gRPC threads) and reused."""
+class ClientPool(ProcessPool):
+    """Storage client processes, each running the jobs it is handed."""
 
     def __init__(self, size: int) -> None:
-        context = multiprocessing.get_context("spawn")
-        self._conns: list[multiprocessing.connection.Connection] = []
-        self._processes: list[multiprocessing.process.BaseProcess] = []
-        for _ in range(size):
-            parent_end, child_end = context.Pipe()
-            process = context.Process(target=client_process_main, args=(child_end,), daemon=True)
-            process.start()
-            child_end.close()
-            self._conns.append(parent_end)
-            self._processes.append(process)
-
-    @property
-    def size(self) -> int:
-        return len(self._processes)
-
-    @property
-    def pids(self) -> list[int]:
-        return [p.pid for p in self._processes if p.pid is not None]
-
-    def run(self, jobs: Sequence[Job | None], during: Callable[[], None]) -> list[Any]:
-        """Hand job ``i`` to process ``i`` (``None``: nothing for it), call ``during`` while
-        they run, and return their results in order."""
-        busy = []
-        for conn, job in zip(self._conns, jobs, strict=False):
-            if job is not None:
-                conn.send(job)
-                busy.append(conn)
-        during()
-        results = [conn.recv() for conn in busy]
-        for result in results:
-            if isinstance(result, Exception):
-                raise result
-        return results
-
-    def close(self) -> None:
-        for conn in self._conns:
-            with suppress(OSError):  # a client process that died has nothing to be told
-                conn.send(None)
-        for process in self._processes:
-            process.join(timeout=10)
-            if process.is_alive():
-                process.kill()
+        super().__init__(client_process_main, size)
 
 
 # --- the storage process and its backends -------------------------------------------------
