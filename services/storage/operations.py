@@ -203,7 +203,12 @@ def check_append(state: ShardState, request: AppendRequest) -> CapabilityRecord 
         raise FailedPrecondition(
             f"upper mismatch: expected upper {frontier_text(request.expected_upper)}, but {where}"
         )
-    if record.frontier != state.upper:
+    # With an expected upper the caller names the upper it appends at (compare-and-append),
+    # so a capability left behind by other writers of the same collection may append too.
+    behind_ok = request.expected_upper is not None and record.frontier.frontier_less_equal(
+        state.upper
+    )
+    if record.frontier != state.upper and not behind_ok:
         raise FailedPrecondition(
             f"upper mismatch: write capability {short_id(record.id)!r} is at "
             f"{frontier_text(record.frontier)}, but {where}; downgrade it to the upper first"
@@ -214,10 +219,10 @@ def check_append(state: ShardState, request: AppendRequest) -> CapabilityRecord 
         )
     if request.times is not None:
         least, greatest = request.times
-        if not record.frontier.less_equal(least) or request.new_upper.less_equal(greatest):
-            bad = least if not record.frontier.less_equal(least) else greatest
+        if not state.upper.less_equal(least) or request.new_upper.less_equal(greatest):
+            bad = least if not state.upper.less_equal(least) else greatest
             raise InvalidArgument(
-                f"update time {bad} lies outside [{frontier_text(record.frontier)}, "
+                f"update time {bad} lies outside [{frontier_text(state.upper)}, "
                 f"{frontier_text(request.new_upper)}), the interval this append covers; {where}"
             )
     return record
