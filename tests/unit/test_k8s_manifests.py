@@ -1,0 +1,643 @@
+"""The Kubernetes manifests under deploy/k8s and the image they run, checked offline.
+
+Every kustomization is rendered (tests/support/kustomize.py) and every object validated
+against the Kubernetes API schemas in strict mode; then the deployment as a whole is checked
+for what a schema cannot see: that each address a process is given names a Service that
+exists, on the right port, in front of the right process; that ports agree between
+containers, probes and Services; and that every workload is probed, sized and locked down.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import re
+from collections.abc import Iterator
+from dataclasses import fields
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import kubernetes_validate
+import pytest
+
+from tests.support.kustomize import KustomizeError, Resource, all_containers, render
+from tidemark.config import ServiceConfig, env_var
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "deploy" / "k8s"
+OVERLAY = K8S / "overlays" / "tenant-example"
+# gRPC probes are stable since 1.27; 1.30 is the oldest release the manifests promise to run on.
+KUBERNETES_VERSION = "1.30.0"
+
+WORKLOAD_KINDS = ("Deployment", "StatefulSet")
+TENANT_CLUSTER = "tenant_example"
+TENANT_PREFIX = "tenant-example-"
+
+# Settings each process cannot run without (beyond the listen address every one has).
+REQUIRED_SETTINGS = {
+    "services.oracle": {"consensus_url"},
+    "services.storage": {"consensus_url", "blob_url"},
+    "services.catalog": {"oracle", "storage"},
+    "services.compute": {"cluster", "storage", "catalog", "spark_master"},
+    "services.adapter": {"oracle", "storage", "catalog", "compute"},
+}
+# Read by the S3 blob store from the environment rather than declared as settings.
+S3_CREDENTIAL_VARIABLES = {"TIDEMARK_S3_ACCESS_KEY", "TIDEMARK_S3_SECRET_KEY"}
+
+
+def kustomization_dirs() -> list[Path]:
+    return sorted(path.parent for path in K8S.rglob("kustomization.yaml"))
+
+
+@pytest.fixture(scope="module")
+def objects() -> list[Resource]:
+    return render(OVERLAY)
+
+
+# Lookups over rendered objects -------------------------------------------------------------
+
+
+def of_kind(objects: list[Resource], *kinds: str) -> list[Resource]:
+    return [obj for obj in objects if obj["kind"] in kinds]
+
+
+def named(objects: list[Resource], kind: str, name: str) -> Resource:
+    found = [obj for obj in of_kind(objects, kind) if obj["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name!r}, found {len(found)}"
+    return found[0]
+
+
+def pod_labels(workload: Resource) -> dict[str, str]:
+    labels: dict[str, str] = workload["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return bool(selector) and all(labels.get(key) == value for key, value in selector.items())
+
+
+def selected_workloads(objects: list[Resource], selector: dict[str, str]) -> list[Resource]:
+    return [
+        workload
+        for workload in of_kind(objects, *WORKLOAD_KINDS, "Job")
+        if selects(selector, pod_labels(workload))
+    ]
+
+
+def service_workload(objects: list[Resource], service: Resource) -> Resource:
+    found = selected_workloads(objects, service["spec"]["selector"])
+    name = service["metadata"]["name"]
+    assert len(found) == 1, f"Service {name} selects {len(found)} workloads"
+    return found[0]
+
+
+def tidemark_module(container: dict[str, Any]) -> str | None:
+    """``services.<name>`` for a Tidemark process (``python -m services.<name> ...``)."""
+    command = [*container.get("command", []), *container.get("args", [])]
+    if len(command) > 2 and command[:2] == ["python", "-m"] and command[2].startswith("services."):
+        module: str = command[2]
+        return module
+    return None
+
+
+def tidemark_containers(
+    objects: list[Resource],
+) -> Iterator[tuple[Resource, dict[str, Any], str]]:
+    for workload in of_kind(objects, *WORKLOAD_KINDS):
+        for container in workload["spec"]["template"]["spec"]["containers"]:
+            module = tidemark_module(container)
+            if module is not None:
+                yield workload, container, module
+
+
+def container_port(container: dict[str, Any], name: str) -> int:
+    ports = [port["containerPort"] for port in container["ports"] if port.get("name") == name]
+    assert len(ports) == 1, f"container {container['name']} has no single port named {name!r}"
+    return int(ports[0])
+
+
+def config_map_data(objects: list[Resource], name: str) -> dict[str, str]:
+    data: dict[str, str] = named(objects, "ConfigMap", name).get("data", {})
+    return data
+
+
+def effective_environment(objects: list[Resource], container: dict[str, Any]) -> dict[str, str]:
+    """The literal variables the container starts with: ConfigMaps first, then ``env``."""
+    environment: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        environment.update(config_map_data(objects, source["configMapRef"]["name"]))
+    for variable in container.get("env", []):
+        if "value" in variable:
+            environment[variable["name"]] = variable["value"]
+    return environment
+
+
+def effective_settings(objects: list[Resource], container: dict[str, Any]) -> dict[str, str]:
+    """The process's settings as `tidemark.config` reads them: TIDEMARK_* variables, then
+    ``--flag value`` / ``--flag=value`` arguments after the module, which win."""
+    settings = {
+        name.removeprefix("TIDEMARK_").lower(): value
+        for name, value in effective_environment(objects, container).items()
+        if name.startswith("TIDEMARK_")
+    }
+    arguments = [*container.get("command", []), *container.get("args", [])][3:]
+    while arguments:
+        flag = arguments.pop(0)
+        assert flag.startswith("--"), f"unexpected argument {flag!r}"
+        name, equals, value = flag[2:].partition("=")
+        settings[name.replace("-", "_")] = value if equals else arguments.pop(0)
+    return settings
+
+
+def resolve_address(objects: list[Resource], address: str) -> tuple[Resource, Resource]:
+    """The Service and the workload behind ``host:port``; the port must be the Service's."""
+    host, _, port = address.rpartition(":")
+    service = named(objects, "Service", host)
+    service_ports = [entry["port"] for entry in service["spec"]["ports"]]
+    assert int(port) in service_ports, f"{address}: Service {host} serves {service_ports}"
+    return service, service_workload(objects, service)
+
+
+def module_at(objects: list[Resource], address: str) -> str | None:
+    _, workload = resolve_address(objects, address)
+    modules = {tidemark_module(c) for c in workload["spec"]["template"]["spec"]["containers"]}
+    assert len(modules) == 1
+    return modules.pop()
+
+
+def declared_settings(module: str) -> set[str]:
+    """The settings ``python -m <module>`` reads: the fields of the ServiceConfig subclass in
+    its ``__main__.py`` plus the common ones. Read from the source rather than imported, so
+    checking names does not start Spark's imports or depend on the rest of the package."""
+    source = ROOT / Path(*module.split(".")) / "__main__.py"
+    tree = ast.parse(source.read_text())
+    configs = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.ClassDef)
+        and any(isinstance(base, ast.Name) and base.id == "ServiceConfig" for base in node.bases)
+    ]
+    assert len(configs) == 1, f"{source} declares {len(configs)} configuration classes"
+    own = {
+        statement.target.id
+        for statement in configs[0].body
+        if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)
+    }
+    return own | {field.name for field in fields(ServiceConfig)}
+
+
+_QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]+)?)(m|k|M|G|T|Ki|Mi|Gi|Ti)?")
+_SCALE = {
+    None: Fraction(1),
+    "m": Fraction(1, 1000),
+    "k": Fraction(10**3),
+    "M": Fraction(10**6),
+    "G": Fraction(10**9),
+    "T": Fraction(10**12),
+    "Ki": Fraction(2**10),
+    "Mi": Fraction(2**20),
+    "Gi": Fraction(2**30),
+    "Ti": Fraction(2**40),
+}
+
+
+def quantity(value: str | int) -> Fraction:
+    match = _QUANTITY.fullmatch(str(value))
+    assert match is not None, f"not a Kubernetes quantity: {value!r}"
+    return Fraction(match.group(1)) * _SCALE[match.group(2)]
+
+
+# The renderer -------------------------------------------------------------------------------
+
+
+def write_kustomization(directory: Path, text: str) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "kustomization.yaml").write_text(text)
+
+
+def test_renderer_refuses_kustomize_features_it_does_not_implement(tmp_path: Path) -> None:
+    write_kustomization(tmp_path, "resources: []\nreplicas: [{name: adapter, count: 3}]\n")
+    with pytest.raises(KustomizeError, match="replicas"):
+        render(tmp_path)
+
+
+def test_renderer_merges_named_lists_and_renames_references(tmp_path: Path) -> None:
+    (tmp_path / "app.yaml").write_text(
+        """
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: app}
+spec:
+  selector: {matchLabels: {app: x}}
+  template:
+    metadata: {labels: {app: x}}
+    spec:
+      serviceAccountName: runner
+      containers:
+        - name: main
+          image: tidemark:1
+          args: [a, b]
+          env: [{name: KEEP, value: "1"}, {name: CHANGE, value: old}]
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: runner}
+"""
+    )
+    (tmp_path / "patch.yaml").write_text(
+        """
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: app}
+spec:
+  template:
+    spec:
+      containers:
+        - name: main
+          args: [c]
+          env: [{name: CHANGE, value: new}, {name: ADD, value: "2"}]
+"""
+    )
+    write_kustomization(
+        tmp_path,
+        """
+resources: [app.yaml]
+patches: [{path: patch.yaml}]
+namespace: ns
+namePrefix: t-
+labels: [{pairs: {tenant: t}, includeSelectors: true}]
+images: [{name: tidemark, newName: registry.example/tidemark, newTag: "2"}]
+""",
+    )
+    deployment, account = render(tmp_path)
+    assert deployment["metadata"] == {"name": "t-app", "namespace": "ns", "labels": {"tenant": "t"}}
+    assert account["metadata"]["name"] == "t-runner"
+    spec = deployment["spec"]
+    assert spec["selector"]["matchLabels"] == {"app": "x", "tenant": "t"}
+    assert spec["template"]["metadata"]["labels"] == {"app": "x", "tenant": "t"}
+    pod = spec["template"]["spec"]
+    assert pod["serviceAccountName"] == "t-runner"
+    (container,) = pod["containers"]
+    assert container["args"] == ["c"]
+    assert container["env"] == [
+        {"name": "CHANGE", "value": "new"},
+        {"name": "ADD", "value": "2"},
+        {"name": "KEEP", "value": "1"},
+    ]
+    assert container["image"] == "registry.example/tidemark:2"
+
+
+# Schemas ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "directory", kustomization_dirs(), ids=lambda path: str(path.relative_to(K8S))
+)
+def test_every_kustomization_renders_to_valid_objects(directory: Path) -> None:
+    rendered = render(directory)
+    assert rendered
+    for obj in rendered:
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def test_validation_is_strict_enough_to_catch_a_typo(objects: list[Resource]) -> None:
+    broken = copy.deepcopy(named(objects, "Deployment", "oracle"))
+    broken["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["grpc"]["prot"] = 1
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_overlay_contains_the_whole_deployment(objects: list[Resource]) -> None:
+    workloads = {obj["metadata"]["name"] for obj in of_kind(objects, *WORKLOAD_KINDS)}
+    assert workloads == {
+        "etcd",
+        "minio",
+        "oracle",
+        "storage",
+        "catalog",
+        "adapter",
+        "default-compute",
+        TENANT_PREFIX + "compute",
+    }
+    assert named(objects, "StatefulSet", "etcd")["spec"]["replicas"] == 3
+    assert named(objects, "Deployment", "oracle")["spec"]["replicas"] >= 2
+    assert named(objects, "Deployment", "adapter")["spec"]["replicas"] >= 2
+    assert named(objects, "Job", "minio-create-bucket")
+
+
+# Workload hygiene ---------------------------------------------------------------------------
+
+
+def test_every_workload_is_probed(objects: list[Resource]) -> None:
+    for workload in of_kind(objects, *WORKLOAD_KINDS):
+        for container in workload["spec"]["template"]["spec"]["containers"]:
+            where = f"{workload['metadata']['name']}/{container['name']}"
+            assert "readinessProbe" in container, where
+            assert "livenessProbe" in container, where
+
+
+def test_every_container_has_requests_and_limits(objects: list[Resource]) -> None:
+    for workload in of_kind(objects, *WORKLOAD_KINDS, "Job"):
+        for container in all_containers(workload["spec"]["template"]["spec"]):
+            where = f"{workload['metadata']['name']}/{container['name']}"
+            requests = container["resources"]["requests"]
+            limits = container["resources"]["limits"]
+            assert set(requests) == {"cpu", "memory"}, where
+            assert set(limits) == {"cpu", "memory"}, where
+            for resource in ("cpu", "memory"):
+                assert quantity(limits[resource]) >= quantity(requests[resource]), where
+
+
+def test_every_pod_runs_locked_down(objects: list[Resource]) -> None:
+    for workload in of_kind(objects, *WORKLOAD_KINDS, "Job"):
+        pod = workload["spec"]["template"]["spec"]
+        name = workload["metadata"]["name"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, name
+        assert pod["securityContext"]["runAsUser"] > 0, name
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        for container in all_containers(pod):
+            context = container["securityContext"]
+            where = f"{name}/{container['name']}"
+            assert context["allowPrivilegeEscalation"] is False, where
+            assert context["readOnlyRootFilesystem"] is True, where
+            assert context["capabilities"]["drop"] == ["ALL"], where
+            mounts = {mount["name"] for mount in container.get("volumeMounts", [])}
+            volumes = {volume["name"] for volume in pod.get("volumes", [])}
+            claims = {
+                claim["metadata"]["name"]
+                for claim in workload["spec"].get("volumeClaimTemplates", [])
+            }
+            assert mounts <= volumes | claims, where
+
+
+def test_namespace_is_restricted_and_holds_everything(objects: list[Resource]) -> None:
+    (namespace,) = of_kind(objects, "Namespace")
+    name = namespace["metadata"]["name"]
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    for obj in objects:
+        if obj["kind"] != "Namespace":
+            assert obj["metadata"]["namespace"] == name, obj["metadata"]["name"]
+    for binding in of_kind(objects, "RoleBinding"):
+        assert all(subject["namespace"] == name for subject in binding["subjects"])
+
+
+def test_references_name_objects_and_keys_that_exist(objects: list[Resource]) -> None:
+    for workload in of_kind(objects, *WORKLOAD_KINDS, "Job"):
+        pod = workload["spec"]["template"]["spec"]
+        for container in all_containers(pod):
+            for source in container.get("envFrom", []):
+                named(objects, "ConfigMap", source["configMapRef"]["name"])
+            for variable in container.get("env", []):
+                reference = variable.get("valueFrom", {}).get("secretKeyRef")
+                if reference is not None:
+                    secret = named(objects, "Secret", reference["name"])
+                    assert reference["key"] in secret["stringData"], variable["name"]
+        for volume in pod.get("volumes", []):
+            if "persistentVolumeClaim" in volume:
+                named(
+                    objects, "PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"]
+                )
+        if "serviceAccountName" in pod:
+            named(objects, "ServiceAccount", pod["serviceAccountName"])
+    for binding in of_kind(objects, "RoleBinding"):
+        named(objects, binding["roleRef"]["kind"], binding["roleRef"]["name"])
+        for subject in binding["subjects"]:
+            named(objects, subject["kind"], subject["name"])
+
+
+def test_multi_replica_workloads_have_disruption_budgets(objects: list[Resource]) -> None:
+    budgets = of_kind(objects, "PodDisruptionBudget")
+    covered = {}
+    for budget in budgets:
+        (workload,) = selected_workloads(objects, budget["spec"]["selector"]["matchLabels"])
+        covered[workload["metadata"]["name"]] = budget
+    for workload in of_kind(objects, *WORKLOAD_KINDS):
+        if workload["spec"]["replicas"] > 1:
+            assert workload["metadata"]["name"] in covered, workload["metadata"]["name"]
+    assert {"etcd", "adapter"} <= set(covered)
+    # etcd: voluntary disruptions must leave a quorum of members running.
+    assert (
+        covered["etcd"]["spec"]["minAvailable"]
+        > named(objects, "StatefulSet", "etcd")["spec"]["replicas"] // 2
+    )
+
+
+# Services and ports -------------------------------------------------------------------------
+
+
+def test_service_names_are_unique(objects: list[Resource]) -> None:
+    names = [service["metadata"]["name"] for service in of_kind(objects, "Service")]
+    assert len(names) == len(set(names))
+
+
+def test_each_service_fronts_one_workload_on_its_ports(objects: list[Resource]) -> None:
+    for service in of_kind(objects, "Service"):
+        workload = service_workload(objects, service)
+        containers = workload["spec"]["template"]["spec"]["containers"]
+        for entry in service["spec"]["ports"]:
+            target = entry["targetPort"]
+            matching = [
+                port
+                for container in containers
+                for port in container.get("ports", [])
+                if target in (port.get("name"), port["containerPort"])
+            ]
+            assert len(matching) == 1, f"{service['metadata']['name']}: port {target!r}"
+            assert matching[0]["containerPort"] == entry["port"]
+
+
+def test_tidemark_processes_listen_where_probes_and_services_look(
+    objects: list[Resource],
+) -> None:
+    for workload, container, module in tidemark_containers(objects):
+        grpc_port = container_port(container, "grpc")
+        settings = effective_settings(objects, container)
+        assert settings["listen"] == f"0.0.0.0:{grpc_port}", module
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert container[probe]["grpc"] == {"port": grpc_port}, f"{module} {probe}"
+        services = [
+            service
+            for service in of_kind(objects, "Service")
+            if selects(service["spec"]["selector"], pod_labels(workload))
+        ]
+        assert len(services) == 1, module
+        assert [entry["port"] for entry in services[0]["spec"]["ports"]] == [grpc_port]
+
+
+def test_other_probes_use_declared_ports(objects: list[Resource]) -> None:
+    for workload in of_kind(objects, *WORKLOAD_KINDS):
+        for container in workload["spec"]["template"]["spec"]["containers"]:
+            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                if probe in container and "httpGet" in container[probe]:
+                    port = container[probe]["httpGet"]["port"]
+                    declared = {p.get("name") for p in container["ports"]}
+                    declared |= {p["containerPort"] for p in container["ports"]}
+                    assert port in declared, f"{workload['metadata']['name']} {probe}"
+
+
+# Wiring between processes -------------------------------------------------------------------
+
+
+def test_one_image_runs_every_tidemark_process(objects: list[Resource]) -> None:
+    images = {container["image"] for _, container, _ in tidemark_containers(objects)}
+    modules = {module for _, _, module in tidemark_containers(objects)}
+    assert modules == set(REQUIRED_SETTINGS)
+    assert len(images) == 1
+
+
+def test_processes_get_their_settings_and_nothing_misspelt(objects: list[Resource]) -> None:
+    for _, container, module in tidemark_containers(objects):
+        settings = effective_settings(objects, container)
+        missing = REQUIRED_SETTINGS[module] - set(settings)
+        assert not missing, f"{module} lacks {missing}"
+        # Variables set on the container itself (not the shared ConfigMap) must be settings
+        # of that very process: a misspelt name would be silently ignored.
+        declared = {env_var(name) for name in declared_settings(module)}
+        for variable in container.get("env", []):
+            name = variable["name"]
+            if name.startswith("TIDEMARK_"):
+                assert name in declared | S3_CREDENTIAL_VARIABLES, f"{module}: {name}"
+
+
+def test_addresses_name_the_services_of_the_right_processes(objects: list[Resource]) -> None:
+    for _, container, module in tidemark_containers(objects):
+        settings = effective_settings(objects, container)
+        for setting in ("oracle", "storage", "catalog"):
+            if setting in REQUIRED_SETTINGS[module]:
+                assert module_at(objects, settings[setting]) == f"services.{setting}", module
+
+
+def test_consensus_url_lists_every_etcd_member(objects: list[Resource]) -> None:
+    etcd = named(objects, "StatefulSet", "etcd")
+    governing = named(objects, "Service", etcd["spec"]["serviceName"])
+    assert governing["spec"]["clusterIP"] == "None"
+    assert service_workload(objects, governing) is etcd
+    client_port = next(p["port"] for p in governing["spec"]["ports"] if p["name"] == "client")
+    members = {
+        f"{etcd['metadata']['name']}-{index}.{governing['metadata']['name']}:{client_port}"
+        for index in range(etcd["spec"]["replicas"])
+    }
+    for _, container, module in tidemark_containers(objects):
+        if "consensus_url" in REQUIRED_SETTINGS[module]:
+            url = effective_settings(objects, container)["consensus_url"]
+            scheme, _, endpoints = url.partition("://")
+            assert scheme == "etcd", module
+            assert set(endpoints.split(",")) == members, module
+
+
+def test_blob_url_names_the_bucket_the_job_creates_on_minio(objects: list[Resource]) -> None:
+    storage = next(c for _, c, m in tidemark_containers(objects) if m == "services.storage")
+    url = urlsplit(effective_settings(objects, storage)["blob_url"])
+    query = {key: values[0] for key, values in parse_qs(url.query).items()}
+    assert url.scheme == "s3"
+    assert query["secure"] == "false"
+    _, minio = resolve_address(objects, query["endpoint"])
+    assert minio["metadata"]["name"] == "minio"
+
+    job = named(objects, "Job", "minio-create-bucket")
+    (mc,) = job["spec"]["template"]["spec"]["containers"]
+    arguments = mc["args"]
+    alias, _, bucket = arguments[arguments.index("mb") + 2].partition("/")
+    assert bucket == url.netloc
+    alias_url = urlsplit(effective_environment(objects, mc)[f"MC_HOST_{alias}"])
+    assert f"{alias_url.hostname}:{alias_url.port}" == query["endpoint"]
+
+    # Storage signs with the credentials MinIO was given.
+    def secret_refs(container: dict[str, Any]) -> dict[str, tuple[str, str]]:
+        return {
+            variable["name"]: (ref["name"], ref["key"])
+            for variable in container["env"]
+            if (ref := variable.get("valueFrom", {}).get("secretKeyRef")) is not None
+        }
+
+    server = secret_refs(minio["spec"]["template"]["spec"]["containers"][0])
+    client = secret_refs(storage)
+    assert client["TIDEMARK_S3_ACCESS_KEY"] == server["MINIO_ROOT_USER"]
+    assert client["TIDEMARK_S3_SECRET_KEY"] == server["MINIO_ROOT_PASSWORD"]
+
+
+def test_adapter_compute_mapping_names_every_cluster_service(objects: list[Resource]) -> None:
+    adapter = next(c for _, c, m in tidemark_containers(objects) if m == "services.adapter")
+    mapping = dict(
+        entry.split("=", 1) for entry in effective_settings(objects, adapter)["compute"].split(",")
+    )
+    assert set(mapping) == {"default", TENANT_CLUSTER}
+    assert mapping[TENANT_CLUSTER] == f"{TENANT_PREFIX}compute:6879"
+    served = set()
+    for cluster, address in mapping.items():
+        _, workload = resolve_address(objects, address)
+        (container,) = workload["spec"]["template"]["spec"]["containers"]
+        assert tidemark_module(container) == "services.compute"
+        assert effective_settings(objects, container)["cluster"] == cluster
+        served.add(workload["metadata"]["name"])
+    computes = {
+        workload["metadata"]["name"]
+        for workload, _, module in tidemark_containers(objects)
+        if module == "services.compute"
+    }
+    assert served == computes
+
+
+def test_tenant_cluster_is_its_own_spark_application(objects: list[Resource]) -> None:
+    tenant = named(objects, "Deployment", TENANT_PREFIX + "compute")
+    assert tenant["metadata"]["labels"]["tidemark.dev/tenant"] == "example"
+    assert tenant["spec"]["replicas"] == 1
+    assert tenant["spec"]["strategy"]["type"] == "Recreate"
+    (container,) = tenant["spec"]["template"]["spec"]["containers"]
+    assert effective_settings(objects, container)["spark_master"] == "local[*]"
+
+    # The driver's identity and the rights it would need to start executor pods.
+    account = tenant["spec"]["template"]["spec"]["serviceAccountName"]
+    assert account.startswith(TENANT_PREFIX)
+    bindings = [
+        binding
+        for binding in of_kind(objects, "RoleBinding")
+        if {"kind": "ServiceAccount", "name": account, "namespace": "tidemark"}
+        in binding["subjects"]
+    ]
+    assert len(bindings) == 1
+    role = named(objects, "Role", bindings[0]["roleRef"]["name"])
+    pod_rules = [rule for rule in role["rules"] if "pods" in rule["resources"]]
+    assert {"create", "delete", "watch"} <= set(pod_rules[0]["verbs"])
+    # Everything the tenant owns carries its prefix; nothing else does.
+    for obj in objects:
+        is_tenants = obj["metadata"].get("labels", {}).get("tidemark.dev/tenant") == "example"
+        assert obj["metadata"]["name"].startswith(TENANT_PREFIX) == is_tenants
+
+
+# The image ----------------------------------------------------------------------------------
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    text = (ROOT / "Dockerfile").read_text()
+    logical = re.sub(r"\\\n", " ", text)
+    instructions = []
+    for line in logical.splitlines():
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#"):
+            keyword, _, rest = stripped.partition(" ")
+            instructions.append((keyword.upper(), " ".join(rest.split())))
+    return instructions
+
+
+def test_dockerfile_builds_one_image_with_protos_java_and_a_plain_user() -> None:
+    instructions = dockerfile_instructions()
+    bases = [rest for keyword, rest in instructions if keyword == "FROM"]
+    assert bases and all(base.startswith("python:3.11-slim") for base in bases)
+
+    runs = " && ".join(rest for keyword, rest in instructions if keyword == "RUN")
+    generate = runs.index("scripts/generate-protos.sh")
+    assert generate < runs.index("pip install .")
+    assert re.search(r"apt-get install [^&]*openjdk-17-jre", runs)
+    copied = " ".join(rest for keyword, rest in instructions if keyword == "COPY")
+    assert "protos/" in copied and "scripts/generate-protos.sh" in copied
+
+    final_stage = instructions[max(i for i, (k, _) in enumerate(instructions) if k == "FROM") :]
+    users = [rest for keyword, rest in final_stage if keyword == "USER"]
+    assert users and users[-1].split(":")[0] not in ("root", "0")
+
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert ".venv" in ignored
+    assert "tidemark/v1/*_pb2.py" in ignored
