@@ -1,20 +1,42 @@
-"""``tidemark up`` (what ``make run`` runs) as a user runs it: separate processes, endpoints
-printed, Ctrl-C stops them all, and a second run finds the data again."""
+"""``tidemark up`` (what ``make run`` runs) and ``tidemark sql`` as a user runs them: separate
+processes, endpoints printed, the README's example session, Ctrl-C stops everything, and a
+second run finds the data again.
+
+Everything happens in one test: each start of ``tidemark up`` starts a Spark session, the
+slow part, so the test starts it twice in all."""
 
 from __future__ import annotations
 
 import os
+import queue
 import random
+import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from decimal import Decimal
 from pathlib import Path
 
 from tests.support.service_process import REPO_ROOT
 from tidemark.clients.catalog import CatalogClient
 from tidemark.clients.oracle import OracleClient
+
+SERVICES = ("oracle", "storage", "catalog", "compute", "adapter")
+START_TIMEOUT_S = 300
+SQL_TIMEOUT_S = 180
+
+# The README's example session, statement by statement.
+README_SETUP = [
+    "CREATE TABLE orders (id bigint, customer text, amount numeric(10,2));",
+    "INSERT INTO orders VALUES (1, 'ada', 12.50), (2, 'bob', 3.00), (3, 'ada', 7.25);",
+    "CREATE MATERIALIZED VIEW spend AS SELECT customer, sum(amount) AS total, count(*) AS n "
+    "FROM orders GROUP BY customer;",
+]
+README_SELECT = "SELECT * FROM spend ORDER BY customer;"
+README_SUBSCRIBE = "SUBSCRIBE spend;"
 
 
 def free_port_range(width: int) -> int:
@@ -31,6 +53,56 @@ def free_port_range(width: int) -> int:
     raise RuntimeError("no free port range")
 
 
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("TIDEMARK_")}
+
+
+class LineReader:
+    """A child's output, line by line, readable with a timeout."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        stdout = process.stdout
+
+        def pump() -> None:
+            for line in stdout:
+                self._queue.put(line.rstrip("\n"))
+            self._queue.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+
+    def until(self, predicate: re.Pattern[str], timeout: float) -> str:
+        """Reads until a line matches; that line."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(
+                    f"no line matching {predicate.pattern!r} in:\n" + "\n".join(self.lines)
+                ) from None
+            if line is None:
+                raise AssertionError(
+                    f"output ended before {predicate.pattern!r}:\n" + "\n".join(self.lines)
+                )
+            self.lines.append(line)
+            if predicate.search(line):
+                return line
+
+    def rest(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return
+            if line is None:
+                return
+            self.lines.append(line)
+
+
 class Up:
     def __init__(self, data_dir: Path, base_port: int) -> None:
         self.process = subprocess.Popen(
@@ -43,25 +115,28 @@ class Up:
                 str(data_dir),
                 "--base-port",
                 str(base_port),
+                "--spark-master",
+                "local[2]",
             ],
             cwd=REPO_ROOT,
-            env={k: v for k, v in os.environ.items() if not k.startswith("TIDEMARK_")},
+            # The services read TIDEMARK_* variables too. The first read of a new materialized
+            # view waits for Spark to build it, which on a loaded 2-core machine can take longer
+            # than the adapter's default wait; this test is about the CLI, not that latency.
+            env={**clean_env(), "TIDEMARK_PEEK_WAIT_SECONDS": str(SQL_TIMEOUT_S - 30)},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
-        self.lines: list[str] = []
-        assert self.process.stdout is not None
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            line = self.process.stdout.readline()
-            if not line:
-                break
-            self.lines.append(line.rstrip())
-            if "running" in line:
-                return
-        self.process.kill()
-        raise AssertionError("tidemark up did not start:\n" + "\n".join(self.lines))
+        self.output = LineReader(self.process)
+        try:
+            self.output.until(re.compile(r"tidemark: ready"), START_TIMEOUT_S)
+        except AssertionError:
+            self.process.kill()
+            raise
+
+    @property
+    def lines(self) -> list[str]:
+        return self.output.lines
 
     def endpoint(self, name: str) -> str:
         for line in self.lines:
@@ -73,30 +148,149 @@ class Up:
     def interrupt(self) -> int:
         self.process.send_signal(signal.SIGINT)
         code = self.process.wait(60)
-        assert self.process.stdout is not None
-        self.lines.extend(self.process.stdout.read().splitlines())
+        self.output.rest(5)
         return code
 
 
-async def test_up_serves_and_keeps_its_data_across_restarts(tmp_path: Path) -> None:
+def tidemark(*args: str) -> subprocess.CompletedProcess[str]:
+    """Runs ``tidemark ARGS...`` to completion."""
+    return subprocess.run(
+        [sys.executable, "-m", "tidemark.cli", *args],
+        cwd=REPO_ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=SQL_TIMEOUT_S,
+    )
+
+
+def sql(address: str, *statements: str) -> subprocess.CompletedProcess[str]:
+    """``tidemark sql --address ADDRESS -c S1 -c S2 ...``."""
+    return tidemark("sql", "--address", address, *(a for s in statements for a in ("-c", s)))
+
+
+def table_rows(output: str) -> list[list[str]]:
+    """The cells of an aligned table's rows (the lines between the ``---+---`` rule and the
+    ``(N rows)`` footer)."""
+    lines = output.splitlines()
+    rule = next(i for i, line in enumerate(lines) if re.fullmatch(r"-+(\+-+)*", line))
+    footer = next(i for i, line in enumerate(lines) if re.fullmatch(r"\(\d+ rows?\)", line))
+    return [[cell.strip() for cell in line.split("|")] for line in lines[rule + 1 : footer]]
+
+
+def assert_spend(output: str, expected: dict[str, tuple[str, int]]) -> None:
+    header = output.splitlines()[0]
+    assert [c.strip() for c in header.split("|")] == ["customer", "total", "n"], output
+    rows = {row[0]: (Decimal(row[1]), int(row[2])) for row in table_rows(output)}
+    assert rows == {k: (Decimal(t), n) for k, (t, n) in expected.items()}, output
+    assert f"({len(expected)} rows)" in output
+
+
+def change_lines(reader: LineReader, count: int) -> list[tuple[int, int, str, Decimal, int]]:
+    """The next ``count`` changes printed by ``tidemark sql -c SUBSCRIBE``:
+    ``(timestamp, diff, customer, total, n)``."""
+    changes = []
+    for _ in range(count):
+        line = reader.until(re.compile(r"^\d+ \| [+-]\d+ \|"), SQL_TIMEOUT_S)
+        timestamp, diff, customer, total, n = (cell.strip() for cell in line.split("|"))
+        changes.append((int(timestamp), int(diff), customer, Decimal(total), int(n)))
+    return changes
+
+
+async def check_backends(up: Up) -> int:
+    """The oracle and the catalog answer; returns a timestamp written to the oracle."""
+    oracle = OracleClient(up.endpoint("oracle"))
+    written = await oracle.write_ts("e2e")
+    await oracle.apply_write("e2e", written)
+    assert await oracle.read_ts("e2e") == written
+    # The catalog came up on storage and published its first state to the oracle.
+    catalog = CatalogClient(up.endpoint("catalog"))
+    snapshot = await catalog.snapshot_at(await oracle.read_ts("catalog"))
+    names = {i.name.database for i in snapshot.items if i.WhichOneof("body") == "database"}
+    assert "tidemark" in names
+    await catalog.close()
+    await oracle.close()
+    return written
+
+
+def run_readme_session(adapter: str) -> None:
+    setup = sql(adapter, *README_SETUP)
+    assert setup.returncode == 0, setup.stderr
+    assert setup.stdout.splitlines() == ["CREATE TABLE", "INSERT 0 3", "CREATE MATERIALIZED VIEW"]
+
+    selected = sql(adapter, README_SELECT)
+    assert selected.returncode == 0, selected.stderr
+    assert_spend(selected.stdout, {"ada": ("19.75", 2), "bob": ("3.00", 1)})
+
+    # A subscription prints the current contents, then each change as it happens.
+    subscriber = subprocess.Popen(
+        [sys.executable, "-m", "tidemark.cli", "sql", "--address", adapter],
+        cwd=REPO_ROOT,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        stdin=subprocess.PIPE,
+    )
+    try:
+        # Through the interactive shell's input (not a tty): the statement, then stay open.
+        assert subscriber.stdin is not None
+        subscriber.stdin.write(README_SUBSCRIBE + "\n")
+        subscriber.stdin.flush()
+        reader = LineReader(subscriber)
+        header = reader.until(re.compile(r"^timestamp \| diff"), SQL_TIMEOUT_S)
+        assert header == "timestamp | diff | customer | total | n"
+        initial = change_lines(reader, 2)
+        assert sorted(c[1:] for c in initial) == [
+            (1, "ada", Decimal("19.75"), 2),
+            (1, "bob", Decimal("3.00"), 1),
+        ]
+        assert len({c[0] for c in initial}) == 1
+
+        inserted = sql(adapter, "INSERT INTO orders VALUES (4, 'bob', 1.00);")
+        assert inserted.returncode == 0, inserted.stderr
+        update = change_lines(reader, 2)
+        assert sorted(c[1:] for c in update) == [
+            (-1, "bob", Decimal("3.00"), 1),
+            (1, "bob", Decimal("4.00"), 2),
+        ]
+        assert update[0][0] == update[1][0] > initial[0][0]
+        # Ctrl-C ends the subscription and, the input being over, the shell.
+        subscriber.stdin.close()
+        subscriber.send_signal(signal.SIGINT)
+        assert subscriber.wait(30) == 0
+    finally:
+        if subscriber.poll() is None:
+            subscriber.kill()
+            subscriber.wait()
+
+    failed = sql(adapter, "SELECT * FROM nope;")
+    assert failed.returncode == 1
+    assert "SQLSTATE 42P01" in failed.stderr
+    assert re.search(r"LINE 1: SELECT \* FROM nope\n +\^", failed.stderr), failed.stderr
+
+
+async def test_up_serves_sql_and_keeps_its_data_across_restarts(tmp_path: Path) -> None:
     base = free_port_range(5)
     first = Up(tmp_path, base)
     try:
-        oracle = OracleClient(first.endpoint("oracle"))
-        written = await oracle.write_ts("e2e")
-        await oracle.apply_write("e2e", written)
-        assert await oracle.read_ts("e2e") == written
-        # The catalog came up on storage and published its first state to the oracle.
-        catalog = CatalogClient(first.endpoint("catalog"))
-        snapshot = await catalog.snapshot_at(await oracle.read_ts("catalog"))
-        names = {i.name.database for i in snapshot.items if i.WhichOneof("body") == "database"}
-        assert "tidemark" in names
-        await catalog.close()
-        await oracle.close()
+        assert [line.split()[0] for line in first.lines if "grpc://" in line] == list(SERVICES)
+        written = await check_backends(first)
+        status = tidemark("status", "--base-port", str(base))
+        assert status.returncode == 0, status.stdout
+        assert [line.split()[0] for line in status.stdout.splitlines()] == list(SERVICES)
+        assert all(line.endswith("SERVING") for line in status.stdout.splitlines())
+        run_readme_session(first.endpoint("adapter"))
+        # -c also runs a backslash command.
+        listed = sql(first.endpoint("adapter"), "\\d")
+        assert listed.returncode == 0, listed.stderr
+        assert ["orders", "table"] in table_rows(listed.stdout)
+        assert ["spend", "materialized view"] in table_rows(listed.stdout)
     finally:
         assert first.interrupt() == 0
     assert any("stopping" in line for line in first.lines)
-    assert (tmp_path / "logs" / "oracle.log").exists()
+    for name in SERVICES:
+        assert (tmp_path / "logs" / f"{name}.log").exists()
     assert (tmp_path / "consensus.db").exists()
 
     second = Up(tmp_path, base)
@@ -105,5 +299,12 @@ async def test_up_serves_and_keeps_its_data_across_restarts(tmp_path: Path) -> N
         assert await oracle.read_ts("e2e") == written
         assert await oracle.write_ts("e2e") > written
         await oracle.close()
+        # The table, its rows and the view over them are all still there.
+        selected = sql(second.endpoint("adapter"), README_SELECT)
+        assert selected.returncode == 0, selected.stderr
+        assert_spend(selected.stdout, {"ada": ("19.75", 2), "bob": ("4.00", 2)})
+        counted = sql(second.endpoint("adapter"), "SELECT count(*) AS c FROM orders;")
+        assert counted.returncode == 0, counted.stderr
+        assert table_rows(counted.stdout) == [["4"]]
     finally:
         assert second.interrupt() == 0

@@ -1,0 +1,93 @@
+"""The processes of a local Tidemark: which module, which port, which flags.
+
+Ports follow the adapter's: with the default base port 6875 the adapter listens on 6875, the
+oracle on 6876, storage on 6877, the catalog on 6878 and the ``default`` compute cluster on 6879.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_BASE_PORT = 6875
+DEFAULT_SPARK_MASTER = "local[*]"
+DEFAULT_CLUSTER = "default"
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    name: str
+    module: str
+    port: int
+    args: tuple[str, ...]
+    note: str = ""
+    """Shown next to the endpoint (e.g. the compute cluster's name)."""
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+def planned_services(
+    data_dir: Path,
+    base_port: int = DEFAULT_BASE_PORT,
+    spark_master: str = DEFAULT_SPARK_MASTER,
+) -> list[ServiceSpec]:
+    """The processes of a local Tidemark, in start order (each one's dependencies first)."""
+    consensus = "sqlite://" + str(data_dir / "consensus.db")
+    blobs = "file://" + str(data_dir / "blobs")
+    adapter = f"127.0.0.1:{base_port}"
+    oracle = f"127.0.0.1:{base_port + 1}"
+    storage = f"127.0.0.1:{base_port + 2}"
+    catalog = f"127.0.0.1:{base_port + 3}"
+    compute = f"127.0.0.1:{base_port + 4}"
+    return [
+        ServiceSpec("oracle", "services.oracle", base_port + 1, ("--consensus-url", consensus)),
+        ServiceSpec(
+            "storage",
+            "services.storage",
+            base_port + 2,
+            ("--consensus-url", consensus, "--blob-url", blobs),
+        ),
+        ServiceSpec(
+            "catalog", "services.catalog", base_port + 3, ("--storage", storage, "--oracle", oracle)
+        ),
+        ServiceSpec(
+            "compute",
+            "services.compute",
+            base_port + 4,
+            (
+                "--cluster",
+                DEFAULT_CLUSTER,
+                "--storage",
+                storage,
+                "--catalog",
+                catalog,
+                "--spark-master",
+                spark_master,
+            ),
+            note=f"cluster {DEFAULT_CLUSTER}",
+        ),
+        ServiceSpec(
+            "adapter",
+            "services.adapter",
+            base_port,
+            (
+                "--oracle",
+                oracle,
+                "--catalog",
+                catalog,
+                "--storage",
+                storage,
+                "--compute",
+                f"{DEFAULT_CLUSTER}={compute}",
+            ),
+            note=f"SQL: tidemark sql --address {adapter}",
+        ),
+    ]
+
+
+def is_built(spec: ServiceSpec) -> bool:
+    """Whether the service has a process entry point yet."""
+    return importlib.util.find_spec(f"{spec.module}.__main__") is not None

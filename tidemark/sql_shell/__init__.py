@@ -1,0 +1,1 @@
+"""``tidemark sql``: a psql-like shell over the adapter's gRPC API."""
