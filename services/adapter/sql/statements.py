@@ -1,0 +1,255 @@
+"""The statements the adapter runs, one frozen dataclass per kind, as :func:`parse` returns
+them.
+
+Every statement carries ``text`` (its source, without the terminating semicolon) and
+``position`` (the 1-based offset of its first character in the request). Names are tuples of
+identifier parts (``("db", "schema", "t")``, or shorter), already case-folded. Queries are
+sqlglot syntax trees wrapped in :class:`Query`; the planner lowers them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
+
+from sqlglot import exp
+
+from services.adapter.sql.names import QualifiedName
+from services.adapter.sql.types import SqlType
+
+ObjectKind = Literal[
+    "database", "schema", "table", "view", "materialized view", "index", "cluster", "source"
+]
+ShowKind = Literal[
+    "tables",
+    "views",
+    "materialized views",
+    "indexes",
+    "clusters",
+    "sources",
+    "databases",
+    "schemas",
+]
+
+
+@dataclass(frozen=True)
+class Query:
+    """A query (SELECT, VALUES, set operations, WITH ...) as a sqlglot tree."""
+
+    ast: exp.Expr
+    text: str
+    position: int
+
+
+@dataclass(frozen=True)
+class ColumnDef:
+    name: str
+    type: SqlType
+    # The type as written, e.g. "varchar(20)".
+    type_text: str
+    not_null: bool
+    position: int
+
+
+@dataclass(frozen=True)
+class Statement:
+    text: str
+    position: int
+
+
+@dataclass(frozen=True)
+class CreateTable(Statement):
+    name: QualifiedName
+    columns: tuple[ColumnDef, ...]
+    if_not_exists: bool = False
+
+
+@dataclass(frozen=True)
+class CreateSource(Statement):
+    name: QualifiedName
+    columns: tuple[ColumnDef, ...]
+    # The feed's format; "CDCV2" (ingested through Storage.IngestCdc) is the one there is.
+    format: str
+    if_not_exists: bool = False
+
+
+@dataclass(frozen=True)
+class CreateView(Statement):
+    name: QualifiedName
+    query: Query
+    materialized: bool = False
+    in_cluster: str | None = None
+    if_not_exists: bool = False
+    # CREATE VIEW v (x, y) AS ...: names for the query's columns.
+    column_names: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class CreateIndex(Statement):
+    # None: the adapter picks a name.
+    name: str | None
+    on: QualifiedName
+    columns: tuple[str, ...]
+    in_cluster: str | None = None
+    if_not_exists: bool = False
+
+
+@dataclass(frozen=True)
+class CreateCluster(Statement):
+    name: str
+    # Options as written (lower-case names): SIZE 'x', REPLICATION FACTOR 2, anything else.
+    options: tuple[tuple[str, str], ...] = ()
+    if_not_exists: bool = False
+
+    @property
+    def size(self) -> str | None:
+        return dict(self.options).get("size")
+
+    @property
+    def replication_factor(self) -> int | None:
+        value = dict(self.options).get("replication_factor")
+        return int(value) if value is not None else None
+
+
+@dataclass(frozen=True)
+class CreateDatabase(Statement):
+    name: str
+    if_not_exists: bool = False
+
+
+@dataclass(frozen=True)
+class CreateSchema(Statement):
+    # (schema,) or (database, schema).
+    name: QualifiedName
+    if_not_exists: bool = False
+
+
+@dataclass(frozen=True)
+class Drop(Statement):
+    kind: ObjectKind
+    names: tuple[QualifiedName, ...]
+    if_exists: bool = False
+    cascade: bool = False
+
+
+@dataclass(frozen=True)
+class Insert(Statement):
+    table: QualifiedName
+    # None: every column, in order.
+    columns: tuple[str, ...] | None
+    # VALUES (...) or a query; None for DEFAULT VALUES.
+    source: Query | None
+
+
+@dataclass(frozen=True)
+class Assignment:
+    column: str
+    value: exp.Expr
+    position: int
+
+
+@dataclass(frozen=True)
+class Update(Statement):
+    table: QualifiedName
+    alias: str | None
+    assignments: tuple[Assignment, ...]
+    where: exp.Expr | None
+
+
+@dataclass(frozen=True)
+class Delete(Statement):
+    table: QualifiedName
+    alias: str | None
+    where: exp.Expr | None
+
+
+@dataclass(frozen=True)
+class Select(Statement):
+    query: Query
+    # AS OF <t>: the data timestamp (u64 ms) to read at.
+    as_of: int | None = None
+
+
+@dataclass(frozen=True)
+class Subscribe(Statement):
+    # SUBSCRIBE TO v reads as SELECT * FROM v; ``target`` keeps the name.
+    query: Query
+    as_of: int | None = None
+    target: QualifiedName | None = None
+
+
+@dataclass(frozen=True)
+class ShowObjects(Statement):
+    kind: ShowKind
+    # FROM/IN schema (or database for SHOW SCHEMAS).
+    within: QualifiedName | None = None
+    # SHOW INDEXES ON relation.
+    on: QualifiedName | None = None
+    # ... IN CLUSTER c.
+    in_cluster: str | None = None
+
+
+@dataclass(frozen=True)
+class ShowColumns(Statement):
+    relation: QualifiedName
+
+
+@dataclass(frozen=True)
+class ShowSetting(Statement):
+    # Lower case; "all" for SHOW ALL.
+    name: str
+
+
+@dataclass(frozen=True)
+class Explain(Statement):
+    query: Query
+
+
+@dataclass(frozen=True)
+class SetVariable(Statement):
+    # Lower case, e.g. "search_path", "cluster", "transaction_isolation".
+    name: str
+    # The value as text (several values joined with ", "); None for DEFAULT and RESET.
+    value: str | None
+    local: bool = False
+
+
+@dataclass(frozen=True)
+class Begin(Statement):
+    # Transaction modes as written (lower case), e.g. ("isolation level serializable",).
+    modes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Commit(Statement):
+    pass
+
+
+@dataclass(frozen=True)
+class Rollback(Statement):
+    pass
+
+
+AnyStatement: TypeAlias = (
+    CreateTable
+    | CreateSource
+    | CreateView
+    | CreateIndex
+    | CreateCluster
+    | CreateDatabase
+    | CreateSchema
+    | Drop
+    | Insert
+    | Update
+    | Delete
+    | Select
+    | Subscribe
+    | ShowObjects
+    | ShowColumns
+    | ShowSetting
+    | Explain
+    | SetVariable
+    | Begin
+    | Commit
+    | Rollback
+)
