@@ -860,6 +860,11 @@ def parse_settings(argv: Sequence[str] | None) -> tuple[Settings, Path]:
     )
     parser.add_argument("--snapshot-rows", default="1000,100000", help="collection sizes read")
     parser.add_argument(
+        "--latency-only",
+        action="store_true",
+        help="only the append-to-subscriber latency and its floor (no throughput, no snapshots)",
+    )
+    parser.add_argument(
         "--backends",
         default=",".join(BACKENDS),
         help="embedded, etcd+s3; also memory (both stores inside the storage process)",
@@ -882,12 +887,12 @@ def parse_settings(argv: Sequence[str] | None) -> tuple[Settings, Path]:
     settings = Settings(
         seconds=args.seconds,
         warmup_s=args.warmup,
-        batch_sizes=_ints(args.batch_sizes),
+        batch_sizes=[] if args.latency_only else _ints(args.batch_sizes),
         writer_counts=_ints(args.writers),
         latency_rows=args.latency_rows,
         latency_rate=args.latency_rate,
         latency_slice=args.latency_slice,
-        snapshot_rows=_ints(args.snapshot_rows),
+        snapshot_rows=[] if args.latency_only else _ints(args.snapshot_rows),
         backends=backends,
         storage_args=args.storage_arg,
     )
@@ -916,13 +921,15 @@ def run_backend(
             print(f"\n[{name}] append-to-subscriber latency\n{LATENCY_HEADER}", flush=True)
             latency = bench.latency()
             print(format_latency(latency), flush=True)
-            print(f"\n[{name}] append throughput\n{APPEND_HEADER}", flush=True)
+            if settings.batch_sizes:
+                print(f"\n[{name}] append throughput\n{APPEND_HEADER}", flush=True)
             appends = []
             for rows in settings.batch_sizes:
                 for writers in settings.writer_counts:
                     appends.append(bench.appends(rows, writers))
                     print(format_append(appends[-1]), flush=True)
-            print(f"\n[{name}] snapshot reads\n{SNAPSHOT_HEADER}", flush=True)
+            if settings.snapshot_rows:
+                print(f"\n[{name}] snapshot reads\n{SNAPSHOT_HEADER}", flush=True)
             snapshots = []
             for rows in settings.snapshot_rows:
                 snapshots.append(bench.snapshots(rows))

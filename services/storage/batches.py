@@ -45,6 +45,16 @@ class WrittenBatch:
     written_ms: int
 
 
+@dataclass(frozen=True)
+class EncodedBatch:
+    """A batch ready to be stored: its key is chosen and its Parquet bytes are made."""
+
+    table: pa.Table
+    data: bytes
+    written: WrittenBatch
+    """What the batch will be once stored."""
+
+
 class TableCache:
     """Least-recently-used decoded tables, bounded by their Arrow buffer sizes."""
 
@@ -95,15 +105,24 @@ class BatchStore:
 
     async def write(self, collection_id: str, table: pa.Table) -> WrittenBatch:
         """Store ``table`` under a fresh key. Durable once this returns."""
+        return await self.store(await self.encode(collection_id, table))
+
+    async def encode(self, collection_id: str, table: pa.Table) -> EncodedBatch:
+        """``table`` as the Parquet bytes of a new batch, under a fresh key (nothing stored)."""
         if table.num_rows >= _THREAD_ROWS:
             data = await asyncio.to_thread(to_parquet, table)
         else:
             data = to_parquet(table)
         now = self.clock()
         key = self.new_key(collection_id, now)
+        return EncodedBatch(table, data, WrittenBatch(key, table.num_rows, len(data), now))
+
+    async def store(self, batch: EncodedBatch) -> WrittenBatch:
+        """Put an encoded batch in the blob store. Durable once this returns."""
+        key, data = batch.written.key, batch.data
         await retry_unavailable(lambda: self.blob.put(key, data), self.retry, "the blob store")
-        self.cache.put(key, table)
-        return WrittenBatch(key, table.num_rows, len(data), now)
+        self.cache.put(key, batch.table)
+        return batch.written
 
     def cached(self, key: str) -> pa.Table | None:
         """The batch stored under ``key`` if its table is in memory (written or read by this

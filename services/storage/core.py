@@ -18,13 +18,14 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from services.storage import operations
-from services.storage.batches import BatchStore
+from services.storage.batches import BatchStore, EncodedBatch
 from services.storage.compaction import Compactor
 from services.storage.garbage import GarbageCollector
 from services.storage.maintenance import Maintenance
 from services.storage.operations import (
     AppendOutcome,
     AppendRequest,
+    Operation,
     Policy,
     check_append,
     check_holder,
@@ -251,8 +252,10 @@ class StorageCore:
         if isinstance(checked, AppendOutcome):
             return checked
         written = None
+        operation = operations.append(request, self.policy)
         if batch is not None and batch.num_rows:
-            written = await self.batches.write(collection_id, batch)
+            encoded = await self.batches.encode(collection_id, batch)
+            written = encoded.written
             request = AppendRequest(
                 capability_id,
                 new_upper,
@@ -264,10 +267,11 @@ class StorageCore:
                 written.bytes,
                 written.written_ms,
             )
-        try:
-            outcome = await self.shards.update(
-                collection_id, operations.append(request, self.policy)
+            operation = await self._store_preparing(
+                collection_id, encoded, operations.append(request, self.policy)
             )
+        try:
+            outcome = await self.shards.update(collection_id, operation)
         except (PermissionDenied, FailedPrecondition, InvalidArgument):
             # The append itself was refused, against a confirmed state: its blob is unused.
             # (After any other failure the outcome may be open; the orphan sweep decides.)
@@ -278,6 +282,21 @@ class StorageCore:
         else:
             self.compactor.request(collection_id)
         return outcome
+
+    async def _store_preparing(
+        self, collection_id: str, batch: EncodedBatch, operation: Operation[AppendOutcome]
+    ) -> Operation[AppendOutcome]:
+        """Store ``batch``, and while the blob store works on it, prepare the commit
+        (:meth:`ShardStore.prepare`): the next state is then ready when the blob is durable.
+        Only the commit's compare-and-set, after the blob is stored, makes the batch part of
+        the collection."""
+        storing = asyncio.ensure_future(self.batches.store(batch))
+        try:
+            await asyncio.sleep(0)  # the put starts (a blob directory hands it to a thread)
+            operation = self.shards.prepare(collection_id, operation)
+        finally:
+            await storing
+        return operation
 
     async def _precheck(
         self,

@@ -195,13 +195,10 @@ def check_append(state: ShardState, request: AppendRequest) -> CapabilityRecord 
     record = require_capability(state, request.capability_id, CapabilityKind.WRITE)
     if request.token and record.last_token == request.token:
         return AppendOutcome(record.token_upper, already_committed=True)
-    where = (
-        f"collection {state.collection_id} has since {frontier_text(state.since)} and upper "
-        f"{frontier_text(state.upper)}"
-    )
     if request.expected_upper is not None and request.expected_upper != state.upper:
         raise FailedPrecondition(
-            f"upper mismatch: expected upper {frontier_text(request.expected_upper)}, but {where}"
+            f"upper mismatch: expected upper {frontier_text(request.expected_upper)}, "
+            f"but {_where(state)}"
         )
     # With an expected upper the caller names the upper it appends at (compare-and-append),
     # so a capability left behind by other writers of the same collection may append too.
@@ -211,11 +208,12 @@ def check_append(state: ShardState, request: AppendRequest) -> CapabilityRecord 
     if record.frontier != state.upper and not behind_ok:
         raise FailedPrecondition(
             f"upper mismatch: write capability {short_id(record.id)!r} is at "
-            f"{frontier_text(record.frontier)}, but {where}; downgrade it to the upper first"
+            f"{frontier_text(record.frontier)}, but {_where(state)}; downgrade it to the upper "
+            "first"
         )
     if not state.upper.frontier_less_than(request.new_upper):
         raise FailedPrecondition(
-            f"new upper {frontier_text(request.new_upper)} is not beyond the upper: {where}"
+            f"new upper {frontier_text(request.new_upper)} is not beyond the upper: {_where(state)}"
         )
     if request.times is not None:
         least, greatest = request.times
@@ -223,9 +221,18 @@ def check_append(state: ShardState, request: AppendRequest) -> CapabilityRecord 
             bad = least if not state.upper.less_equal(least) else greatest
             raise InvalidArgument(
                 f"update time {bad} lies outside [{frontier_text(state.upper)}, "
-                f"{frontier_text(request.new_upper)}), the interval this append covers; {where}"
+                f"{frontier_text(request.new_upper)}), the interval this append covers; "
+                f"{_where(state)}"
             )
     return record
+
+
+def _where(state: ShardState) -> str:
+    """The since and upper, for error messages (built only when one is raised)."""
+    return (
+        f"collection {state.collection_id} has since {frontier_text(state.since)} and upper "
+        f"{frontier_text(state.upper)}"
+    )
 
 
 def append(request: AppendRequest, policy: Policy) -> Operation[AppendOutcome]:

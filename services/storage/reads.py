@@ -9,7 +9,7 @@ every time the reader may look at. So a read never mixes batches of two states.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import cast
 
 import pyarrow as pa
@@ -43,6 +43,23 @@ def overlaps(batch: StoredBatch, lower: int, upper: int | None) -> bool:
     return starts_before_end and ends_after_start
 
 
+def overlapping(batches: Sequence[StoredBatch], lower: int, upper: int | None) -> list[StoredBatch]:
+    """The batches that may hold times in ``[lower, upper)``, in order. A state's batches
+    cover consecutive time ranges, oldest first, so the search starts from the newest (reads
+    of recent intervals, as subscriptions make, are the common ones) and stops at the first
+    batch that ends at or before ``lower``: every older one does too."""
+    chosen: list[StoredBatch] = []
+    for batch in reversed(batches):
+        if overlaps(batch, lower, upper):
+            chosen.append(batch)
+            continue
+        batch_upper = frontier_bound(batch.upper)
+        if batch_upper is not None and batch_upper <= lower:
+            break
+    chosen.reverse()
+    return chosen
+
+
 def within(batch: StoredBatch, lower: int, upper: int | None) -> bool:
     """Whether every time in ``batch`` certainly lies in ``[lower, upper)``: its range does,
     and compaction moved none of its times (which could land outside its range)."""
@@ -72,7 +89,7 @@ class Reader:
         current = versioned
         for _ in range(MAX_READ_ATTEMPTS):
             state = current.state
-            chosen = [b for b in state.batches if overlaps(b, lower, upper)]
+            chosen = overlapping(state.batches, lower, upper)
             for batch in chosen:
                 if not batch.since.less_equal(read_time):
                     raise FailedPrecondition(

@@ -44,6 +44,9 @@ log = get_logger("storage.shards")
 
 # Losing this many compare-and-sets in a row means heavy contention; the caller may retry.
 MAX_CAS_ATTEMPTS = 64
+# A prepared operation (see ShardStore.prepare) stands for a run at most this much later: its
+# decisions that depend on the clock (lease renewals, an append's blob age) are that close.
+MAX_PREPARED_AGE_MS = 1_000
 
 
 def wall_clock_ms() -> int:
@@ -190,6 +193,32 @@ class ShardStore:
                     await backoff.sleep()
         finally:
             self._writing.pop(collection_id, None)
+
+    def prepare(self, collection_id: str, operation: Operation[R]) -> Operation[R]:
+        """``operation``, already run against the newest state this process has seen, and
+        its next state already encoded: for a caller that has time on its hands before it
+        calls :meth:`update` (an append waiting for its blob to be stored). When the group
+        commit then runs it against that very state within ``MAX_PREPARED_AGE_MS``, the
+        remembered outcome is used instead of running it again; against any other state it
+        runs as usual. So nothing is decided on an older state than before, only earlier."""
+        seen = self._latest.get(collection_id)
+        if seen is None:
+            return operation
+        prepared_ms = self.clock()
+        base = expire_leases(seen.state, prepared_ms)
+        try:
+            after, result = operation(base, prepared_ms)
+        except TidemarkError:
+            return operation  # the group commit decides, against the state it finds
+        if after is not base:
+            after.encode()  # remembered by the state
+
+        def run(state: ShardState, now_ms: int) -> tuple[ShardState, R]:
+            if state is base and 0 <= now_ms - prepared_ms <= MAX_PREPARED_AGE_MS:
+                return after, result
+            return operation(state, now_ms)
+
+        return run
 
     async def update(self, collection_id: str, operation: Operation[R]) -> R:
         """Run ``operation`` against the current state and store the result; its result, or

@@ -184,7 +184,12 @@ class ShardState:
         entries one after another, so each record's entry is encoded once (records are shared
         between successive states) and the state is their concatenation behind the scalar
         fields: the cost of a change does not grow with the number of batches. The same state
-        always gives the same bytes."""
+        always gives the same bytes, so a state encodes once (see
+        :meth:`services.storage.shards.ShardStore.prepare`)."""
+        return self._encoded
+
+    @cached_property
+    def _encoded(self) -> bytes:
         head = storage_state_pb2.ShardState(
             collection_id=self.collection_id,
             since=frontier_to_proto(self.since),

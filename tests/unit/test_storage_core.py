@@ -6,8 +6,10 @@ collection and the bound on batches."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -15,7 +17,9 @@ import pytest
 
 from services.storage.batches import TableCache
 from services.storage.core import StorageCore, StorageSettings
-from services.storage.state import CapabilityRecord
+from services.storage.reads import overlapping, overlaps
+from services.storage.shards import MAX_PREPARED_AGE_MS
+from services.storage.state import CapabilityRecord, ShardState, StoredBatch
 from services.storage.subscriptions import Event, SubscribeSpec
 from tidemark.blob import MemoryBlob
 from tidemark.cdc import CdcReader, Message, Progress, Updates, write_history
@@ -447,3 +451,58 @@ async def test_collection_id_and_capability_errors(core: StorageCore) -> None:
     foreign: CapabilityRecord = (await core.create("u2", SCHEMA))[0]
     with pytest.raises(PermissionDenied, match="not a live capability of collection u1"):
         await core.snapshot("u1", foreign.id, 0)
+
+
+async def test_a_prepared_operation_is_reused_only_on_the_state_it_was_run_on(
+    core: StorageCore, clock: Clock
+) -> None:
+    await core.create("u1", SCHEMA)
+    shards = core.shards
+    runs: list[int] = []
+
+    def bump(label: str) -> Any:
+        def run(state: ShardState, now_ms: int) -> tuple[ShardState, str]:
+            runs.append(now_ms)
+            return replace(state, created_ms=state.created_ms + 1), label
+
+        return run
+
+    created = (await shards.require("u1")).state.created_ms
+    # Run on the state it will meet: the group commit uses the outcome as prepared.
+    prepared = shards.prepare("u1", bump("a"))
+    assert len(runs) == 1
+    clock.now += 5
+    assert await shards.update("u1", prepared) == "a"
+    assert len(runs) == 1
+    stored = await shards.require("u1")
+    assert stored.state.created_ms == created + 1
+    assert ShardState.decode(stored.data) == stored.state
+    # Another change lands in between: the operation runs again, on the state it meets.
+    prepared = shards.prepare("u1", bump("b"))
+    await shards.update("u1", bump("other"))
+    assert await shards.update("u1", prepared) == "b"
+    assert len(runs) == 4
+    assert (await shards.require("u1")).state.created_ms == created + 3
+    # Prepared too long ago: run again, at the time of the commit.
+    prepared = shards.prepare("u1", bump("c"))
+    clock.now += MAX_PREPARED_AGE_MS + 1
+    assert await shards.update("u1", prepared) == "c"
+    assert runs[-1] == clock.now and len(runs) == 6
+    assert (await shards.require("u1")).state.created_ms == created + 4
+
+
+def test_overlapping_batches_are_found_from_the_newest_end() -> None:
+    rng = random.Random(7)
+    for _ in range(200):
+        cuts = sorted(rng.sample(range(1, 40), rng.randint(1, 12)))
+        bounds = [0, *cuts]
+        batches = [
+            StoredBatch(f"k{i}", u64_frontier(lo), u64_frontier(hi))
+            for i, (lo, hi) in enumerate(itertools.pairwise(bounds))
+        ]
+        if rng.random() < 0.3:  # a closed collection: the last batch runs to {}
+            batches.append(StoredBatch("last", u64_frontier(bounds[-1]), u64_frontier()))
+        lower = rng.randint(0, 45)
+        upper = rng.choice([None, lower + rng.randint(1, 10)])
+        expected = [b for b in batches if overlaps(b, lower, upper)]
+        assert overlapping(batches, lower, upper) == expected

@@ -129,6 +129,45 @@ def test_append_by_a_lagging_write_capability_names_the_upper() -> None:
     assert outcome.upper == u64_frontier(9)
 
 
+def test_a_lagging_write_capability_may_append_when_it_names_the_upper() -> None:
+    # Compare-and-append: with expected_upper equal to the upper, a write capability left
+    # behind by another writer appends at the upper (not at its own frontier).
+    state, clone = ops.clone(W_ID, "c" * 32, "", POLICY)(fresh(), NOW)
+    state, _ = append(state)  # the other writer moves the upper to {8}; the clone stays at {5}
+    with pytest.raises(InvalidArgument, match=r"time 6 lies outside \[\{8\}, \{9\}\)"):
+        append(
+            state,
+            capability_id=clone.id,
+            expected_upper=u64_frontier(8),
+            new_upper=u64_frontier(9),
+            times=(6, 8),
+        )
+    with pytest.raises(FailedPrecondition, match=r"expected upper \{5\}"):
+        append(
+            state, capability_id=clone.id, expected_upper=u64_frontier(5), new_upper=u64_frontier(9)
+        )
+    moved, outcome = append(
+        state,
+        capability_id=clone.id,
+        expected_upper=u64_frontier(8),
+        new_upper=u64_frontier(9),
+        times=(8, 8),
+        batch_key="k2",
+        batch_rows=1,
+        blob_written_ms=NOW,
+    )
+    assert outcome == ops.AppendOutcome(u64_frontier(9))
+    assert moved.upper == u64_frontier(9)
+    assert moved.batches == (StoredBatch("k2", u64_frontier(8), u64_frontier(9), rows=1),)
+    lagging = moved.capability(clone.id)
+    writer = moved.capability(W_ID)
+    assert lagging is not None and lagging.frontier == u64_frontier(9)
+    assert writer is not None and writer.frontier == u64_frontier(8)  # now it lags
+    # Without expected_upper a capability behind the upper is still refused.
+    with pytest.raises(FailedPrecondition, match=r"write capability 'bbbbbbbb…' is at \{8\}"):
+        append(moved, new_upper=u64_frontier(10))
+
+
 # -- capabilities -----------------------------------------------------------------------------
 
 

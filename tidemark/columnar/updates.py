@@ -8,6 +8,7 @@ per-time counts CDCv2 progress statements need. Times are on the u64 timeline.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
@@ -34,18 +35,21 @@ def conform(table: pa.Table, schema: RelationSchema) -> pa.Table:
     ``time``, ``diff`` or a non-nullable column."""
     target = schema.update_schema()
     names = table.column_names
-    if len(set(names)) != len(names):
-        raise InvalidArgument(f"update batch has duplicate column names: {names}")
-    missing = [name for name in target.names if name not in names]
-    extra = [name for name in names if name not in target.names]
-    if missing or extra:
-        raise InvalidArgument(
-            f"update batch columns {names} do not match the collection's "
-            f"{target.names} (missing {missing}, unexpected {extra})"
-        )
+    if names == target.names:  # the usual case: nothing to look up by name
+        columns = table.columns
+    else:
+        if len(set(names)) != len(names):
+            raise InvalidArgument(f"update batch has duplicate column names: {names}")
+        missing = [name for name in target.names if name not in names]
+        extra = [name for name in names if name not in target.names]
+        if missing or extra:
+            raise InvalidArgument(
+                f"update batch columns {names} do not match the collection's "
+                f"{target.names} (missing {missing}, unexpected {extra})"
+            )
+        columns = [table.column(name) for name in target.names]
     arrays = []
-    for field in target:
-        column = table.column(field.name)
+    for field, column in zip(target, columns, strict=True):
         if column.type != field.type:
             try:
                 column = pc.cast(column, field.type, safe=True)
@@ -69,6 +73,10 @@ def consolidate(table: pa.Table) -> pa.Table:
     multisets consolidate to equal tables, however they were batched."""
     if table.num_rows == 0:
         return table
+    if table.num_rows <= _PYTHON_CONSOLIDATE_ROWS:
+        small = _consolidate_in_python(table)
+        if small is not None:
+            return small
     if table.num_rows == 1:
         return table.select([*data_columns(table), TIME_COLUMN, DIFF_COLUMN]).filter(
             pc.not_equal(table.column(DIFF_COLUMN), 0)
@@ -89,6 +97,103 @@ def consolidate(table: pa.Table) -> pa.Table:
 
 
 _NEGATIVE_ZERO_BITS = -(1 << 63)
+
+# Up to this many rows, consolidating in Python costs less than the dozen Arrow kernels of
+# the columnar way, each with its fixed set-up cost (a 10-row append: ~15 us against ~165 us).
+_PYTHON_CONSOLIDATE_ROWS = 128
+_DIFF_BOUND = 1 << 63
+
+# Sort keys standing in for the values Arrow orders after every number (NaN) and after
+# everything (null); a present value ``v`` becomes ``(0, v)`` in columns that may hold them.
+_NAN_KEY = (1, 0)
+_NULL_KEY = (2, 0)
+
+
+def _consolidate_in_python(table: pa.Table) -> pa.Table | None:
+    """:func:`consolidate` of a small table, done in Python, with the same result; ``None``
+    where Python could order or compare some key differently from Arrow (a key type not
+    handled here, -0.0 in a float key, a sum that overflows the diff type), which leaves the
+    table to the columnar way. An already consolidated table comes back as it is."""
+    names = table.column_names
+    time_at, diff_at = names.index(TIME_COLUMN), names.index(DIFF_COLUMN)
+    positions = [i for i in range(len(names)) if i != time_at and i != diff_at]
+    layout = [names[i] for i in positions] + [TIME_COLUMN, DIFF_COLUMN]
+    positions.append(time_at)
+    columns = table.columns
+    key_columns = []
+    for position in positions:
+        values = _python_sort_keys(columns[position])
+        if values is None:
+            return None
+        key_columns.append(values)
+    diff = columns[diff_at]
+    if diff.null_count or not pa.types.is_integer(diff.type):
+        return None
+    diffs = diff.to_pylist()
+    rows = list(zip(*key_columns, strict=True))
+    order = sorted(range(len(rows)), key=rows.__getitem__)  # stable, as Arrow's sort is
+    firsts: list[int] = []
+    sums: list[int] = []
+    for index in order:
+        if firsts and rows[firsts[-1]] == rows[index]:
+            sums[-1] += diffs[index]
+        else:
+            firsts.append(index)
+            sums.append(diffs[index])
+    kept = [(index, total) for index, total in zip(firsts, sums, strict=True) if total]
+    if any(not -_DIFF_BOUND <= total < _DIFF_BOUND for _, total in kept):
+        return None  # the columnar way wraps around; keep its answer
+    if len(kept) == len(rows) and all(i == n for n, (i, _) in enumerate(kept)):
+        # In order, no (data, time) twice, no zero diff: consolidated already.
+        return table if names == layout else table.select(layout)
+    picked = table.take(pa.array([index for index, _ in kept], pa.int64()))
+    field = picked.schema.field(diff_at)
+    summed = pa.array([total for _, total in kept], field.type)
+    return picked.set_column(diff_at, field, summed).select(layout)
+
+
+def _python_sort_keys(column: pa.ChunkedArray) -> list[object] | None:
+    """``column``'s values as Python values that order and compare as Arrow's sort and
+    consolidation do them (nulls equal to each other and last, NaN equal to NaN and after
+    every number); ``None`` for types where that is not certain, and for -0.0 (Arrow sorts
+    it as 0.0, yet consolidation keeps them apart)."""
+    kind = column.type
+    if pa.types.is_date32(kind):
+        column = column.cast(pa.int32())
+    elif pa.types.is_date64(kind) or pa.types.is_timestamp(kind):
+        column = column.cast(pa.int64())
+    elif kind.id not in _PYTHON_ORDERED_TYPES:
+        return None
+    values: list[object] = column.to_pylist()
+    floating = pa.types.is_floating(column.type)
+    if not floating and not column.null_count:
+        return values
+    keys: list[object] = []
+    for value in values:
+        if value is None:
+            keys.append(_NULL_KEY)
+        elif floating and value != value:  # NaN
+            keys.append(_NAN_KEY)
+        elif floating and value == 0.0 and math.copysign(1.0, value) < 0:  # type: ignore[arg-type]
+            return None
+        else:
+            keys.append((0, value))
+    return keys
+
+
+# Types whose values Python orders and compares exactly as Arrow does: numbers (float16
+# aside), booleans, decimals, and text and bytes (Arrow compares both bytewise, and UTF-8
+# keeps the code point order Python compares ``str`` by).
+_PYTHON_ORDERED_TYPES = frozenset(
+    kind.id
+    for kind in (
+        *(pa.int8(), pa.int16(), pa.int32(), pa.int64()),
+        *(pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64()),
+        *(pa.float32(), pa.float64(), pa.bool_()),
+        *(pa.decimal128(1), pa.decimal256(1)),
+        *(pa.string(), pa.large_string(), pa.binary(), pa.large_binary(), pa.binary(1)),
+    )
+)
 
 
 def _sorting_may_split_runs(table: pa.Table, keys: Sequence[str]) -> bool:
