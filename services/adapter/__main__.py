@@ -1,0 +1,89 @@
+"""``python -m services.adapter``: the SQL adapter process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+
+from services.adapter.backends import Backends, parse_compute_endpoints
+from services.adapter.service import Adapter, AdapterSettings, adapter_service
+from tidemark.config import ServiceConfig, listen_setting, setting
+from tidemark.rpc import announce_port, serve
+from tidemark.runner import run_service
+
+
+@dataclass(frozen=True)
+class AdapterConfig(ServiceConfig):
+    listen: str = listen_setting("127.0.0.1:6875")
+    oracle: str = setting("127.0.0.1:6876", help="timestamp oracle address", metavar="HOST:PORT")
+    storage: str = setting("127.0.0.1:6877", help="storage service address", metavar="HOST:PORT")
+    catalog: str = setting("127.0.0.1:6878", help="catalog service address", metavar="HOST:PORT")
+    compute: str = setting(
+        "default=127.0.0.1:6879",
+        help="the compute process of each cluster this adapter sends queries to",
+        metavar="NAME=HOST:PORT[,NAME=HOST:PORT...]",
+    )
+    catalog_timeline: str = setting(
+        "catalog", help="the oracle timeline of catalog times (the catalog's --timeline)"
+    )
+    data_timeline: str = setting("data", help="the oracle timeline of data times")
+    history_seconds: float = setting(
+        900.0,
+        help="how far back in data time AS OF can read: the adapter's read holds on "
+        "collections trail the read timestamp by this much",
+        metavar="SECONDS",
+    )
+    peek_wait_seconds: float = setting(
+        30.0,
+        help="how long a read waits for compute (its catalog, a dataflow's or source's "
+        "frontier) before it fails",
+        metavar="SECONDS",
+    )
+    subscribe_tick_seconds: float = setting(
+        1.0,
+        help="how often a subscription advances the tables it reads, so its progress moves "
+        "while nobody writes",
+        metavar="SECONDS",
+    )
+
+    def settings(self) -> AdapterSettings:
+        return AdapterSettings(
+            history_ms=round(self.history_seconds * 1000),
+            peek_wait_ms=round(self.peek_wait_seconds * 1000),
+            subscribe_tick_seconds=self.subscribe_tick_seconds,
+            catalog_timeline=self.catalog_timeline,
+            data_timeline=self.data_timeline,
+            holder=f"adapter/{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}",
+        )
+
+
+async def main(config: AdapterConfig) -> None:
+    try:
+        endpoints = parse_compute_endpoints(config.compute)
+    except ValueError as exc:
+        raise SystemExit(f"--compute: {exc}") from None
+    backends = Backends.connect(config.oracle, config.catalog, config.storage, endpoints)
+    adapter = Adapter(backends, config.settings())
+    try:
+        await adapter.start()
+        await serve(
+            [adapter_service(adapter)],
+            config.listen,
+            grace=config.shutdown_grace,
+            on_started=announce_port,
+        )
+    finally:
+        await adapter.close()
+        await backends.close()
+
+
+if __name__ == "__main__":
+    run_service(
+        main,
+        AdapterConfig,
+        prog="python -m services.adapter",
+        description="Tidemark adapter: SQL sessions over the oracle, catalog, storage and "
+        "compute services; stateless, so any number may run side by side.",
+    )

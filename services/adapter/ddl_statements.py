@@ -1,0 +1,414 @@
+"""What each DDL statement drafts: the catalog items it creates or drops.
+
+Every builder runs against the newest catalog state of an attempt (``CatalogDraft.state``) and
+may run again after a lost race, so it checks everything afresh each time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from services.adapter.catalog_cache import CatalogState, kind_of
+from services.adapter.catalog_names import full_name, qualify_new, resolve
+from services.adapter.ddl import (
+    DUPLICATE_DATABASE,
+    DUPLICATE_SCHEMA,
+    OWNER,
+    UNDEFINED_COLUMN,
+    CatalogDraft,
+    CollectionMaker,
+    DdlOutcome,
+    DdlRunner,
+    check_droppable,
+    check_new_relation_name,
+    collection_of,
+    drop_closure,
+    relation_schema_of,
+    resolve_drop_target,
+    table_schema,
+    unknown_object,
+)
+from services.adapter.results import DUPLICATE_OBJECT
+from services.adapter.session import Settings
+from services.adapter.sql import statements as ast
+from services.adapter.sql.errors import SqlError
+from services.adapter.sql.names import dotted
+from tidemark.columnar import RelationSchema
+from tidemark.v1 import catalog_pb2, plan_pb2
+
+UNDEFINED_DATABASE = "3D000"
+INVALID_PARAMETER = "22023"
+DEFAULT_CLUSTER_SIZE = "local"
+
+
+@dataclass(frozen=True)
+class Definition:
+    """A view's query, planned: the plan (views inlined, reading storage collections only),
+    its output schema and the ids of the catalog items it names."""
+
+    plan: plan_pb2.Plan
+    schema: RelationSchema
+    depends_on: tuple[str, ...]
+
+
+DefinitionPlanner = Callable[
+    [ast.Query, CatalogState, Settings, tuple[str, ...] | None], Awaitable[Definition]
+]
+
+
+class DdlStatements:
+    """``run(statement, settings)`` for every DDL statement."""
+
+    def __init__(self, runner: DdlRunner, plan_definition: DefinitionPlanner) -> None:
+        self.runner = runner
+        self.plan_definition = plan_definition
+
+    async def run(self, statement: ast.AnyStatement, settings: Settings) -> DdlOutcome:
+        build = self._builder(statement, settings)
+        return await self.runner.run(build)
+
+    def _builder(
+        self, statement: ast.AnyStatement, settings: Settings
+    ) -> Callable[[CatalogDraft, CollectionMaker], Awaitable[DdlOutcome]]:
+        async def build(draft: CatalogDraft, maker: CollectionMaker) -> DdlOutcome:
+            if isinstance(statement, ast.CreateTable):
+                return await self._create_table(statement, settings, draft, maker)
+            if isinstance(statement, ast.CreateSource):
+                return await self._create_source(statement, settings, draft, maker)
+            if isinstance(statement, ast.CreateView):
+                return await self._create_view(statement, settings, draft, maker)
+            if isinstance(statement, ast.CreateIndex):
+                return self._create_index(statement, settings, draft)
+            if isinstance(statement, ast.CreateCluster):
+                return self._create_cluster(statement, draft)
+            if isinstance(statement, ast.CreateDatabase):
+                return self._create_database(statement, draft)
+            if isinstance(statement, ast.CreateSchema):
+                return self._create_schema(statement, settings, draft)
+            if isinstance(statement, ast.Drop):
+                return self._drop(statement, settings, draft)
+            raise TypeError(f"not a DDL statement: {type(statement).__name__}")
+
+        return build
+
+    # -- relations ------------------------------------------------------------------------
+
+    async def _create_table(
+        self,
+        statement: ast.CreateTable,
+        settings: Settings,
+        draft: CatalogDraft,
+        maker: CollectionMaker,
+    ) -> DdlOutcome:
+        state = draft.state
+        name = qualify_new(state, settings, statement.name, statement.position)
+        skipped = check_new_relation_name(
+            state, name, statement.if_not_exists, statement.position, "table"
+        )
+        if skipped is not None:
+            return DdlOutcome("CREATE TABLE", [skipped])
+        schema = table_schema(statement.columns)
+        global_id = await maker.make(draft, schema)
+        draft.create(
+            catalog_pb2.CatalogItem(
+                id=global_id,
+                name=name,
+                owner=OWNER,
+                table=catalog_pb2.Table(schema=schema.to_proto(), collection_id=global_id),
+            )
+        )
+        return DdlOutcome("CREATE TABLE")
+
+    async def _create_source(
+        self,
+        statement: ast.CreateSource,
+        settings: Settings,
+        draft: CatalogDraft,
+        maker: CollectionMaker,
+    ) -> DdlOutcome:
+        state = draft.state
+        name = qualify_new(state, settings, statement.name, statement.position)
+        skipped = check_new_relation_name(
+            state, name, statement.if_not_exists, statement.position, "source"
+        )
+        if skipped is not None:
+            return DdlOutcome("CREATE SOURCE", [skipped])
+        schema = table_schema(statement.columns)
+        global_id = await maker.make(draft, schema)
+        draft.create(
+            catalog_pb2.CatalogItem(
+                id=global_id,
+                name=name,
+                owner=OWNER,
+                source=catalog_pb2.Source(
+                    format=catalog_pb2.SOURCE_FORMAT_CDCV2,
+                    schema=schema.to_proto(),
+                    collection_id=global_id,
+                ),
+            )
+        )
+        return DdlOutcome(
+            "CREATE SOURCE",
+            [
+                f"source {full_name(draft.added(global_id))} records into storage "
+                f"collection {global_id}; feed it CDCv2 through Storage.IngestCdc with a write "
+                f"capability from AcquireCapabilities({global_id})"
+            ],
+        )
+
+    async def _create_view(
+        self,
+        statement: ast.CreateView,
+        settings: Settings,
+        draft: CatalogDraft,
+        maker: CollectionMaker,
+    ) -> DdlOutcome:
+        state = draft.state
+        kind = "materialized_view" if statement.materialized else "view"
+        tag = "CREATE MATERIALIZED VIEW" if statement.materialized else "CREATE VIEW"
+        name = qualify_new(state, settings, statement.name, statement.position)
+        skipped = check_new_relation_name(
+            state, name, statement.if_not_exists, statement.position, kind
+        )
+        if skipped is not None:
+            return DdlOutcome(tag, [skipped])
+        definition = await self.plan_definition(
+            statement.query, state, settings, statement.column_names
+        )
+        plan_bytes = definition.plan.SerializeToString(deterministic=True)
+        if not statement.materialized:
+            draft.create(
+                catalog_pb2.CatalogItem(
+                    id=draft.allocate(),
+                    name=name,
+                    owner=OWNER,
+                    depends_on=list(definition.depends_on),
+                    view=catalog_pb2.View(
+                        sql=statement.text,
+                        schema=definition.schema.to_proto(),
+                        plan=plan_bytes,
+                    ),
+                )
+            )
+            return DdlOutcome(tag)
+        cluster_name = statement.in_cluster or settings.cluster
+        cluster = _cluster(state, cluster_name, statement.position)
+        global_id = await maker.make(draft, definition.schema)
+        depends = [d for d in definition.depends_on if d != cluster.id] + [cluster.id]
+        draft.create(
+            catalog_pb2.CatalogItem(
+                id=global_id,
+                name=name,
+                owner=OWNER,
+                depends_on=depends,
+                materialized_view=catalog_pb2.MaterializedView(
+                    sql=statement.text,
+                    schema=definition.schema.to_proto(),
+                    plan=plan_bytes,
+                    cluster_id=cluster.id,
+                    output_collection_id=global_id,
+                ),
+            )
+        )
+        return DdlOutcome(tag)
+
+    def _create_index(
+        self, statement: ast.CreateIndex, settings: Settings, draft: CatalogDraft
+    ) -> DdlOutcome:
+        state = draft.state
+        relation = resolve(
+            state,
+            settings,
+            statement.on,
+            ("table", "source", "view", "materialized_view"),
+            statement.position,
+        )
+        columns = [c.name for c in relation_schema_of(relation).columns]
+        for column in statement.columns:
+            if column not in columns:
+                raise SqlError(
+                    UNDEFINED_COLUMN,
+                    f'column "{column}" does not exist in {full_name(relation)}',
+                    statement.position,
+                )
+        index_name = statement.name or _default_index_name(state, relation, statement.columns)
+        name = catalog_pb2.QualifiedName(
+            database=relation.name.database, schema=relation.name.schema, item=index_name
+        )
+        skipped = check_new_relation_name(
+            state, name, statement.if_not_exists, statement.position, "index"
+        )
+        if skipped is not None:
+            return DdlOutcome("CREATE INDEX", [skipped])
+        cluster = _cluster(state, statement.in_cluster or settings.cluster, statement.position)
+        draft.create(
+            catalog_pb2.CatalogItem(
+                id=draft.allocate(),
+                name=name,
+                owner=OWNER,
+                depends_on=[relation.id, cluster.id],
+                index=catalog_pb2.Index(
+                    on_id=relation.id, key_columns=list(statement.columns), cluster_id=cluster.id
+                ),
+            )
+        )
+        return DdlOutcome("CREATE INDEX")
+
+    # -- clusters, databases, schemas ------------------------------------------------------
+
+    def _create_cluster(self, statement: ast.CreateCluster, draft: CatalogDraft) -> DdlOutcome:
+        state = draft.state
+        if state.cluster_named(statement.name) is not None:
+            if statement.if_not_exists:
+                return DdlOutcome(
+                    "CREATE CLUSTER", [f'cluster "{statement.name}" already exists, skipping']
+                )
+            raise SqlError(
+                DUPLICATE_OBJECT, f'cluster "{statement.name}" already exists', statement.position
+            )
+        options = dict(statement.options)
+        size = options.pop("size", DEFAULT_CLUSTER_SIZE)
+        factor_text = options.pop("replication_factor", "1")
+        try:
+            factor = int(factor_text)
+        except ValueError:
+            factor = -1
+        if factor < 1:
+            raise SqlError(
+                INVALID_PARAMETER,
+                f"REPLICATION FACTOR must be a positive integer, got {factor_text!r}",
+                statement.position,
+            )
+        draft.create(
+            catalog_pb2.CatalogItem(
+                id=draft.allocate(),
+                name=catalog_pb2.QualifiedName(item=statement.name),
+                owner=OWNER,
+                cluster=catalog_pb2.Cluster(
+                    size=size or DEFAULT_CLUSTER_SIZE, replication_factor=factor, config=options
+                ),
+            )
+        )
+        return DdlOutcome(
+            "CREATE CLUSTER",
+            [
+                f'cluster "{statement.name}" is recorded in the catalog; its materialized views '
+                f"and indexes run once an operator starts a compute process for it "
+                f"(python -m services.compute --cluster {statement.name} ...) and adds it to the "
+                f"adapters' --compute list ({statement.name}=HOST:PORT)"
+            ],
+        )
+
+    def _create_database(self, statement: ast.CreateDatabase, draft: CatalogDraft) -> DdlOutcome:
+        state = draft.state
+        if any(d.name.database == statement.name for d in state.of_kind("database")):
+            if statement.if_not_exists:
+                return DdlOutcome(
+                    "CREATE DATABASE", [f'database "{statement.name}" already exists, skipping']
+                )
+            raise SqlError(
+                DUPLICATE_DATABASE,
+                f'database "{statement.name}" already exists',
+                statement.position,
+            )
+        draft.create(
+            catalog_pb2.CatalogItem(
+                id=draft.allocate(),
+                name=catalog_pb2.QualifiedName(database=statement.name),
+                owner=OWNER,
+                database=catalog_pb2.Database(),
+            )
+        )
+        # As in PostgreSQL, a new database comes with a schema "public".
+        draft.create(
+            catalog_pb2.CatalogItem(
+                id=draft.allocate(),
+                name=catalog_pb2.QualifiedName(database=statement.name, schema="public"),
+                owner=OWNER,
+                schema=catalog_pb2.Schema(),
+            )
+        )
+        return DdlOutcome("CREATE DATABASE")
+
+    def _create_schema(
+        self, statement: ast.CreateSchema, settings: Settings, draft: CatalogDraft
+    ) -> DdlOutcome:
+        state = draft.state
+        if len(statement.name) == 1:
+            database, schema = settings.database, statement.name[0]
+        else:
+            database, schema = statement.name[0], statement.name[1]
+        if not any(d.name.database == database for d in state.of_kind("database")):
+            raise SqlError(
+                UNDEFINED_DATABASE, f'database "{database}" does not exist', statement.position
+            )
+        exists = any(
+            s.name.database == database and s.name.schema == schema for s in state.of_kind("schema")
+        )
+        if exists:
+            if statement.if_not_exists:
+                return DdlOutcome("CREATE SCHEMA", [f'schema "{schema}" already exists, skipping'])
+            raise SqlError(
+                DUPLICATE_SCHEMA, f'schema "{schema}" already exists', statement.position
+            )
+        draft.create(
+            catalog_pb2.CatalogItem(
+                id=draft.allocate(),
+                name=catalog_pb2.QualifiedName(database=database, schema=schema),
+                owner=OWNER,
+                schema=catalog_pb2.Schema(),
+            )
+        )
+        return DdlOutcome("CREATE SCHEMA")
+
+    # -- drops ----------------------------------------------------------------------------
+
+    def _drop(self, statement: ast.Drop, settings: Settings, draft: CatalogDraft) -> DdlOutcome:
+        state = draft.state
+        tag = f"DROP {statement.kind.upper()}"
+        notices: list[str] = []
+        targets: list[catalog_pb2.CatalogItem] = []
+        for name in statement.names:
+            item = resolve_drop_target(state, settings, statement, name)
+            if item is None:
+                if statement.if_exists:
+                    notices.append(f'{statement.kind} "{dotted(name)}" does not exist, skipping')
+                    continue
+                raise unknown_object(statement, name)
+            check_droppable(item, statement.position)
+            targets.append(item)
+        if not targets:
+            return DdlOutcome(tag, notices)
+        dropped = drop_closure(state, targets, statement.cascade, statement.position)
+        target_ids = {t.id for t in targets}
+        for item in dropped:
+            draft.drop(item)
+            if item.id not in target_ids:
+                notices.append(f"drop cascades to {_kind_text(item)} {full_name(item)}")
+        collections = [c for c in (collection_of(i) for i in dropped) if c is not None]
+        return DdlOutcome(tag, notices, dropped_collections=collections)
+
+
+def _kind_text(item: catalog_pb2.CatalogItem) -> str:
+    return (kind_of(item) or "item").replace("_", " ")
+
+
+def _cluster(state: CatalogState, name: str, position: int) -> catalog_pb2.CatalogItem:
+    cluster = state.cluster_named(name)
+    if cluster is None:
+        raise SqlError("42704", f'unknown cluster "{name}"', position)
+    return cluster
+
+
+def _default_index_name(
+    state: CatalogState, relation: catalog_pb2.CatalogItem, columns: tuple[str, ...]
+) -> str:
+    """``<relation>_<columns>_idx``, numbered if that is taken (as PostgreSQL does)."""
+    base = "_".join([relation.name.item, *columns, "idx"])
+    candidate = base
+    number = 1
+    while state.in_schema(relation.name.database, relation.name.schema, candidate) is not None:
+        candidate = f"{base}{number}"
+        number += 1
+    return candidate

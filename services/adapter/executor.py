@@ -1,0 +1,252 @@
+"""Running one statement of a session: the dispatch from statement kind to what runs it.
+
+Each statement runs against the catalog as of ``c = ReadTs(catalog)`` (the local copy, once it
+is complete past ``c``), reads at ``r = ReadTs(data)`` (or ``AS OF``, or the open transaction's
+time) and writes at a fresh ``WriteTs(data)``. Transaction rules are in ``transactions``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.adapter.catalog_cache import CatalogCache, CatalogState
+from services.adapter.ddl import DdlOutcome
+from services.adapter.ddl_statements import DdlStatements
+from services.adapter.dml import DmlRunner
+from services.adapter.finishing import apply_finishing
+from services.adapter.planning import Planner
+from services.adapter.reads import QueryReader, plan_inputs
+from services.adapter.results import (
+    ACTIVE_TRANSACTION,
+    IN_FAILED_TRANSACTION,
+    Outcome,
+    expand,
+    select_tag,
+    sql_row,
+    text_outcome,
+)
+from services.adapter.session import ISOLATION_LEVELS, Settings
+from services.adapter.show import show_columns, show_objects, show_setting
+from services.adapter.sql import explain_query
+from services.adapter.sql import statements as ast
+from services.adapter.sql.errors import SqlError, not_supported
+from services.adapter.timestamps import Timestamps
+from services.adapter.transactions import Transaction
+from services.adapter.writes import ReadSet, TableWriter
+from tidemark.plan import explain
+
+CATALOG_WAIT_SECONDS = 30.0
+SYNTAX_ERROR = "42601"
+
+DDL_STATEMENTS = (
+    ast.CreateTable,
+    ast.CreateSource,
+    ast.CreateView,
+    ast.CreateIndex,
+    ast.CreateCluster,
+    ast.CreateDatabase,
+    ast.CreateSchema,
+    ast.Drop,
+)
+
+
+@dataclass
+class SessionState:
+    """What a statement may change about its session."""
+
+    settings: Settings
+    transaction: Transaction | None = None
+
+
+class StatementExecutor:
+    def __init__(
+        self,
+        cache: CatalogCache,
+        timestamps: Timestamps,
+        planner: Planner,
+        reader: QueryReader,
+        writer: TableWriter,
+        ddl: DdlStatements,
+    ) -> None:
+        self.cache = cache
+        self.timestamps = timestamps
+        self.planner = planner
+        self.reader = reader
+        self.writer = writer
+        self.ddl = ddl
+        self.dml = DmlRunner(
+            self.catalog_state, self.read_timestamp, planner, reader, writer, timestamps
+        )
+
+    async def catalog_state(self) -> CatalogState:
+        """The catalog as of the oracle's current catalog read timestamp."""
+        return await self.cache.state_at(
+            await self.timestamps.catalog_read_ts(), CATALOG_WAIT_SECONDS
+        )
+
+    async def run(self, statement: ast.AnyStatement, session: SessionState) -> Outcome:
+        transaction = session.transaction
+        if transaction is not None and transaction.failed:
+            if isinstance(statement, ast.Commit | ast.Rollback):
+                session.transaction = None
+                return Outcome("ROLLBACK")
+            raise SqlError(
+                IN_FAILED_TRANSACTION,
+                "current transaction is aborted, commands ignored until end of transaction block",
+                statement.position,
+            )
+        if isinstance(statement, ast.Begin):
+            return self._begin(statement, session)
+        if isinstance(statement, ast.Commit):
+            return await self._commit(session)
+        if isinstance(statement, ast.Rollback):
+            if session.transaction is None:
+                return Outcome("ROLLBACK", notices=["there is no transaction in progress"])
+            session.transaction = None
+            return Outcome("ROLLBACK")
+        if isinstance(statement, ast.SetVariable):
+            return self._set(statement, session)
+        if isinstance(statement, ast.ShowSetting):
+            return show_setting(statement, session.settings)
+        if isinstance(statement, DDL_STATEMENTS):
+            if transaction is not None:
+                raise SqlError(
+                    ACTIVE_TRANSACTION,
+                    f"{statement.text.split()[0].upper()} cannot run inside a transaction block",
+                    statement.position,
+                )
+            return _ddl_outcome(await self.ddl.run(statement, session.settings))
+        if isinstance(statement, ast.ShowObjects):
+            state = await self.catalog_state()
+            return show_objects(statement, self.planner.view(state), session.settings)
+        if isinstance(statement, ast.ShowColumns):
+            state = await self.catalog_state()
+            return show_columns(statement, self.planner.view(state), session.settings)
+        if isinstance(statement, ast.Select):
+            return await self._select(statement, session)
+        if isinstance(statement, ast.Explain):
+            return await self._explain(statement, session)
+        if isinstance(statement, ast.Insert | ast.Update | ast.Delete):
+            return await self.dml.run(statement, session.settings, session.transaction)
+        if isinstance(statement, ast.Subscribe):
+            raise not_supported(
+                "SUBSCRIBE in Execute",
+                statement.position,
+                hint="use the Adapter.Subscribe call (tidemark sql does), which streams changes",
+            )
+        raise not_supported(type(statement).__name__, statement.position)
+
+    # -- transactions ---------------------------------------------------------------------
+
+    def _begin(self, statement: ast.Begin, session: SessionState) -> Outcome:
+        if session.transaction is not None:
+            return Outcome("BEGIN", notices=["there is already a transaction in progress"])
+        transaction = Transaction()
+        for mode in statement.modes:
+            words = " ".join(mode.lower().split())
+            if words == "read only":
+                transaction.read_only = True
+            elif words == "read write":
+                transaction.read_only = False
+            elif words.startswith("isolation level "):
+                level = words.removeprefix("isolation level ")
+                if level not in ISOLATION_LEVELS:
+                    raise SqlError(
+                        "22023",
+                        f"isolation level {level!r} is not supported",
+                        statement.position,
+                        hint=f"use one of: {', '.join(ISOLATION_LEVELS)}",
+                    )
+            elif words not in ("deferrable", "not deferrable"):
+                raise SqlError(SYNTAX_ERROR, f"unknown transaction mode {mode!r}")
+        session.transaction = transaction
+        return Outcome("BEGIN")
+
+    async def _commit(self, session: SessionState) -> Outcome:
+        transaction = session.transaction
+        if transaction is None:
+            return Outcome("COMMIT", notices=["there is no transaction in progress"])
+        session.transaction = None
+        write = transaction.write
+        if write is None:
+            return Outcome("COMMIT", timestamp=transaction.read_ts or 0)
+        if (await self.catalog_state()).get(write.table_id) is None:
+            raise SqlError(
+                "42P01",
+                f'table "{write.table_name}" was dropped while the transaction was open; '
+                "nothing was written",
+            )
+        reads = None
+        if transaction.read_ts is not None:
+            reads = ReadSet(
+                transaction.read_ts,
+                frozenset(transaction.reads),
+                frozenset(transaction.read_sources),
+            )
+        w = await self.writer.write(write.table_id, write.schema, write.consolidated(), reads)
+        return Outcome("COMMIT", timestamp=w)
+
+    def _set(self, statement: ast.SetVariable, session: SessionState) -> Outcome:
+        if statement.value is None:
+            session.settings.reset(statement.name, statement.position)
+        else:
+            session.settings.set(statement.name, statement.value, statement.position)
+        return Outcome("SET")
+
+    # -- queries --------------------------------------------------------------------------
+
+    async def read_timestamp(
+        self, transaction: Transaction | None, as_of: int | None, position: int
+    ) -> int:
+        """The data time a read happens at."""
+        if transaction is not None:
+            if as_of is not None:
+                raise not_supported("AS OF inside a transaction", position)
+            transaction.check_can_read(position)
+            if transaction.read_ts is not None:
+                return transaction.read_ts
+        if as_of is not None:
+            return as_of
+        return await self.timestamps.read_ts()
+
+    async def _select(self, statement: ast.Select, session: SessionState) -> Outcome:
+        state = await self.catalog_state()
+        planned = self.planner.query(statement.query, state, session.settings)
+        timestamp = await self.read_timestamp(
+            session.transaction, statement.as_of, statement.position
+        )
+        inputs = plan_inputs(planned.plan, state)
+        result = await self.reader.read(
+            planned.plan, state, timestamp, session.settings.cluster, inputs=inputs
+        )
+        transaction = session.transaction
+        if transaction is not None:
+            transaction.read_ts = timestamp
+            transaction.reads |= inputs.tables
+            transaction.read_sources |= inputs.sources
+        rows = apply_finishing(expand(result.rows), planned.finishing)
+        return Outcome(
+            select_tag(len(rows)),
+            self.planner.sql_columns(planned),
+            [sql_row(row) for row in rows],
+            timestamp=timestamp,
+        )
+
+    async def _explain(self, statement: ast.Explain, session: SessionState) -> Outcome:
+        state = await self.catalog_state()
+        planned = self.planner.query(statement.query, state, session.settings)
+        cluster = session.settings.cluster
+        chosen = self.reader.choose_index(planned.plan, state, cluster)
+        if chosen is not None:
+            name, peek = chosen
+            how = f"Peek index {peek.dataflow_id} on cluster {name}"
+            if peek.finishing is not None:
+                how += " through:\n" + explain(peek.finishing)
+        else:
+            how = f"One-shot peek on cluster {cluster}"
+        text = f"{explain_query(planned)}\n\n{how}"
+        return text_outcome("EXPLAIN", ["Optimized Plan"], [(text,)])
+
+
+def _ddl_outcome(outcome: DdlOutcome) -> Outcome:
+    return Outcome(outcome.tag, notices=outcome.notices)

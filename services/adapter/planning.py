@@ -1,0 +1,58 @@
+"""The SQL planner (``services.adapter.sql``) applied to the adapter's copy of the catalog.
+
+Name resolution needs a ``CatalogView`` of the catalog state a statement runs against; one is
+built per state and shared by every statement planned against it.
+"""
+
+from __future__ import annotations
+
+from services.adapter.catalog_cache import CatalogState
+from services.adapter.ddl_statements import Definition
+from services.adapter.session import Settings
+from services.adapter.sql import CatalogView, PlannedQuery, plan_query, plan_view, view_schema
+from services.adapter.sql import statements as ast
+from services.adapter.sql.dml import ChangePlan, InsertPlan, plan_delete, plan_insert, plan_update
+from tidemark.v1 import adapter_pb2
+
+_VIEW = "catalog_view"
+
+
+class Planner:
+    def view(self, state: CatalogState) -> CatalogView:
+        view = state.memo.get(_VIEW)
+        if not isinstance(view, CatalogView):
+            view = CatalogView(state)
+            state.memo[_VIEW] = view
+        return view
+
+    def query(
+        self, query: ast.Query, state: CatalogState, settings: Settings, *, finishing: bool = True
+    ) -> PlannedQuery:
+        return plan_query(query, self.view(state), settings.values, finishing=finishing)
+
+    def insert(self, statement: ast.Insert, state: CatalogState, settings: Settings) -> InsertPlan:
+        return plan_insert(statement, self.view(state), settings.values)
+
+    def update(self, statement: ast.Update, state: CatalogState, settings: Settings) -> ChangePlan:
+        return plan_update(statement, self.view(state), settings.values)
+
+    def delete(self, statement: ast.Delete, state: CatalogState, settings: Settings) -> ChangePlan:
+        return plan_delete(statement, self.view(state), settings.values)
+
+    async def definition(
+        self,
+        query: ast.Query,
+        state: CatalogState,
+        settings: Settings,
+        column_names: tuple[str, ...] | None,
+    ) -> Definition:
+        """A view's plan, for CREATE [MATERIALIZED] VIEW."""
+        planned = plan_view(query, self.view(state), settings.values, column_names)
+        return Definition(planned.plan, view_schema(planned), tuple(sorted(planned.depends_on)))
+
+    @staticmethod
+    def sql_columns(planned: PlannedQuery) -> list[adapter_pb2.SqlColumn]:
+        return [
+            adapter_pb2.SqlColumn(name=c.name, type=c.sql_type, nullable=c.nullable)
+            for c in planned.columns
+        ]

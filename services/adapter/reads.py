@@ -1,0 +1,178 @@
+"""Reading a query's answer at one data time ``r`` from compute.
+
+Before the read, every table the plan depends on (directly, or through materialized views)
+gets an upper beyond ``r`` (``Timestamps.make_readable``); materialized views and sources move
+on their own and compute waits for them.
+
+The read itself is an index peek when indexes of one cluster hold everything the plan reads
+(``index_match``): the session's cluster first, then any other cluster this adapter can reach.
+Otherwise it is a one-shot peek on the session's cluster, over this adapter's read
+capabilities. An index peek carries the catalog time the plan was made at, so compute answers
+only once it knows the catalog that far (and so has the index); a one-shot plan is
+self-contained and does not wait for the cluster's catalog. An index that turns out to be gone,
+or compacted past ``r``, falls back to a one-shot peek.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.adapter.backends import Backends
+from services.adapter.catalog_cache import CatalogState, kind_of
+from services.adapter.holds import CollectionGone, CollectionHolds
+from services.adapter.index_match import IndexPeek, indexed_relations, match_indexes
+from services.adapter.sql.errors import SqlError
+from services.adapter.timestamps import Timestamps
+from services.compute.catalog_plans import collections_read
+from tidemark.clients.compute import ComputeClient, PeekResult, one_shot
+from tidemark.columnar import Row
+from tidemark.errors import FailedPrecondition, NotFound
+from tidemark.logging import get_logger
+from tidemark.v1 import plan_pb2
+
+log = get_logger("services.adapter.reads")
+
+UNDEFINED_OBJECT = "42704"
+UNDEFINED_TABLE = "42P01"
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """The storage collections a plan reads, and the tables and sources underneath them
+    (through materialized views): what a read must wait for, and what a read-then-write
+    must find unchanged."""
+
+    collections: frozenset[str]
+    tables: frozenset[str]
+    sources: frozenset[str]
+
+
+def plan_inputs(plan: plan_pb2.Plan, state: CatalogState) -> PlanInputs:
+    direct = frozenset(collections_read(plan))
+    tables: set[str] = set()
+    sources: set[str] = set()
+    seen: set[str] = set()
+    pending = list(direct)
+    while pending:
+        collection_id = pending.pop()
+        if collection_id in seen:
+            continue
+        seen.add(collection_id)
+        item = state.get(collection_id)
+        kind = kind_of(item) if item is not None else ""
+        if kind == "table":
+            tables.add(collection_id)
+        elif kind == "source":
+            sources.add(collection_id)
+        elif kind == "materialized_view" and item is not None:
+            stored = plan_pb2.Plan.FromString(item.materialized_view.plan)
+            pending.extend(collections_read(stored))
+        else:
+            raise SqlError(
+                UNDEFINED_TABLE,
+                f"collection {collection_id} read by the query is not in the catalog at "
+                f"catalog time {state.time} (dropped concurrently?)",
+            )
+    return PlanInputs(direct, frozenset(tables), frozenset(sources))
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    rows: list[tuple[Row, int]]
+    timestamp: int
+    via: str
+    """``"index <id>"`` or ``"one-shot"``: how the answer was computed."""
+
+
+class QueryReader:
+    def __init__(
+        self,
+        backends: Backends,
+        timestamps: Timestamps,
+        holds: CollectionHolds,
+        *,
+        wait_ms: int = 30_000,
+    ) -> None:
+        self.backends = backends
+        self.timestamps = timestamps
+        self.holds = holds
+        self.wait_ms = wait_ms
+
+    def choose_index(
+        self, plan: plan_pb2.Plan, state: CatalogState, cluster: str
+    ) -> tuple[str, IndexPeek] | None:
+        """``(cluster name, peek)`` if indexes of one reachable cluster answer ``plan``."""
+        names = [cluster, *sorted(n for n in self.backends.compute if n != cluster)]
+        for name in names:
+            if name not in self.backends.compute:
+                continue
+            item = state.cluster_named(name)
+            if item is None:
+                continue
+            key = f"indexes:{item.id}"
+            indexes = state.memo.get(key)
+            if indexes is None:
+                indexes = state.memo[key] = indexed_relations(state, item.id)
+            if not indexes:
+                continue
+            peek = match_indexes(plan, indexes)
+            if peek is not None:
+                return name, peek
+        return None
+
+    async def read(
+        self,
+        plan: plan_pb2.Plan,
+        state: CatalogState,
+        timestamp: int,
+        cluster: str,
+        *,
+        inputs: PlanInputs | None = None,
+    ) -> ReadResult:
+        """The plan's answer at ``timestamp`` (``(row, multiplicity)`` pairs)."""
+        inputs = inputs or plan_inputs(plan, state)
+        await self.timestamps.make_readable(inputs.tables, timestamp)
+        chosen = self.choose_index(plan, state, cluster)
+        if chosen is not None:
+            name, peek = chosen
+            try:
+                result = await self.backends.compute[name].peek(
+                    peek.dataflow_id,
+                    timestamp,
+                    catalog_ts=state.time,
+                    finishing=peek.finishing,
+                    wait_ms=self.wait_ms,
+                )
+                return ReadResult(result.rows, timestamp, f"index {peek.dataflow_id}")
+            except (NotFound, FailedPrecondition) as exc:
+                log.info("index_peek_fell_back", index=peek.dataflow_id, error=exc.message)
+        compute = self.compute_for(state, cluster)
+        result = await self._one_shot(compute, plan, inputs, state, timestamp)
+        return ReadResult(result.rows, timestamp, "one-shot")
+
+    def compute_for(self, state: CatalogState, cluster: str) -> ComputeClient:
+        if state.cluster_named(cluster) is None:
+            raise SqlError(
+                UNDEFINED_OBJECT,
+                f'unknown cluster "{cluster}"',
+                hint="SET cluster to an existing cluster (SHOW CLUSTERS lists them)",
+            )
+        return self.backends.compute_for(cluster)
+
+    async def _one_shot(
+        self,
+        compute: ComputeClient,
+        plan: plan_pb2.Plan,
+        inputs: PlanInputs,
+        state: CatalogState,
+        timestamp: int,
+    ) -> PeekResult:
+        try:
+            capabilities = [await self.holds.read(c) for c in sorted(inputs.collections)]
+        except CollectionGone as exc:
+            raise SqlError(UNDEFINED_TABLE, f"{exc.message} (dropped concurrently?)") from None
+        # A one-shot plan names everything it reads and comes with its capabilities: nothing
+        # of the cluster's catalog state is involved, so it need not wait for the controller.
+        return await compute.peek(
+            one_shot(plan, capabilities), timestamp, catalog_ts=0, wait_ms=self.wait_ms
+        )

@@ -1,0 +1,279 @@
+"""The adapter process: its parts wired together, and its gRPC face (``Adapter.Execute``,
+``Adapter.Subscribe``).
+
+A statement's failure is data (``StatementResult.error`` with an SQLSTATE); it stops the batch
+and marks an open transaction failed, and the call itself succeeds. Failures of the backend
+services become SQL errors too (08006 when one stayed unavailable through the clients'
+retries). Only a malformed session is a gRPC error (INVALID_ARGUMENT). Nothing a client sends
+makes the adapter answer with a stack trace: unexpected exceptions are logged with the request
+id, and the client gets XX000 naming it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc.aio
+
+from services.adapter.backends import Backends
+from services.adapter.catalog_cache import CatalogCache
+from services.adapter.ddl import DdlRunner
+from services.adapter.ddl_statements import DdlStatements
+from services.adapter.executor import SessionState, StatementExecutor
+from services.adapter.holds import CollectionHolds
+from services.adapter.planning import Planner
+from services.adapter.reads import QueryReader
+from services.adapter.results import (
+    INTERNAL_ERROR,
+    QUERY_CANCELED,
+    Outcome,
+    error_from_backend,
+    sql_error,
+)
+from services.adapter.session import Settings
+from services.adapter.sql import parse
+from services.adapter.sql import statements as ast
+from services.adapter.sql.errors import SqlError
+from services.adapter.subscribe import Subscriptions
+from services.adapter.timestamps import Timestamps
+from services.adapter.transactions import Transaction
+from services.adapter.writes import TableWriter
+from tidemark import timelines
+from tidemark.clients.catalog import CatalogChange
+from tidemark.errors import InvalidArgument, TidemarkError
+from tidemark.logging import get_logger
+from tidemark.rpc import Service, current_request_id
+from tidemark.v1 import adapter_pb2, adapter_pb2_grpc
+
+log = get_logger("services.adapter")
+
+Context = grpc.aio.ServicerContext[object, object]
+
+
+@dataclass(frozen=True)
+class AdapterSettings:
+    holder: str = "adapter"
+    history_ms: int = 900_000
+    peek_wait_ms: int = 30_000
+    subscribe_tick_seconds: float = 1.0
+    renew_seconds: float = 10.0
+    catalog_timeline: str = timelines.CATALOG
+    data_timeline: str = timelines.DATA
+
+
+class Adapter:
+    """Everything one adapter process runs, over its backends."""
+
+    def __init__(self, backends: Backends, settings: AdapterSettings) -> None:
+        self.backends = backends
+        self.settings = settings
+        self.holds = CollectionHolds(
+            backends.storage,
+            settings.holder,
+            history_ms=settings.history_ms,
+            renew_every=settings.renew_seconds,
+            read_ts=self._data_read_ts,
+        )
+        self.timestamps = Timestamps(
+            backends.oracle,
+            backends.storage,
+            self.holds,
+            data_timeline=settings.data_timeline,
+            catalog_timeline=settings.catalog_timeline,
+        )
+        self.cache = CatalogCache(backends.catalog, self.timestamps.catalog_read_ts)
+        self.cache.add_listener(self._on_catalog_changes)
+        self.planner = Planner()
+        self.reader = QueryReader(
+            backends, self.timestamps, self.holds, wait_ms=settings.peek_wait_ms
+        )
+        self.writer = TableWriter(self.timestamps, backends.storage, self.holds)
+        ddl = DdlStatements(
+            DdlRunner(self.cache, backends.catalog, self.timestamps, backends.storage, self.holds),
+            self.planner.definition,
+        )
+        self.executor = StatementExecutor(
+            self.cache, self.timestamps, self.planner, self.reader, self.writer, ddl
+        )
+        self.subscriptions = Subscriptions(
+            backends,
+            self.timestamps,
+            self.holds,
+            self.reader,
+            tick_seconds=settings.subscribe_tick_seconds,
+        )
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def _data_read_ts(self) -> int:
+        return await self.timestamps.read_ts()
+
+    async def start(self) -> None:
+        await self.cache.start(await self.timestamps.catalog_read_ts())
+        self.holds.start()
+        log.info(
+            "adapter_started", catalog_frontier=self.cache.frontier, holder=self.settings.holder
+        )
+
+    async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        await self.holds.close()
+        await self.cache.close()
+
+    def _on_catalog_changes(self, changes: list[CatalogChange]) -> None:
+        """Release capabilities on collections the catalog no longer has."""
+        dropped = {
+            change.item.id
+            for change in changes
+            if change.diff < 0
+            and change.item.id
+            and self.cache.latest().get(change.item.id) is None
+        }
+        held = set(self.holds.held_ids())
+        for collection_id in dropped & held:
+            task = asyncio.create_task(self.holds.release(collection_id))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    # -- Execute --------------------------------------------------------------------------
+
+    async def execute(self, request: adapter_pb2.ExecuteRequest) -> adapter_pb2.ExecuteResponse:
+        settings = Settings.from_session(request.session)
+        try:
+            settings.check()
+        except SqlError as exc:
+            raise InvalidArgument(f"malformed session: {exc.message}") from None
+        transaction = (
+            Transaction.decode(request.session.transaction) if request.session.transaction else None
+        )
+        session = SessionState(settings, transaction)
+        results: list[adapter_pb2.StatementResult] = []
+        try:
+            statements = parse(request.sql)
+        except SqlError as exc:
+            statements = []
+            results.append(adapter_pb2.StatementResult(error=sql_error(exc)))
+            _mark_failed(session)
+        for statement in statements:
+            try:
+                outcome = await self._run_one(statement, session)
+            except SqlError as exc:
+                results.append(
+                    adapter_pb2.StatementResult(error=sql_error(exc.at(statement.position)))
+                )
+                _mark_failed(session)
+                break
+            results.append(outcome.to_proto())
+        return adapter_pb2.ExecuteResponse(
+            results=results,
+            session=adapter_pb2.Session(
+                settings=session.settings.values,
+                transaction=session.transaction.encode() if session.transaction else b"",
+            ),
+        )
+
+    async def _run_one(self, statement: ast.AnyStatement, session: SessionState) -> Outcome:
+        timeout_ms = session.settings.statement_timeout_ms
+        try:
+            if timeout_ms:
+                async with asyncio.timeout(timeout_ms / 1000):
+                    return await self.executor.run(statement, session)
+            return await self.executor.run(statement, session)
+        except TimeoutError:
+            raise SqlError(
+                QUERY_CANCELED, "canceling statement due to statement timeout", statement.position
+            ) from None
+        except SqlError:
+            raise
+        except TidemarkError as exc:
+            raise error_from_backend(exc) from None
+        except Exception as exc:
+            request_id = current_request_id() or "unknown"
+            log.exception("statement_failed", statement=statement.text[:200], error=str(exc))
+            raise SqlError(
+                INTERNAL_ERROR,
+                f"internal error while running the statement (logged with request id "
+                f"{request_id}): {type(exc).__name__}",
+                statement.position,
+            ) from None
+
+    # -- Subscribe ------------------------------------------------------------------------
+
+    async def subscribe(
+        self, request: adapter_pb2.SubscribeSqlRequest
+    ) -> AsyncIterator[adapter_pb2.SubscribeSqlResponse]:
+        settings = Settings.from_session(request.session)
+        try:
+            settings.check()
+        except SqlError as exc:
+            raise InvalidArgument(f"malformed session: {exc.message}") from None
+        try:
+            statements = parse(request.sql)
+            statement = _single_subscription(statements)
+            state = await self.executor.catalog_state()
+            # ORDER BY / LIMIT become part of the plan: a subscription maintains its top k.
+            planned = self.planner.query(statement.query, state, settings, finishing=False)
+            as_of = (
+                statement.as_of if statement.as_of is not None else await self.timestamps.read_ts()
+            )
+            stream = self.subscriptions.stream(planned, state, settings.cluster, as_of)
+            async for message in stream:
+                yield message
+        except SqlError as exc:
+            yield adapter_pb2.SubscribeSqlResponse(error=sql_error(exc))
+        except TidemarkError as exc:
+            yield adapter_pb2.SubscribeSqlResponse(error=sql_error(error_from_backend(exc)))
+        except Exception as exc:
+            request_id = current_request_id() or "unknown"
+            log.exception("subscribe_failed", sql=request.sql[:200], error=str(exc))
+            yield adapter_pb2.SubscribeSqlResponse(
+                error=adapter_pb2.SqlError(
+                    code=INTERNAL_ERROR,
+                    message=f"internal error in the subscription (logged with request id "
+                    f"{request_id}): {type(exc).__name__}",
+                )
+            )
+
+
+def _mark_failed(session: SessionState) -> None:
+    if session.transaction is not None:
+        session.transaction.failed = True
+
+
+def _single_subscription(statements: list[ast.AnyStatement]) -> ast.Subscribe | ast.Select:
+    if len(statements) != 1:
+        raise SqlError("42601", f"Subscribe takes exactly one statement, got {len(statements)}")
+    statement = statements[0]
+    if not isinstance(statement, ast.Subscribe | ast.Select):
+        raise SqlError(
+            "42601",
+            "Subscribe takes SUBSCRIBE [TO] <relation | (query)> [AS OF t] or a query",
+            statement.position,
+        )
+    return statement
+
+
+class AdapterServicer(adapter_pb2_grpc.AdapterServicer):
+    def __init__(self, adapter: Adapter) -> None:
+        self.adapter = adapter
+
+    async def Execute(
+        self, request: adapter_pb2.ExecuteRequest, context: Context
+    ) -> adapter_pb2.ExecuteResponse:
+        return await self.adapter.execute(request)
+
+    async def Subscribe(
+        self, request: adapter_pb2.SubscribeSqlRequest, context: Context
+    ) -> AsyncIterator[adapter_pb2.SubscribeSqlResponse]:
+        async for message in self.adapter.subscribe(request):
+            yield message
+
+
+def adapter_service(adapter: Adapter) -> Service[AdapterServicer]:
+    return Service(
+        adapter_pb2.DESCRIPTOR.services_by_name["Adapter"],
+        AdapterServicer(adapter),
+        adapter_pb2_grpc.add_AdapterServicer_to_server,
+    )

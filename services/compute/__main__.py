@@ -1,0 +1,158 @@
+"""``python -m services.compute``: one compute process, serving one cluster.
+
+It announces its port as soon as it serves (Status answers at once); the Spark session starts
+in the background meanwhile and the first MaintainView waits for it. With ``--catalog`` the
+cluster's catalog controller (``services/compute/controller.py``) runs beside the server,
+installing and dropping the dataflows the catalog assigns to this cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+from dataclasses import dataclass
+from typing import cast
+
+from services.compute.engines import Engine, LocalEngine, SparkEngine
+from services.compute.host import CatalogFollower, DataflowManager, HostSettings
+from services.compute.service import compute_service
+from tidemark.clients.catalog import CatalogClient
+from tidemark.clients.storage import StorageClient
+from tidemark.config import ServiceConfig, listen_setting, setting
+from tidemark.logging import get_logger
+from tidemark.rpc import announce_port, serve
+from tidemark.runner import run_service
+
+log = get_logger("compute")
+
+CONTROLLER_MODULE = "services.compute.controller"
+
+
+@dataclass(frozen=True)
+class ComputeConfig(ServiceConfig):
+    listen: str = listen_setting("127.0.0.1:6879")
+    cluster: str = setting("default", help="the name of the cluster this process serves")
+    storage: str = setting("127.0.0.1:7002", help="storage service address", metavar="HOST:PORT")
+    catalog: str = setting(
+        "",
+        help="catalog service address; when set, the cluster's catalog controller installs "
+        "the materialized views and indexes assigned to this cluster (empty: none)",
+        metavar="HOST:PORT",
+    )
+    engine: str = setting(
+        "spark",
+        help="where operator state lives: resident Spark tasks, or this process (local; "
+        "for tools and tests, no JVM)",
+        choices=("spark", "local"),
+    )
+    spark_master: str = setting(
+        "local[*]", help="the Spark master of this cluster's application", metavar="URL"
+    )
+    spark_driver_memory: str = setting("1g", help="the Spark driver's JVM heap", metavar="SIZE")
+    shards: int = setting(2, help="resident Spark tasks, each holding one shard of the state")
+    lease_ms: int = setting(
+        60_000,
+        help="the storage service's capability lease; leases are renewed three times per lease",
+        metavar="MS",
+    )
+    hold_interval: float = setting(
+        1.0,
+        help="seconds between moves of the input read holds up to the dataflows' uppers",
+        metavar="SECONDS",
+    )
+    peek_wait: float = setting(
+        30.0,
+        help="how long a peek waits for a frontier when it names no wait of its own",
+        metavar="SECONDS",
+    )
+
+    def host_settings(self) -> HostSettings:
+        return HostSettings(
+            cluster=self.cluster,
+            renew_interval_s=max(0.05, self.lease_ms / 3 / 1000),
+            hold_interval_s=self.hold_interval,
+            default_wait_s=self.peek_wait,
+        )
+
+    def make_engine(self) -> Engine:
+        if self.engine == "local":
+            return LocalEngine()
+        return SparkEngine(
+            self.spark_master,
+            self.shards,
+            {"spark.driver.memory": self.spark_driver_memory},
+            app_name=f"tidemark-compute-{self.cluster}",
+        )
+
+
+def catalog_controller(
+    cluster: str, catalog: CatalogClient, host: DataflowManager
+) -> CatalogFollower | None:
+    """The controller of ``cluster``, or ``None`` while its module does not exist yet."""
+    try:
+        module = importlib.import_module(CONTROLLER_MODULE)
+    except ModuleNotFoundError as exc:
+        if exc.name != CONTROLLER_MODULE:
+            raise
+        log.warning("catalog_controller_missing", module=CONTROLLER_MODULE)
+        return None
+    controller = module.CatalogController(cluster_name=cluster, catalog=catalog, host=host)
+    return cast(CatalogFollower, controller)
+
+
+async def main(config: ComputeConfig) -> None:
+    storage = StorageClient(config.storage)
+    catalog = CatalogClient(config.catalog) if config.catalog else None
+    engine = config.make_engine()
+    host = DataflowManager(storage, engine, config.host_settings())
+    controller = None
+    if catalog is not None:
+        controller = catalog_controller(config.cluster, catalog, host)
+        host.controller = controller
+    if isinstance(engine, SparkEngine):
+        engine.start()
+    serving = asyncio.create_task(
+        serve(
+            [compute_service(host, engine, config.cluster)],
+            config.listen,
+            grace=config.shutdown_grace,
+            on_started=announce_port,
+        ),
+        name="serve",
+    )
+    following = (
+        asyncio.create_task(controller.run(), name="catalog-controller")
+        if controller is not None
+        else None
+    )
+    tasks = [task for task in (serving, following) if task is not None]
+    try:
+        # A controller that stops (it never should) takes the process down with it: a
+        # cluster that no longer follows its catalog must not keep serving peeks.
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            task.result()
+        if following is not None and following in done:
+            raise RuntimeError("the catalog controller stopped")
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await host.close()
+        await engine.close()
+        if catalog is not None:
+            await catalog.close()
+        await storage.close()
+
+
+if __name__ == "__main__":
+    run_service(
+        main,
+        ComputeConfig,
+        prog="python -m services.compute",
+        description="Tidemark compute: one cluster's dataflows, maintained incrementally on "
+        "Spark, written back to storage and kept as indexes that answer peeks.",
+    )

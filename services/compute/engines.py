@@ -1,0 +1,298 @@
+"""Where a maintained dataflow's operator state lives: resident Spark tasks (production), or
+this process (``--engine local``: no JVM, for tools and tests that are not about Spark).
+
+Both give a :class:`EngineDataflow` with the ``Dataflow`` contract (``hydrate`` once, then
+``step``) plus ``peek`` at past times when the dataflow keeps an index. Every call runs in a
+worker thread, so a long step never stalls the event loop; the calls of one dataflow are
+made one at a time by its runner (peeks may overlap with steps).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
+from pyspark.sql import SparkSession
+
+from services.compute.dataflow import Dataflow, Index, Row, Update
+from services.compute.dataflow.dataflow import Batches
+from services.compute.spark import ResidentCluster, SparkDataflow, spark_session
+from tidemark.errors import FailedPrecondition, Unavailable
+from tidemark.logging import get_logger
+from tidemark.v1 import plan_pb2
+
+log = get_logger("compute.engines")
+
+SESSION_ATTEMPTS = 3
+
+
+class EngineDataflow(Protocol):
+    @property
+    def failure(self) -> str | None:
+        """Why the engine can no longer run this dataflow (a lost Spark task), if so."""
+        ...
+
+    async def hydrate(self, snapshots: Batches) -> tuple[list[Update], int]: ...
+
+    async def step(self, batches: Batches, input_upper: int) -> tuple[list[Update], int]: ...
+
+    async def peek(self, time: int) -> dict[Row, int]:
+        """The output at ``time`` from the index (``FailedPrecondition`` without one)."""
+        ...
+
+    async def key_count(self) -> int: ...
+
+    async def drop(self) -> None: ...
+
+
+class Engine(Protocol):
+    name: str
+
+    async def build(
+        self,
+        dataflow_id: str,
+        plan: plan_pb2.Plan,
+        as_of: int,
+        index_key_columns: Sequence[int] | None,
+    ) -> EngineDataflow:
+        """Lowers ``plan`` and sets up its (empty) state; raises ``InvalidArgument`` for a
+        plan the engine refuses and ``Unavailable`` when the runtime is down."""
+        ...
+
+    def describe(self) -> tuple[str, str]:
+        """``(master, application id)`` for Status (empty when not applicable)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+# -- in-process -------------------------------------------------------------------------------
+
+
+class LocalDataflow:
+    def __init__(
+        self, plan: plan_pb2.Plan, as_of: int, index_key_columns: Sequence[int] | None
+    ) -> None:
+        self._dataflow = Dataflow(plan, as_of=as_of)
+        self._index = None if index_key_columns is None else Index(index_key_columns, since=as_of)
+        # Peeks read the index from other threads while a step may be adding to it.
+        self._lock = threading.Lock()
+
+    @property
+    def failure(self) -> str | None:
+        return None
+
+    def _apply(self, output: list[Update], upper: int) -> None:
+        if self._index is not None:
+            self._index.apply(output, upper)
+
+    def _hydrate(self, snapshots: Batches) -> tuple[list[Update], int]:
+        with self._lock:
+            output, upper = self._dataflow.hydrate(snapshots)
+            self._apply(output, upper)
+            return output, upper
+
+    def _step(self, batches: Batches, input_upper: int) -> tuple[list[Update], int]:
+        with self._lock:
+            output, upper = self._dataflow.step(batches, input_upper)
+            self._apply(output, upper)
+            return output, upper
+
+    def _peek(self, time: int) -> dict[Row, int]:
+        if self._index is None:
+            raise FailedPrecondition("the dataflow keeps no index")
+        with self._lock:
+            return self._index.contents_at(time)
+
+    async def hydrate(self, snapshots: Batches) -> tuple[list[Update], int]:
+        return await asyncio.to_thread(self._hydrate, snapshots)
+
+    async def step(self, batches: Batches, input_upper: int) -> tuple[list[Update], int]:
+        return await asyncio.to_thread(self._step, batches, input_upper)
+
+    async def peek(self, time: int) -> dict[Row, int]:
+        return await asyncio.to_thread(self._peek, time)
+
+    async def key_count(self) -> int:
+        return self._dataflow.key_count()
+
+    async def drop(self) -> None:
+        return None
+
+
+class LocalEngine:
+    name = "local"
+
+    async def build(
+        self,
+        dataflow_id: str,
+        plan: plan_pb2.Plan,
+        as_of: int,
+        index_key_columns: Sequence[int] | None,
+    ) -> EngineDataflow:
+        return LocalDataflow(plan, as_of, index_key_columns)
+
+    def describe(self) -> tuple[str, str]:
+        return "", ""
+
+    async def close(self) -> None:
+        return None
+
+
+# -- Spark ------------------------------------------------------------------------------------
+
+
+class SparkEngineDataflow:
+    def __init__(self, dataflow: SparkDataflow) -> None:
+        self._dataflow = dataflow
+
+    @property
+    def failure(self) -> str | None:
+        return self._dataflow.cluster.failure
+
+    async def hydrate(self, snapshots: Batches) -> tuple[list[Update], int]:
+        return await self._dataflow.ahydrate(snapshots)
+
+    async def step(self, batches: Batches, input_upper: int) -> tuple[list[Update], int]:
+        return await self._dataflow.astep(batches, input_upper)
+
+    async def peek(self, time: int) -> dict[Row, int]:
+        return await asyncio.to_thread(self._dataflow.peek, time)
+
+    async def key_count(self) -> int:
+        return await asyncio.to_thread(self._dataflow.key_count)
+
+    async def drop(self) -> None:
+        if self._dataflow.cluster.failure is None:
+            await asyncio.to_thread(self._dataflow.drop)
+
+
+class SparkEngine:
+    """One SparkSession per process and one ``ResidentCluster`` shared by its dataflows.
+
+    The session starts in the background when the process starts (it takes seconds, and the
+    process should answer Status meanwhile); the first install waits for it. A cluster that
+    lost a task stays failed for the dataflows on it, and the next install starts a new one.
+    """
+
+    name = "spark"
+
+    def __init__(
+        self,
+        master: str,
+        shards: int,
+        settings: dict[str, str],
+        *,
+        app_name: str = "tidemark-compute",
+    ) -> None:
+        self.master = master
+        self.app_name = app_name
+        self.shards = shards
+        self._settings = settings
+        self._session: SparkSession | None = None
+        self._starting: asyncio.Task[SparkSession] | None = None
+        self._cluster: ResidentCluster | None = None
+        self._cluster_lock = asyncio.Lock()
+        self._warming: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Begins starting the session and the resident cluster (idempotent), so the first
+        install does not wait for them."""
+        if self._starting is None:
+            self._starting = asyncio.create_task(asyncio.to_thread(self._make_session))
+            self._warming = asyncio.create_task(self._warm())
+
+    async def _warm(self) -> None:
+        try:
+            await self.cluster()
+        except Exception as exc:  # the next install tries again and reports it
+            log.warning("resident_cluster_start_failed", error=str(exc))
+
+    def _make_session(self) -> SparkSession:
+        # The JVM now and then fails to launch on a loaded machine (the gateway exits before
+        # reporting its port); it starts on a second try.
+        for attempt in range(1, SESSION_ATTEMPTS + 1):
+            try:
+                session = spark_session(
+                    self.master, app_name=self.app_name, settings=self._settings
+                )
+                break
+            except Exception as exc:
+                if attempt == SESSION_ATTEMPTS:
+                    raise
+                log.warning("spark_session_retry", attempt=attempt, error=str(exc))
+                time.sleep(2.0 * attempt)
+        log.info(
+            "spark_session_started",
+            master=session.sparkContext.master,
+            application_id=session.sparkContext.applicationId,
+        )
+        return session
+
+    async def session(self) -> SparkSession:
+        self.start()
+        assert self._starting is not None
+        try:
+            self._session = await asyncio.shield(self._starting)
+        except Exception as exc:
+            raise Unavailable(f"the Spark session could not start: {exc}") from exc
+        return self._session
+
+    async def cluster(self) -> ResidentCluster:
+        """The running resident cluster, started (again) if there is none or it failed."""
+        async with self._cluster_lock:
+            current = self._cluster
+            if current is not None and current.failure is None:
+                return current
+            session = await self.session()
+            if current is not None:
+                log.warning("resident_cluster_replaced", failure=current.failure)
+                await current.astop()
+            fresh = ResidentCluster(session, self.shards)
+            try:
+                await fresh.astart()
+            except Exception:
+                self._cluster = None
+                raise
+            self._cluster = fresh
+            log.info("resident_cluster_started", shards=self.shards, task_pids=fresh.task_pids)
+            return fresh
+
+    async def build(
+        self,
+        dataflow_id: str,
+        plan: plan_pb2.Plan,
+        as_of: int,
+        index_key_columns: Sequence[int] | None,
+    ) -> EngineDataflow:
+        cluster = await self.cluster()
+
+        def make() -> SparkDataflow:
+            return SparkDataflow(
+                plan,
+                as_of=as_of,
+                cluster=cluster,
+                dataflow_id=dataflow_id,
+                index_key_columns=index_key_columns,
+            )
+
+        return SparkEngineDataflow(await asyncio.to_thread(make))
+
+    def describe(self) -> tuple[str, str]:
+        if self._session is None:
+            return self.master, ""
+        context = self._session.sparkContext
+        return context.master or self.master, context.applicationId or ""
+
+    async def close(self) -> None:
+        if self._warming is not None:
+            self._warming.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._warming
+        if self._cluster is not None:
+            await self._cluster.astop()
+            self._cluster = None

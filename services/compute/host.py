@@ -1,0 +1,444 @@
+"""The dataflows of one compute process: installing, dropping, reading and describing them.
+
+``DataflowManager`` is the ``DataflowHost`` both MaintainView and the catalog controller
+install through. Installing checks everything that can be checked up front (the plan against
+its collections, the output's schema, the capabilities), chooses ``as_of``, sets up the
+engine's state and returns; hydration and steps then run in the background
+(``running.RunningDataflow``).
+
+``as_of`` (compute.proto, decisions.md): the latest of the inputs' read holds; with an output
+collection that already holds data, its upper - 1 instead (a restart continues where the
+output stopped without rewriting it), and never before the output's upper otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import pyarrow as pa
+
+from services.compute.engines import Engine
+from services.compute.oneshot import evaluate_at, result_table
+from services.compute.output import OutputWriter
+from services.compute.planning import checked_plan, read_collections
+from services.compute.running import RunningDataflow, RunSettings
+from services.compute.spec import DataflowInputSpec, DataflowSpec
+from services.compute.subscriptions import output_changes
+from tidemark.clients.storage import Capability, StorageClient
+from tidemark.columnar import RelationSchema, frontier_bound
+from tidemark.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    TidemarkError,
+)
+from tidemark.frontier import u64_frontier
+from tidemark.logging import get_logger
+from tidemark.v1 import common_pb2, compute_pb2, plan_pb2, storage_pb2
+
+log = get_logger("compute.host")
+
+
+class CatalogFollower(Protocol):
+    """What the host needs of the catalog controller (``services/compute/controller.py``)."""
+
+    @property
+    def applied_upper(self) -> int: ...
+
+    async def run(self) -> None: ...
+
+    async def wait_applied(self, catalog_ts: int, timeout_s: float) -> int: ...
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    cluster: str
+    renew_interval_s: float = 20.0
+    hold_interval_s: float = 1.0
+    default_wait_s: float = 30.0
+
+    @property
+    def holder(self) -> str:
+        return f"compute/{self.cluster}"
+
+
+@dataclass(frozen=True)
+class PeekAnswer:
+    table: pa.Table
+    """The rows, ``time`` (= ``timestamp``) and ``diff``."""
+    schema: RelationSchema
+    timestamp: int
+
+
+def _unknown_capability(ref: storage_pb2.CapabilityRef) -> Capability:
+    """A stand-in naming a capability for calls that only send its reference."""
+    return Capability(ref.collection_id, ref.id, "", u64_frontier(), 0)
+
+
+def _bound(capability: Capability) -> int:
+    bound = frontier_bound(capability.frontier)
+    if bound is None:
+        raise FailedPrecondition(
+            f"collection {capability.collection_id!r} has been closed (its frontier is {{}})"
+        )
+    return bound
+
+
+class DataflowManager:
+    def __init__(self, storage: StorageClient, engine: Engine, settings: HostSettings) -> None:
+        self.storage = storage
+        self.engine = engine
+        self.settings = settings
+        self.controller: CatalogFollower | None = None
+        self._dataflows: dict[str, RunningDataflow] = {}
+        self._installing: set[str] = set()
+        self._run_settings = RunSettings(
+            settings.holder, settings.renew_interval_s, settings.hold_interval_s
+        )
+
+    # -- DataflowHost ---------------------------------------------------------------------------
+
+    async def install(self, spec: DataflowSpec) -> None:
+        await self.install_view(spec)
+
+    async def drop(self, dataflow_id: str) -> None:
+        running = self._dataflows.pop(dataflow_id, None)
+        if running is not None:
+            await running.stop(release=True)
+            log.info("dataflow_dropped", dataflow=dataflow_id)
+
+    async def drop_view(self, dataflow_id: str) -> None:
+        """``drop`` for a client: an unknown id is ``NotFound``."""
+        self._get(dataflow_id)
+        await self.drop(dataflow_id)
+
+    def dataflow_ids(self) -> set[str]:
+        return set(self._dataflows) | set(self._installing)
+
+    # -- installing -----------------------------------------------------------------------------
+
+    async def install_view(self, spec: DataflowSpec) -> tuple[int, RelationSchema]:
+        """Installs ``spec``; its ``as_of`` and output schema."""
+        dataflow_id = spec.dataflow_id
+        if not dataflow_id:
+            raise InvalidArgument("a dataflow needs an id")
+        if dataflow_id in self._dataflows or dataflow_id in self._installing:
+            raise AlreadyExists(f"dataflow {dataflow_id!r} is already installed")
+        self._installing.add(dataflow_id)
+        acquired: list[Capability] = []
+        try:
+            running = await self._prepare(spec, acquired)
+        except BaseException:
+            for capability in acquired:
+                try:
+                    await self.storage.drop(capability)
+                except TidemarkError as exc:
+                    log.info("capability_drop_failed", error=exc.message)
+            raise
+        finally:
+            self._installing.discard(dataflow_id)
+        self._dataflows[dataflow_id] = running
+        running.start()
+        log.info(
+            "dataflow_installed",
+            dataflow=dataflow_id,
+            as_of=running.as_of,
+            inputs=[c.collection_id for c in running.inputs],
+            output=spec.output_collection_id,
+            index=spec.index_key_columns,
+            from_catalog=spec.from_catalog,
+        )
+        return running.as_of, running.schema
+
+    async def _prepare(self, spec: DataflowSpec, acquired: list[Capability]) -> RunningDataflow:
+        input_ids = [i.collection_id for i in spec.inputs]
+        if len(set(input_ids)) != len(input_ids):
+            raise InvalidArgument(f"an input is named twice: {sorted(input_ids)}")
+        read = read_collections(spec.plan) if spec.plan.HasField("root") else set()
+        if set(input_ids) != read:
+            raise InvalidArgument(
+                f"the inputs {sorted(input_ids)} are not the collections the plan reads "
+                f"{sorted(read)}"
+            )
+        if spec.output_collection_id is None and spec.index_key_columns is None:
+            raise InvalidArgument("a dataflow needs an output: a collection, an index or both")
+        schemas = {cid: await self._schema(cid, "input") for cid in input_ids}
+        plan, schema = checked_plan(spec.plan, schemas)
+        if spec.index_key_columns is not None:
+            width = len(schema.columns)
+            for column in spec.index_key_columns:
+                if not 0 <= column < width:
+                    raise InvalidArgument(
+                        f"index key column {column} is out of range for {width} output columns"
+                    )
+        if spec.output_collection_id is not None:
+            output_schema = await self._schema(spec.output_collection_id, "output")
+            if output_schema != schema:
+                raise InvalidArgument(
+                    f"output collection {spec.output_collection_id!r} has the schema "
+                    f"{output_schema.names} ({output_schema}), which is not the plan's output "
+                    f"schema {schema.names} ({schema})"
+                )
+
+        inputs = [await self._read_capability(i, acquired) for i in spec.inputs]
+        writer = None
+        has_data = False
+        if spec.output_collection_id is not None:
+            write = await self._write_capability(spec, acquired)
+            info = await self.storage.describe(spec.output_collection_id)
+            upper = frontier_bound(info.upper)
+            if upper is None:
+                raise FailedPrecondition(
+                    f"output collection {spec.output_collection_id!r} is closed (upper {{}})"
+                )
+            has_data = info.batch_count > 0
+            writer = OutputWriter(self.storage, write, schema, spec.dataflow_id, upper)
+        as_of = self._choose_as_of(spec, inputs, writer, has_data)
+        estimate = 0
+        for cid in input_ids:
+            estimate += (await self.storage.describe(cid)).rows
+        engine = await self.engine.build(spec.dataflow_id, plan, as_of, spec.index_key_columns)
+        return RunningDataflow(
+            spec,
+            plan,
+            schema,
+            engine,
+            self.storage,
+            inputs,
+            writer,
+            has_data,
+            as_of,
+            self._run_settings,
+            estimate,
+        )
+
+    @staticmethod
+    def _choose_as_of(
+        spec: DataflowSpec,
+        inputs: Sequence[Capability],
+        writer: OutputWriter | None,
+        has_data: bool,
+    ) -> int:
+        since = max((_bound(c) for c in inputs), default=0)
+        if spec.as_of is not None:
+            if spec.as_of < since:
+                raise FailedPrecondition(f"as_of {spec.as_of} is before the inputs' since {since}")
+            return spec.as_of
+        if writer is None:
+            return since
+        if has_data and writer.upper - 1 >= since:
+            return writer.upper - 1
+        return max(since, writer.upper)
+
+    async def _schema(self, collection_id: str, role: str) -> RelationSchema:
+        try:
+            return (await self.storage.describe(collection_id)).schema
+        except NotFound:
+            raise InvalidArgument(f"{role} collection {collection_id!r} does not exist") from None
+
+    async def _read_capability(
+        self, spec: DataflowInputSpec, acquired: list[Capability]
+    ) -> Capability:
+        if spec.read_capability is None:
+            pair = await self.storage.acquire(spec.collection_id, self.settings.holder)
+            for capability in (pair.read, pair.write):
+                if capability.usable:
+                    acquired.append(capability)
+            if pair.write.usable:
+                await self.storage.drop(pair.write)
+                acquired.remove(pair.write)
+            if not pair.read.usable:
+                raise FailedPrecondition(
+                    f"input collection {spec.collection_id!r} can no longer be read"
+                )
+            return pair.read
+        return await self._checked(spec.collection_id, spec.read_capability, "read")
+
+    async def _write_capability(self, spec: DataflowSpec, acquired: list[Capability]) -> Capability:
+        collection_id = spec.output_collection_id
+        assert collection_id is not None
+        if spec.output_write_capability is None:
+            pair = await self.storage.acquire(collection_id, self.settings.holder)
+            for capability in (pair.read, pair.write):
+                if capability.usable:
+                    acquired.append(capability)
+            if pair.read.usable:
+                await self.storage.drop(pair.read)
+                acquired.remove(pair.read)
+            if not pair.write.usable:
+                raise FailedPrecondition(f"output collection {collection_id!r} is closed")
+            return pair.write
+        return await self._checked(collection_id, spec.output_write_capability, "write")
+
+    async def _checked(
+        self, collection_id: str, ref: storage_pb2.CapabilityRef, kind: str
+    ) -> Capability:
+        """The capability ``ref`` names, renewed, after checking it is what it should be."""
+        if ref.collection_id != collection_id:
+            raise InvalidArgument(
+                f"the capability for {collection_id!r} belongs to {ref.collection_id!r}"
+            )
+        result = await self.storage.renew([_unknown_capability(ref)])
+        if not result.renewed:
+            raise PermissionDenied(
+                f"the {kind} capability for {collection_id!r} is unknown, dropped or expired"
+            )
+        capability = result.renewed[0]
+        if capability.kind != kind:
+            raise PermissionDenied(
+                f"the capability for {collection_id!r} is a {capability.kind} capability, "
+                f"not a {kind} capability"
+            )
+        return capability
+
+    # -- reads ------------------------------------------------------------------------------------
+
+    def _get(self, dataflow_id: str) -> RunningDataflow:
+        running = self._dataflows.get(dataflow_id)
+        if running is None:
+            raise NotFound(f"no dataflow {dataflow_id!r} is installed")
+        return running
+
+    def deadline(self, wait_ms: int, call_remaining_s: float | None) -> float:
+        """When a wait must give up: ``wait_ms`` (0: the default), within the call's time."""
+        wait = wait_ms / 1000 if wait_ms else self.settings.default_wait_s
+        if call_remaining_s is not None:
+            wait = min(wait, max(0.0, call_remaining_s - 0.05))
+        return time.monotonic() + wait
+
+    async def wait_catalog(self, catalog_ts: int, deadline: float) -> int:
+        """Waits until the controller has applied the catalog through ``catalog_ts``;
+        without a controller there is nothing to wait for."""
+        controller = self.controller
+        if controller is None:
+            return 0
+        return await controller.wait_applied(catalog_ts, max(0.0, deadline - time.monotonic()))
+
+    async def peek_index(
+        self,
+        dataflow_id: str,
+        timestamp: int,
+        finishing: plan_pb2.Plan | None,
+        deadline: float,
+    ) -> PeekAnswer:
+        target = self._get(dataflow_id)
+        if finishing is None:
+            contents = await target.peek(timestamp, deadline)
+            return PeekAnswer(
+                result_table(target.schema, contents, timestamp), target.schema, timestamp
+            )
+        if not target.has_index:
+            raise FailedPrecondition(f"dataflow {dataflow_id!r} keeps no index")
+        indexes = {dataflow_id: target}
+        for index_id in sorted(read_collections(finishing) - {dataflow_id}):
+            running = self._dataflows.get(index_id)
+            if running is None or not running.has_index:
+                raise InvalidArgument(
+                    f"the finishing plan reads {index_id!r}, which is not an index of this cluster"
+                )
+            indexes[index_id] = running
+        plan, schema = checked_plan(finishing, {i: r.schema for i, r in indexes.items()})
+        contents_by_index = {}
+        for index_id, running in indexes.items():
+            contents_by_index[index_id] = await running.peek(timestamp, deadline)
+        read = read_collections(plan)
+        result = await evaluate_at(
+            plan, timestamp, {i: c for i, c in contents_by_index.items() if i in read}
+        )
+        return PeekAnswer(result_table(schema, result, timestamp), schema, timestamp)
+
+    async def peek_one_shot(
+        self,
+        plan: plan_pb2.Plan,
+        inputs: Sequence[DataflowInputSpec],
+        timestamp: int,
+        deadline: float,
+    ) -> PeekAnswer:
+        input_ids = [i.collection_id for i in inputs]
+        read = read_collections(plan) if plan.HasField("root") else set()
+        if set(input_ids) != read or len(set(input_ids)) != len(input_ids):
+            raise InvalidArgument(
+                f"the inputs {sorted(input_ids)} are not the collections the plan reads "
+                f"{sorted(read)}"
+            )
+        schemas = {cid: await self._schema(cid, "input") for cid in input_ids}
+        checked, schema = checked_plan(plan, schemas)
+
+        async def contents(spec: DataflowInputSpec) -> dict[tuple[object, ...], int]:
+            if spec.read_capability is None:
+                raise InvalidArgument(f"input {spec.collection_id!r} has no read capability")
+            if spec.read_capability.collection_id != spec.collection_id:
+                raise InvalidArgument(
+                    f"the capability for {spec.collection_id!r} belongs to "
+                    f"{spec.read_capability.collection_id!r}"
+                )
+            snapshot = await self.storage.snapshot(
+                _unknown_capability(spec.read_capability),
+                timestamp,
+                timeout=max(0.01, deadline - time.monotonic()),
+            )
+            return snapshot.version()
+
+        loaded = await asyncio.gather(*(contents(spec) for spec in inputs))
+        result = await evaluate_at(checked, timestamp, dict(zip(input_ids, loaded, strict=True)))
+        return PeekAnswer(result_table(schema, result, timestamp), schema, timestamp)
+
+    async def subscribe(
+        self, dataflow_id: str, as_of: int | None, snapshot: bool
+    ) -> AsyncIterator[common_pb2.CdcMessage]:
+        """The output's contents at ``as_of`` (default: upper - 1), then every change."""
+        running = self._get(dataflow_id)
+        messages = output_changes(
+            running, self.storage, self.settings.holder, as_of, snapshot, self.deadline(0, None)
+        )
+        async for message in messages:
+            yield message
+
+    # -- status -----------------------------------------------------------------------------------
+
+    async def status(self) -> list[compute_pb2.DataflowStatus]:
+        described = []
+        for dataflow_id in sorted(self._dataflows):
+            running = self._dataflows[dataflow_id]
+            running.check_engine()
+            described.append(await _status(running))
+        return described
+
+    async def close(self) -> None:
+        """Stops every dataflow without releasing its holds: a restarted process continues
+        from them."""
+        for running in list(self._dataflows.values()):
+            await running.stop(release=False)
+        self._dataflows.clear()
+
+
+async def _status(running: RunningDataflow) -> compute_pb2.DataflowStatus:
+    upper = running.upper
+    input_upper = running.input_upper
+    lag = 0
+    if upper is not None and input_upper is not None and input_upper > upper:
+        lag = input_upper - upper
+    status = compute_pb2.DataflowStatus(
+        dataflow_id=running.dataflow_id,
+        state=running.state,
+        as_of=running.as_of,
+        upper=common_pb2.Frontier(elements=[upper if upper is not None else running.as_of]),
+        since=common_pb2.Frontier(elements=[running.since]),
+        input_collection_ids=[f.collection_id for f in running.followers],
+        output_collection_ids=[running.writer.collection_id] if running.writer else [],
+        has_index=running.has_index,
+        hydrated_rows=running.hydrated_rows,
+        hydration_rows_total=running.hydration_rows_total,
+        lag_ms=lag,
+        arrangement_keys=await running.arrangement_keys(),
+        index_rows=running.output_rows if running.has_index else 0,
+        from_catalog=running.spec.from_catalog,
+        error=running.error,
+    )
+    return status

@@ -1,0 +1,113 @@
+"""Following one input collection of a dataflow through storage's SubscribeAt.
+
+A follower holds what has arrived and not yet been handed to the dataflow: update batches
+(Arrow tables, times at or beyond what the dataflow has taken) and the input's upper. The
+dataflow takes everything before a chosen time in one go, however many batches and times
+that spans.
+
+The stream starts at the dataflow's ``as_of`` with the snapshot, so the first statement
+carries the contents at ``as_of`` (at time ``as_of``) and every later update up to the upper
+at its own time. A broken stream is resumed at the upper already seen (``as_of = upper - 1``
+without the snapshot), which the dataflow's read hold (at most its upper - 1) allows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+import pyarrow as pa
+
+from tidemark.cdc import Progress
+from tidemark.clients.storage import Capability, StorageClient
+from tidemark.columnar import RowUpdate, frontier_bound, select_times, updates_from_table
+from tidemark.errors import Cancelled, TidemarkError, Unavailable
+from tidemark.logging import get_logger
+from tidemark.retry import RetryPolicy
+
+log = get_logger("compute.inputs")
+
+MAX_TIME = 2**64 - 1
+"""An input whose upper is ``{}`` (closed) constrains nothing: it counts as this."""
+
+RESUBSCRIBE = RetryPolicy(total_seconds=float("inf"), initial_backoff=0.1, max_backoff=2.0)
+
+
+class InputFollower:
+    def __init__(
+        self,
+        storage: StorageClient,
+        capability: Capability,
+        as_of: int,
+        on_change: Callable[[], None],
+    ) -> None:
+        self.collection_id = capability.collection_id
+        self.capability = capability
+        self.storage = storage
+        self.as_of = as_of
+        self.upper: int | None = None
+        """Everything before this has arrived (``None`` before the first statement)."""
+        self.rows_received = 0
+        self._tables: list[pa.Table] = []
+        self._on_change = on_change
+        self._task: asyncio.Task[None] | None = None
+        self.error: TidemarkError | None = None
+        """Set when the stream failed for good (the capability was lost)."""
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._follow(), name=f"input-{self.collection_id}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def take(self, before: int) -> list[RowUpdate]:
+        """The held updates at times before ``before`` (removed from the follower)."""
+        if not self._tables:
+            return []
+        table = pa.concat_tables(self._tables) if len(self._tables) > 1 else self._tables[0]
+        taken = select_times(table, None, before)
+        kept = select_times(table, before, None)
+        self._tables = [kept] if kept.num_rows else []
+        return updates_from_table(taken) if taken.num_rows else []
+
+    @property
+    def held_rows(self) -> int:
+        return sum(table.num_rows for table in self._tables)
+
+    async def _follow(self) -> None:
+        backoff = RESUBSCRIBE.backoffs()
+        while True:
+            if self.upper is None:
+                options = {"as_of": self.as_of}
+            else:
+                options = {"as_of": self.upper - 1, "snapshot": False}
+            # Batches count only once the statement closing their interval has come: a
+            # stream broken half-way through an interval sends all of it again.
+            pending: list[pa.Table] = []
+            try:
+                async for event in self.storage.subscribe_arrow(self.capability, **options):
+                    if isinstance(event, Progress):
+                        bound = frontier_bound(event.upper)
+                        self._tables.extend(pending)
+                        self.rows_received += sum(table.num_rows for table in pending)
+                        pending = []
+                        self.upper = MAX_TIME if bound is None else bound
+                        self._on_change()
+                        backoff = RESUBSCRIBE.backoffs()
+                        if bound is None:
+                            return
+                    elif event.num_rows:
+                        pending.append(event)
+                # The server ends a subscription only when it stops; pick it up again.
+            except (Unavailable, Cancelled) as exc:
+                log.info("input_stream_broken", collection=self.collection_id, error=exc.message)
+            except TidemarkError as exc:
+                log.warning("input_stream_failed", collection=self.collection_id, error=exc.message)
+                self.error = exc
+                self._on_change()
+                return
+            await backoff.sleep()

@@ -1,0 +1,338 @@
+"""One installed dataflow at work: hydrate, then step as its inputs advance.
+
+The runner follows every input (``inputs.InputFollower``), waits until all of them have
+passed ``as_of``, hydrates the engine's dataflow from the contents at ``as_of``, and from then
+on steps it to the meet of the inputs' uppers whenever that moves, with everything that
+arrived in between (one step may span many times). Each step's output goes to the output
+collection (``output.OutputWriter``), then to subscribers; only then does the dataflow's
+upper move, so an index peek never sees a time its collection output does not have yet.
+
+In the background it renews its capabilities' leases and moves its read holds up to
+``upper - 1``: what a restart at the output's upper needs, and nothing older.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from services.compute.changes import ChangeFeed, Step
+from services.compute.dataflow import Row, Update
+from services.compute.engines import EngineDataflow
+from services.compute.inputs import MAX_TIME, InputFollower
+from services.compute.output import OutputWriter
+from services.compute.spec import DataflowSpec
+from tidemark.clients.storage import Capability, StorageClient
+from tidemark.columnar import RelationSchema, frontier_bound
+from tidemark.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    NotFound,
+    TidemarkError,
+    Unavailable,
+)
+from tidemark.logging import get_logger
+from tidemark.v1 import plan_pb2
+
+log = get_logger("compute.running")
+
+HYDRATING = "hydrating"
+RUNNING = "running"
+FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    holder: str
+    """Who the capabilities this process acquires belong to (``compute/<cluster>``)."""
+    renew_interval_s: float
+    hold_interval_s: float
+
+
+class RunningDataflow:
+    def __init__(
+        self,
+        spec: DataflowSpec,
+        plan: plan_pb2.Plan,
+        schema: RelationSchema,
+        engine: EngineDataflow,
+        storage: StorageClient,
+        inputs: Sequence[Capability],
+        writer: OutputWriter | None,
+        output_has_data: bool,
+        as_of: int,
+        settings: RunSettings,
+        hydration_rows_estimate: int = 0,
+    ) -> None:
+        self.spec = spec
+        self.dataflow_id = spec.dataflow_id
+        self.plan = plan
+        self.schema = schema
+        self.engine = engine
+        self.storage = storage
+        self.inputs = list(inputs)
+        self.writer = writer
+        self.output_has_data = output_has_data
+        self.as_of = as_of
+        self.settings = settings
+        self.state = HYDRATING
+        self.error = ""
+        self.upper: int | None = None
+        """The output is complete before this (``None`` until hydrated)."""
+        self.output_rows = 0
+        """Rows in the output at ``upper - 1``, counted with multiplicity."""
+        self.hydration_rows_total = hydration_rows_estimate
+        self.hydrated_rows = 0
+        self.started_ms = int(time.time() * 1000)
+        self.feed = ChangeFeed()
+        self._wake = asyncio.Event()
+        self._moved = asyncio.Event()
+        self.followers = [
+            InputFollower(storage, capability, as_of, self._wake.set) for capability in inputs
+        ]
+        self._task: asyncio.Task[None] | None = None
+
+    # -- description --------------------------------------------------------------------------
+
+    @property
+    def has_index(self) -> bool:
+        return self.spec.index_key_columns is not None
+
+    @property
+    def since(self) -> int:
+        """The earliest time the dataflow answers for: an index keeps its history from
+        ``as_of``; a collection output is read from storage, and the holds are at upper - 1."""
+        if self.has_index or self.upper is None:
+            return self.as_of
+        return max(self.as_of, self.upper - 1)
+
+    @property
+    def input_upper(self) -> int | None:
+        """The meet of the inputs' uppers (``None`` until every input has reported one)."""
+        uppers = [f.upper for f in self.followers]
+        if any(u is None for u in uppers):
+            return None
+        return min((u for u in uppers if u is not None), default=MAX_TIME)
+
+    def check_engine(self) -> None:
+        """Notices an engine that died while this dataflow was idle."""
+        failure = self.engine.failure
+        if failure is not None and self.state != FAILED:
+            self._fail(Unavailable(failure))
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"dataflow-{self.dataflow_id}")
+
+    async def stop(self, *, release: bool) -> None:
+        """Stops the work; with ``release``, also gives up the dataflow's state and
+        capabilities (DropView), otherwise leaves the holds to expire (process shutdown)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for follower in self.followers:
+            await follower.stop()
+        self.feed.close(NotFound(f"dataflow {self.dataflow_id!r} was dropped"))
+        if not release:
+            return
+        try:
+            await self.engine.drop()
+        except TidemarkError as exc:
+            log.warning("engine_drop_failed", dataflow=self.dataflow_id, error=exc.message)
+        capabilities = list(self.inputs)
+        if self.writer is not None:
+            capabilities.append(self.writer.capability)
+        for capability in capabilities:
+            try:
+                await self.storage.drop(capability)
+            except TidemarkError as exc:
+                # Already gone (expired, dropped by storage): nothing is held either way.
+                log.info("capability_drop_failed", dataflow=self.dataflow_id, error=exc.message)
+
+    def _fail(self, error: TidemarkError) -> None:
+        if self.state == FAILED:
+            return
+        self.state = FAILED
+        self.error = error.message
+        log.error("dataflow_failed", dataflow=self.dataflow_id, error=error.message)
+        self.feed.close(Unavailable(f"dataflow {self.dataflow_id!r} failed: {error.message}"))
+        self._signal_moved()
+        if self._task is not None and self._task is not asyncio.current_task():
+            self._task.cancel()
+
+    async def _run(self) -> None:
+        capabilities = list(self.inputs)
+        if self.writer is not None:
+            capabilities.append(self.writer.capability)
+        try:
+            for follower in self.followers:
+                follower.start()
+            async with self.storage.keep_alive(capabilities, self.settings.renew_interval_s):
+                holds = asyncio.create_task(self._move_holds())
+                try:
+                    await self._hydrate()
+                    await self._follow()
+                finally:
+                    holds.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await holds
+        except asyncio.CancelledError:
+            raise
+        except TidemarkError as exc:
+            self._fail(exc)
+        except Exception as exc:
+            log.exception("dataflow_crashed", dataflow=self.dataflow_id)
+            self._fail(Unavailable(f"{type(exc).__name__}: {exc}"))
+        finally:
+            for follower in self.followers:
+                await follower.stop()
+
+    # -- hydration and steps ------------------------------------------------------------------
+
+    async def _wait_inputs(self) -> None:
+        await self._wake.wait()
+        self._wake.clear()
+        for follower in self.followers:
+            if follower.error is not None:
+                raise follower.error
+
+    async def _hydrate(self) -> None:
+        as_of = self.as_of
+        while True:
+            self.hydrated_rows = sum(f.rows_received for f in self.followers)
+            ready = self.input_upper
+            if ready is not None and ready > as_of:
+                break
+            await self._wait_inputs()
+        snapshots = {f.collection_id: f.take(as_of + 1) for f in self.followers}
+        loaded = sum(len(updates) for updates in snapshots.values())
+        output, upper = await self.engine.hydrate(snapshots)
+        if self.writer is not None and as_of >= self.writer.upper:
+            written = output
+            if self.output_has_data:
+                existing = await self.writer.contents_before_upper(self.settings.holder)
+                written = _difference(output, existing, as_of)
+            await self.writer.write(written, upper)
+        self.output_rows = sum(diff for _, _, diff in output)
+        self.hydrated_rows = self.hydration_rows_total = loaded
+        self.feed.start(upper)
+        self.state = RUNNING
+        self._advance(upper)
+        log.info(
+            "dataflow_hydrated",
+            dataflow=self.dataflow_id,
+            as_of=as_of,
+            rows=loaded,
+            output_rows=self.output_rows,
+        )
+
+    async def _follow(self) -> None:
+        while True:
+            target = self.input_upper
+            assert self.upper is not None
+            if target is None or target <= self.upper:
+                await self._wait_inputs()
+                continue
+            batches = {}
+            for follower in self.followers:
+                updates = follower.take(target)
+                if updates:
+                    batches[follower.collection_id] = updates
+            lower = self.upper
+            output, upper = await self.engine.step(batches, target)
+            if self.writer is not None:
+                await self.writer.write(output, upper)
+            self.output_rows += sum(diff for _, _, diff in output)
+            self.feed.publish(Step(lower, upper, output))
+            self._advance(upper)
+
+    def _advance(self, upper: int) -> None:
+        self.upper = upper
+        self._signal_moved()
+
+    def _signal_moved(self) -> None:
+        self._moved.set()
+        self._moved = asyncio.Event()
+
+    async def _move_holds(self) -> None:
+        """Moves every input read hold up to ``upper - 1`` (never past what a restart at the
+        output's upper, or the input streams, still read)."""
+        while True:
+            await asyncio.sleep(self.settings.hold_interval_s)
+            if self.upper is None:
+                continue
+            target = self.upper - 1
+            for position, capability in enumerate(self.inputs):
+                held = frontier_bound(capability.frontier)
+                if held is not None and held < target:
+                    try:
+                        self.inputs[position] = await self.storage.downgrade(capability, target)
+                    except TidemarkError as exc:
+                        # Tried again next round; a capability that is gone also ends the
+                        # input's stream, which fails the dataflow with the reason.
+                        log.info(
+                            "hold_downgrade_failed", dataflow=self.dataflow_id, error=exc.message
+                        )
+
+    # -- reads --------------------------------------------------------------------------------
+
+    async def wait_past(self, timestamp: int, deadline: float) -> None:
+        """Waits until the upper is beyond ``timestamp`` (``deadline``: ``time.monotonic``)."""
+        while True:
+            self.check_engine()
+            if self.state == FAILED:
+                raise Unavailable(f"dataflow {self.dataflow_id!r} failed: {self.error}")
+            if self.upper is not None and self.upper > timestamp:
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                shown = "not hydrated yet" if self.upper is None else f"at {self.upper}"
+                raise DeadlineExceeded(
+                    f"dataflow {self.dataflow_id!r} did not pass {timestamp} in time (its "
+                    f"upper is {shown})"
+                )
+            moved = self._moved
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(moved.wait(), remaining)
+
+    async def peek(self, timestamp: int, deadline: float) -> dict[Row, int]:
+        """The output at ``timestamp`` from the index, once complete there."""
+        if not self.has_index:
+            raise FailedPrecondition(f"dataflow {self.dataflow_id!r} keeps no index")
+        if timestamp < self.since:
+            raise FailedPrecondition(
+                f"timestamp {timestamp} is before the since {self.since} of dataflow "
+                f"{self.dataflow_id!r}"
+            )
+        await self.wait_past(timestamp, deadline)
+        try:
+            return await self.engine.peek(timestamp)
+        except Unavailable as exc:
+            self._fail(exc)
+            raise
+
+    async def arrangement_keys(self) -> int:
+        if self.state == FAILED:
+            return 0
+        try:
+            return await asyncio.wait_for(self.engine.key_count(), 5.0)
+        except (TidemarkError, TimeoutError):
+            return 0
+
+
+def _difference(target: list[Update], existing: dict[Row, int], time: int) -> list[Update]:
+    """Updates at ``time`` turning ``existing`` into the contents ``target`` states."""
+    wanted: dict[Row, int] = {}
+    for row, _, diff in target:
+        wanted[row] = wanted.get(row, 0) + diff
+    changes = []
+    for row in wanted.keys() | existing.keys():
+        diff = wanted.get(row, 0) - existing.get(row, 0)
+        if diff:
+            changes.append((row, time, diff))
+    return changes

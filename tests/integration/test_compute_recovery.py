@@ -1,0 +1,235 @@
+"""kill -9 of a compute process in the middle of a stream of appends, then a restart with the
+same flags: the view is installed again over the same output collection (with fresh
+capabilities), continues at the output's upper - 1, and the output ends up with no missing
+and no doubled updates: at every time it equals the plan evaluated over the inputs."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.support.compute import Collections, Stack, contents_at, eventually, running_stack
+from tests.support.reference_eval import canonical, evaluate
+from tidemark.clients.compute import ComputeClient
+from tidemark.clients.storage import StorageClient
+from tidemark.columnar import ColumnType as T
+from tidemark.columnar import RelationSchema
+from tidemark.plan import builders as pb
+from tidemark.plan import check_plan
+from tidemark.v1 import plan_pb2
+
+pytestmark = pytest.mark.spark
+
+Row = tuple[Any, ...]
+ORDERS = RelationSchema.of(("order", T.INT64), ("customer", T.INT64), ("amount", T.INT64))
+CUSTOMERS = RelationSchema.of(("customer", T.INT64), ("region", T.TEXT))
+BATCHES = 40
+TIMES_PER_BATCH = 3
+PATIENT_MS = 180_000
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with running_stack(tmp_path_factory.mktemp("recovery")) as running:
+        yield running
+
+
+def totals_by_region(orders: str, customers: str) -> plan_pb2.Plan:
+    """Per region: how many orders, their total, and the largest."""
+    joined = pb.join(pb.get(orders, ORDERS), pb.get(customers, CUSTOMERS), [1], [0])
+    return pb.plan(
+        pb.reduce(
+            joined,
+            [4],
+            [pb.aggregate("count"), pb.aggregate("sum", 2), pb.aggregate("max", 2)],
+        )
+    )
+
+
+class Feed:
+    """Random inserts, deletes and updates of orders (and now and then a customer moving
+    region), several times per batch."""
+
+    def __init__(self, collections: Collections, orders: str, customers: str) -> None:
+        self.collections = collections
+        self.orders = orders
+        self.customers = customers
+        self.random = random.Random(7)
+        self.live: dict[int, Row] = {}
+        self.regions = {c: "north" if c % 2 else "south" for c in range(6)}
+        self.batches_done = 0
+
+    async def start(self) -> None:
+        rows = [((c, r), 0, 1) for c, r in self.regions.items()]
+        await self.collections.append(self.customers, rows, 1)
+        await self.collections.advance(self.orders, 1)
+
+    def _orders_at(self, time: int) -> list[tuple[Row, int, int]]:
+        updates: list[tuple[Row, int, int]] = []
+        for _ in range(self.random.randint(0, 4)):
+            choice = self.random.random()
+            if self.live and choice < 0.3:
+                key = self.random.choice(sorted(self.live))
+                updates.append((self.live.pop(key), time, -1))
+            elif self.live and choice < 0.5:
+                key = self.random.choice(sorted(self.live))
+                old = self.live[key]
+                new = (key, old[1], self.random.randint(1, 50))
+                if new != old:
+                    updates += [(old, time, -1), (new, time, 1)]
+                    self.live[key] = new
+            else:
+                key = self.random.randint(0, 10_000)
+                if key not in self.live:
+                    self.live[key] = (key, self.random.randrange(6), self.random.randint(1, 50))
+                    updates.append((self.live[key], time, 1))
+        return updates
+
+    async def run(self) -> None:
+        for batch in range(BATCHES):
+            lower = 1 + batch * TIMES_PER_BATCH
+            upper = lower + TIMES_PER_BATCH
+            orders = [u for t in range(lower, upper) for u in self._orders_at(t)]
+            customers: list[tuple[Row, int, int]] = []
+            if batch % 7 == 3:
+                moved = self.random.randrange(6)
+                old = (moved, self.regions[moved])
+                self.regions[moved] = "east" if self.regions[moved] != "east" else "west"
+                customers = [(old, lower, -1), ((moved, self.regions[moved]), lower, 1)]
+            await self.collections.append(self.orders, orders, upper)
+            await self.collections.append(self.customers, customers, upper)
+            self.batches_done = batch + 1
+            await asyncio.sleep(0.05)
+
+    @property
+    def final_upper(self) -> int:
+        return 1 + BATCHES * TIMES_PER_BATCH
+
+
+async def test_kill_and_restart_mid_stream_writes_every_update_once(stack: Stack) -> None:
+    storage = StorageClient(stack.storage.address)
+    collections = Collections(storage)
+    orders = await collections.create(ORDERS)
+    customers = await collections.create(CUSTOMERS)
+    plan = totals_by_region(orders, customers)
+    output = await collections.create(check_plan(plan))
+    feed = Feed(collections, orders, customers)
+    await feed.start()
+
+    dataflow_id = "regions"
+    first = ComputeClient(stack.compute().address, timeout=180.0)
+    installed = await first.maintain_view(
+        dataflow_id,
+        plan,
+        [await collections.read_capability(orders), await collections.read_capability(customers)],
+        output=await collections.write_capability(output),
+        index_key_columns=[0],
+    )
+    assert installed.as_of == 0
+    appending = asyncio.create_task(feed.run())
+
+    async def some_output_written() -> None:
+        assert (await storage.describe(output)).upper.elements[0] >= 20
+
+    await eventually(some_output_written, 300)
+    stack.kill_compute()
+    await first.close()
+    killed_at = (await storage.describe(output)).upper.elements[0]
+    assert feed.batches_done < BATCHES, "the appends should still be going on"
+
+    await asyncio.to_thread(stack.start_compute)
+    second = ComputeClient(stack.compute().address, timeout=180.0)
+    resumed_at = (await storage.describe(output)).upper.elements[0]
+    assert resumed_at == killed_at  # nothing wrote to the output while compute was down
+    reads = [await storage.acquire(cid, "test") for cid in (orders, customers)]
+    for pair in reads:
+        await storage.drop(pair.write)
+    reinstalled = await second.maintain_view(
+        dataflow_id,
+        plan,
+        [pair.read for pair in reads],
+        output=await collections.write_capability(output),
+        index_key_columns=[0],
+    )
+    assert reinstalled.as_of == resumed_at - 1
+    await appending
+    final = feed.final_upper
+    await second.peek(dataflow_id, final - 1, wait_ms=PATIENT_MS)
+
+    written = await collections.history(output, final)
+    histories = {
+        orders: await collections.history(orders, final),
+        customers: await collections.history(customers, final),
+    }
+    changed = 0
+    previous: dict[Row, int] = {}
+    for time in range(final):
+        inputs = {cid: contents_at(history, time) for cid, history in histories.items()}
+        expected = canonical(evaluate(plan, inputs))
+        assert canonical(contents_at(written, time)) == expected, f"output at {time}"
+        changed += expected != previous
+        previous = expected
+        if time >= reinstalled.as_of and time % 10 == 0:
+            peeked = await second.peek(dataflow_id, time)
+            assert canonical(dict(peeked.rows)) == expected, f"index at {time}"
+    assert changed > 10  # the view really moved, before and after the restart
+    # Each (row, time) appears once: no update was appended twice and then cancelled out.
+    keys = [(row, time) for row, time, _ in written]
+    assert len(keys) == len(set(keys))
+    await second.drop_view(dataflow_id)
+    await second.close()
+    await storage.close()
+
+
+async def test_a_stopped_process_exits_cleanly_and_its_successor_continues(stack: Stack) -> None:
+    storage = StorageClient(stack.storage.address)
+    collections = Collections(storage)
+    orders = await collections.create(ORDERS)
+    customers = await collections.create(CUSTOMERS)
+    plan = totals_by_region(orders, customers)
+    output = await collections.create(check_plan(plan))
+    await collections.append(customers, [((1, "north"), 0, 1)], 10)
+    await collections.append(orders, [((1, 1, 5), 0, 1), ((2, 1, 7), 3, 1)], 5)
+
+    async def install(client: ComputeClient) -> int:
+        pairs = [await storage.acquire(cid, "test") for cid in (orders, customers)]
+        for pair in pairs:
+            await storage.drop(pair.write)
+        result = await client.maintain_view(
+            "stopped",
+            plan,
+            [pair.read for pair in pairs],
+            output=await collections.write_capability(output),
+        )
+        return result.as_of
+
+    client = ComputeClient(stack.compute().address, timeout=180.0)
+    assert await install(client) == 0
+
+    async def written_to(upper: int) -> None:
+        assert (await storage.describe(output)).upper.elements == (upper,)
+
+    await eventually(lambda: written_to(5))
+    await client.close()
+    process = stack.compute()
+    process.signal(signal.SIGTERM)
+    assert await asyncio.to_thread(process.wait, 60.0) == 0
+
+    await collections.append(orders, [((1, 1, 5), 6, -1)], 8)
+    await asyncio.to_thread(stack.start_compute)
+    client = ComputeClient(stack.compute().address, timeout=180.0)
+    assert await install(client) == 4
+    await eventually(lambda: written_to(8))
+    written = await collections.history(output, 8)
+    assert contents_at(written, 2) == {("north", 1, 5, 5): 1}
+    assert contents_at(written, 5) == {("north", 2, 12, 7): 1}
+    assert contents_at(written, 7) == {("north", 1, 7, 7): 1}
+    assert len(written) == 5  # +t0, then -/+ at 3, then -/+ at 6: nothing twice
+    await client.drop_view("stopped")
+    await client.close()
+    await storage.close()

@@ -1,0 +1,138 @@
+"""A whole Tidemark as separate processes, for SQL tests: oracle, storage, catalog, one compute
+process per cluster and several adapters, all on free ports under one directory.
+
+::
+
+    with sql_stack(tmp_path, adapters=2) as stack:
+        async with AdapterClient(stack.adapter(0)) as a, AdapterClient(stack.adapter(1)) as b:
+            ...
+
+Spark takes seconds to start, so share one stack per test module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.support.compute import Stack
+from tests.support.service_process import ServiceProcess
+from tests.support.storage import FAST_SETTINGS, embedded_backends, start_storage
+from tidemark.clients.adapter import AdapterClient
+
+SPARK_MASTER = "local[2]"
+# A loaded 2-core machine can take longer than the 30 s default to start Spark and hydrate.
+ADAPTER_EXTRA = ("--peek-wait-seconds", "180")
+
+
+@dataclass
+class SqlStack:
+    compute: Stack
+    adapters: list[ServiceProcess] = field(default_factory=list)
+    adapter_extra: tuple[str, ...] = ()
+
+    @property
+    def oracle(self) -> ServiceProcess:
+        assert self.compute.oracle is not None
+        return self.compute.oracle
+
+    @property
+    def catalog(self) -> ServiceProcess:
+        assert self.compute.catalog is not None
+        return self.compute.catalog
+
+    @property
+    def storage(self) -> ServiceProcess:
+        return self.compute.storage
+
+    def compute_endpoints(self) -> str:
+        return ",".join(f"{name}={p.address}" for name, p in self.compute.computes.items())
+
+    def start_adapter(self, *extra: str) -> ServiceProcess:
+        process = ServiceProcess(
+            "services.adapter",
+            [
+                "--listen",
+                "127.0.0.1:0",
+                "--oracle",
+                self.oracle.address,
+                "--storage",
+                self.storage.address,
+                "--catalog",
+                self.catalog.address,
+                "--compute",
+                self.compute_endpoints(),
+                *self.adapter_extra,
+                *extra,
+            ],
+        )
+        self.adapters.append(process)
+        return process
+
+    def adapter(self, index: int = 0) -> str:
+        """The address of the ``index``-th adapter."""
+        return self.adapters[index].address
+
+    def stop(self) -> None:
+        for process in self.adapters:
+            process.kill()
+        self.compute.stop()
+
+
+async def _warm_up(stack: SqlStack, clusters: Sequence[str]) -> None:
+    async with AdapterClient(stack.adapter(0)) as client:
+        for cluster in clusters:
+            name = f"warm_up_{cluster}"
+            result = await client.execute(
+                f"SET cluster = {cluster}; CREATE TABLE {name} (x bigint);"
+                f"INSERT INTO {name} VALUES (1); CREATE INDEX ON {name} (x);"
+                f"SELECT x FROM {name}; DROP TABLE {name} CASCADE; RESET cluster"
+            )
+            if result.error is not None:
+                raise RuntimeError(f"warming up cluster {cluster} failed: {result.error}")
+
+
+@contextmanager
+def sql_stack(
+    directory: Path,
+    *,
+    adapters: int = 2,
+    clusters: Sequence[str] = ("default",),
+    engine: str = "spark",
+    spark_master: str = SPARK_MASTER,
+    adapter_extra: Sequence[str] = ADAPTER_EXTRA,
+    warm_up: bool = True,
+) -> Iterator[SqlStack]:
+    """The processes, started; with ``warm_up`` each cluster has run one index dataflow
+    (Spark's start is paid before the tests)."""
+    storage = start_storage(embedded_backends(directory), extra=FAST_SETTINGS)
+    compute = Stack(directory, storage, engine=engine, spark_master=spark_master)
+    stack = SqlStack(compute, adapter_extra=tuple(adapter_extra))
+    try:
+        compute.oracle = ServiceProcess(
+            "services.oracle",
+            ["--listen", "127.0.0.1:0", "--consensus-url", f"sqlite://{directory}/oracle.db"],
+        )
+        compute.catalog = ServiceProcess(
+            "services.catalog",
+            [
+                "--listen",
+                "127.0.0.1:0",
+                "--storage",
+                storage.address,
+                "--oracle",
+                compute.oracle.address,
+            ],
+        )
+        for cluster in clusters:
+            compute.start_compute(cluster)
+        for _ in range(adapters):
+            stack.start_adapter()
+        if warm_up:
+            asyncio.run(_warm_up(stack, clusters))
+        yield stack
+    finally:
+        stack.stop()
