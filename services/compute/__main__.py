@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 from dataclasses import dataclass
-from typing import cast
 
+from services.compute.controller import CatalogController
 from services.compute.engines import Engine, LocalEngine, SparkEngine
-from services.compute.host import CatalogFollower, DataflowManager, HostSettings
+from services.compute.host import DataflowManager, HostSettings
 from services.compute.service import compute_service
+from tidemark import timelines
 from tidemark.clients.catalog import CatalogClient
+from tidemark.clients.oracle import OracleClient
 from tidemark.clients.storage import StorageClient
 from tidemark.config import ServiceConfig, listen_setting, setting
 from tidemark.logging import get_logger
@@ -25,8 +26,6 @@ from tidemark.rpc import announce_port, serve
 from tidemark.runner import run_service
 
 log = get_logger("compute")
-
-CONTROLLER_MODULE = "services.compute.controller"
 
 
 @dataclass(frozen=True)
@@ -38,6 +37,12 @@ class ComputeConfig(ServiceConfig):
         "",
         help="catalog service address; when set, the cluster's catalog controller installs "
         "the materialized views and indexes assigned to this cluster (empty: none)",
+        metavar="HOST:PORT",
+    )
+    oracle: str = setting(
+        "",
+        help="timestamp oracle address; the catalog controller starts following the catalog "
+        "at the oracle's catalog read time (empty: at the catalog's upper, asked of the catalog)",
         metavar="HOST:PORT",
     )
     engine: str = setting(
@@ -87,18 +92,21 @@ class ComputeConfig(ServiceConfig):
 
 
 def catalog_controller(
-    cluster: str, catalog: CatalogClient, host: DataflowManager
-) -> CatalogFollower | None:
-    """The controller of ``cluster``, or ``None`` while its module does not exist yet."""
-    try:
-        module = importlib.import_module(CONTROLLER_MODULE)
-    except ModuleNotFoundError as exc:
-        if exc.name != CONTROLLER_MODULE:
-            raise
-        log.warning("catalog_controller_missing", module=CONTROLLER_MODULE)
-        return None
-    controller = module.CatalogController(cluster_name=cluster, catalog=catalog, host=host)
-    return cast(CatalogFollower, controller)
+    config: ComputeConfig, catalog: CatalogClient, host: DataflowManager
+) -> CatalogController:
+    """The controller of the process's cluster. With an oracle it starts following the catalog
+    at the oracle's catalog read time, a time every catalog write acknowledged so far is at
+    or before."""
+    if not config.oracle:
+        return CatalogController(cluster_name=config.cluster, catalog=catalog, host=host)
+    oracle = OracleClient(config.oracle)
+
+    async def start_time() -> int:
+        return await oracle.read_ts(timelines.CATALOG)
+
+    return CatalogController(
+        cluster_name=config.cluster, catalog=catalog, host=host, start_time=start_time
+    )
 
 
 async def main(config: ComputeConfig) -> None:
@@ -108,7 +116,7 @@ async def main(config: ComputeConfig) -> None:
     host = DataflowManager(storage, engine, config.host_settings())
     controller = None
     if catalog is not None:
-        controller = catalog_controller(config.cluster, catalog, host)
+        controller = catalog_controller(config, catalog, host)
         host.controller = controller
     if isinstance(engine, SparkEngine):
         engine.start()

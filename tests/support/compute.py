@@ -75,7 +75,7 @@ class Stack:
             *self.compute_extra,
         ]
         if self.catalog is not None:
-            args += ["--catalog", self.catalog.address]
+            args += ["--catalog", self.catalog.address, "--oracle", self.oracle.address]
         return args
 
     def start_compute(self, cluster: str = "default") -> ServiceProcess:

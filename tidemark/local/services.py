@@ -64,6 +64,8 @@ def planned_services(
                 storage,
                 "--catalog",
                 catalog,
+                "--oracle",
+                oracle,
                 "--spark-master",
                 spark_master,
             ),
