@@ -83,18 +83,6 @@ class CatalogState:
             None,
         )
 
-    def in_schema(self, database: str, schema: str, name: str) -> catalog_pb2.CatalogItem | None:
-        """The relation or index called ``name`` in ``database.schema`` (one namespace)."""
-        for item in self._items.values():
-            if (
-                kind_of(item) in ("table", "source", "view", "materialized_view", "index")
-                and item.name.database == database
-                and item.name.schema == schema
-                and item.name.item == name
-            ):
-                return item
-        return None
-
     def direct_dependents(self, global_id: str) -> list[catalog_pb2.CatalogItem]:
         return [item for item in self._items.values() if global_id in item.depends_on]
 

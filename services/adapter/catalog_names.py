@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from services.adapter.catalog_cache import CatalogState, kind_of
 from services.adapter.session import Settings
+from services.adapter.sql.catalog_view import CatalogView, item_name, places
 from services.adapter.sql.errors import SqlError
 from services.adapter.sql.names import QualifiedName, dotted
+from tidemark.plan.catalog_relations import RELATION_KINDS
 from tidemark.v1 import catalog_pb2
 
 UNDEFINED_TABLE = "42P01"
@@ -21,7 +23,7 @@ WRONG_OBJECT_TYPE = "42809"
 SYNTAX_ERROR = "42601"
 INVALID_SCHEMA_NAME = "3F000"
 
-RELATION_KINDS = ("table", "source", "view", "materialized_view")
+_VIEW = "catalog_view"
 KIND_NAMES = {
     "table": "table",
     "source": "source",
@@ -39,19 +41,26 @@ def kind_name(item: catalog_pb2.CatalogItem) -> str:
 
 
 def full_name(item: catalog_pb2.CatalogItem) -> str:
-    parts = [p for p in (item.name.database, item.name.schema, item.name.item) if p]
-    return ".".join(parts)
+    return dotted(item_name(item))
 
 
-def _database(state: CatalogState, name: str, position: int) -> None:
-    if not any(d.name.database == name for d in state.of_kind("database")):
+def catalog_view(state: CatalogState) -> CatalogView:
+    """The planner's name lookup over ``state``, built once per state and shared by every
+    statement run against it."""
+    view = state.memo.get(_VIEW)
+    if not isinstance(view, CatalogView):
+        view = CatalogView(state)
+        state.memo[_VIEW] = view
+    return view
+
+
+def require_database(state: CatalogState, name: str, position: int) -> None:
+    if catalog_view(state).database(name) is None:
         raise SqlError(UNDEFINED_DATABASE, f'database "{name}" does not exist', position)
 
 
 def schema_exists(state: CatalogState, database: str, schema: str) -> bool:
-    return any(
-        s.name.database == database and s.name.schema == schema for s in state.of_kind("schema")
-    )
+    return catalog_view(state).schema(database, schema) is not None
 
 
 def qualify_new(
@@ -60,7 +69,7 @@ def qualify_new(
     """Where an object named ``name`` is created; its database and schema must exist."""
     if len(name) == 1:
         database = settings.database
-        _database(state, database, position)
+        require_database(state, database, position)
         schema = next((s for s in settings.search_path if schema_exists(state, database, s)), None)
         if schema is None:
             raise SqlError(
@@ -76,32 +85,24 @@ def qualify_new(
         database, schema, item = name
     else:
         raise SqlError(SYNTAX_ERROR, f"improper qualified name: {dotted(name)}", position)
-    _database(state, database, position)
+    require_database(state, database, position)
     if not schema_exists(state, database, schema):
         raise SqlError(UNDEFINED_SCHEMA, f'schema "{schema}" does not exist', position)
     return catalog_pb2.QualifiedName(database=database, schema=schema, item=item)
 
 
-def candidates(settings: Settings, name: QualifiedName) -> list[tuple[str, str, str]]:
-    """The ``(database, schema, item)`` places ``name`` may refer to, in lookup order."""
-    if len(name) == 1:
-        return [(settings.database, schema, name[0]) for schema in settings.search_path]
-    if len(name) == 2:
-        return [(settings.database, name[0], name[1])]
-    if len(name) == 3:
-        return [(name[0], name[1], name[2])]
-    return []
+def in_schema(
+    state: CatalogState, database: str, schema: str, name: str
+) -> catalog_pb2.CatalogItem | None:
+    """The relation or index called ``name`` in ``database.schema`` (one namespace)."""
+    return catalog_view(state).first_item([(database, schema, name)])
 
 
 def find_in_schemas(
     state: CatalogState, settings: Settings, name: QualifiedName
 ) -> catalog_pb2.CatalogItem | None:
     """The relation or index ``name`` refers to, if any."""
-    for database, schema, item in candidates(settings, name):
-        found = state.in_schema(database, schema, item)
-        if found is not None:
-            return found
-    return None
+    return catalog_view(state).first_item(places(name, settings.database, settings.search_path))
 
 
 def resolve(
@@ -130,7 +131,4 @@ def resolve(
 
 
 def resolve_cluster(state: CatalogState, name: str, position: int = 0) -> catalog_pb2.CatalogItem:
-    cluster = state.cluster_named(name)
-    if cluster is None:
-        raise SqlError(UNDEFINED_OBJECT, f'unknown cluster "{name}"', position)
-    return cluster
+    return catalog_view(state).resolve_cluster(name, position)

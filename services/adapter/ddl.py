@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from services.adapter.catalog_cache import CatalogCache, CatalogState, item_key, kind_of
 from services.adapter.catalog_names import (
     KIND_NAMES,
-    RELATION_KINDS,
+    catalog_view,
     find_in_schemas,
     full_name,
+    in_schema,
     kind_name,
     resolve,
 )
@@ -34,24 +35,23 @@ from services.adapter.holds import CollectionHolds
 from services.adapter.results import DEPENDENT_OBJECTS_STILL_EXIST, DUPLICATE_OBJECT
 from services.adapter.session import Settings
 from services.adapter.sql import statements as ast
+from services.adapter.sql.ddl import relation_schema
 from services.adapter.sql.errors import SqlError
 from services.adapter.sql.names import dotted
 from services.adapter.timestamps import Timestamps
-from tidemark.clients.catalog import CatalogClient, CatalogUpperMismatch
+from tidemark.clients.catalog import CatalogClient, CatalogUpperMismatch, insert, retract
 from tidemark.clients.storage import StorageClient
-from tidemark.columnar import Column, RelationSchema
-from tidemark.errors import AlreadyExists, InvalidArgument
+from tidemark.columnar import RelationSchema
+from tidemark.errors import AlreadyExists
 from tidemark.logging import get_logger
-from tidemark.v1 import catalog_pb2, common_pb2
+from tidemark.plan.catalog_relations import RELATION_KINDS
+from tidemark.v1 import catalog_pb2
 
 log = get_logger("services.adapter.ddl")
 
 DUPLICATE_TABLE = "42P07"
 DUPLICATE_DATABASE = "42P04"
 DUPLICATE_SCHEMA = "42P06"
-UNDEFINED_COLUMN = "42703"
-DUPLICATE_COLUMN = "42701"
-RESERVED_NAME = "42939"
 INVALID_PARAMETER = "22023"
 OWNER = "tidemark"
 DEFAULT_CLUSTER_SIZE = "local"
@@ -84,7 +84,7 @@ class CatalogDraft:
         return global_id
 
     def create(self, item: catalog_pb2.CatalogItem) -> catalog_pb2.CatalogItem:
-        self._updates.append(catalog_pb2.CatalogUpdate(item=item, time=self.time, diff=1))
+        self._updates.append(insert(item, self.time))
         self._added[item_key(item)] = item
         return item
 
@@ -92,7 +92,7 @@ class CatalogDraft:
         if item_key(item) in self._dropped:
             return
         self._dropped.add(item_key(item))
-        self._updates.append(catalog_pb2.CatalogUpdate(item=item, time=self.time, diff=-1))
+        self._updates.append(retract(item, self.time))
 
     def added(self, key: str) -> catalog_pb2.CatalogItem:
         """The item this draft creates under ``key``."""
@@ -109,8 +109,8 @@ class CatalogDraft:
             bumped = catalog_pb2.CatalogItem()
             bumped.CopyFrom(self._allocator)
             bumped.id_allocator.next = self._next
-            updates.append(catalog_pb2.CatalogUpdate(item=self._allocator, time=self.time, diff=-1))
-            updates.append(catalog_pb2.CatalogUpdate(item=bumped, time=self.time, diff=1))
+            updates.append(retract(self._allocator, self.time))
+            updates.append(insert(bumped, self.time))
         return updates
 
 
@@ -161,58 +161,11 @@ class CollectionMaker:
 Build = Callable[[CatalogDraft, CollectionMaker], Awaitable[DdlOutcome]]
 
 
-def relation_schema_of(item: catalog_pb2.CatalogItem) -> common_pb2.RelationSchema:
-    kind = kind_of(item)
-    if kind == "table":
-        return item.table.schema
-    if kind == "source":
-        return item.source.schema
-    if kind == "view":
-        return item.view.schema
-    if kind == "materialized_view":
-        return item.materialized_view.schema
-    raise InvalidArgument(f"{full_name(item)} is not a relation")
-
-
-def collection_of(item: catalog_pb2.CatalogItem) -> str | None:
-    """The storage collection behind a table, source or materialized view."""
-    kind = kind_of(item)
-    if kind == "table":
-        return item.table.collection_id or item.id
-    if kind == "source":
-        return item.source.collection_id or item.id
-    if kind == "materialized_view":
-        return item.materialized_view.output_collection_id or item.id
-    return None
-
-
 def table_schema(columns: tuple[ast.ColumnDef, ...]) -> RelationSchema:
-    seen: set[str] = set()
-    built = []
-    for column in columns:
-        if column.name in seen:
-            raise SqlError(
-                DUPLICATE_COLUMN,
-                f'column "{column.name}" specified more than once',
-                column.position,
-            )
-        seen.add(column.name)
-        scalar = column.type.type
-        try:
-            built.append(
-                Column(
-                    column.name,
-                    scalar.kind,
-                    not column.not_null,
-                    scalar.precision,
-                    scalar.scale,
-                )
-            )
-        except InvalidArgument as exc:
-            raise SqlError(RESERVED_NAME, exc.message, column.position) from None
-    if not built:
+    """The schema CREATE TABLE/SOURCE declares, which needs a column at least."""
+    if not columns:
         raise SqlError("42601", "a table needs at least one column")
-    return RelationSchema(built)
+    return relation_schema(columns)
 
 
 class DdlRunner:
@@ -284,7 +237,7 @@ def check_new_relation_name(
 ) -> str | None:
     """``None`` if the name is free; a notice if it is taken and ``IF NOT EXISTS`` was given;
     else 42P07."""
-    existing = state.in_schema(name.database, name.schema, name.item)
+    existing = in_schema(state, name.database, name.schema, name.item)
     if existing is None:
         return None
     if if_not_exists:
@@ -362,17 +315,10 @@ def resolve_drop_target(
     if kind == "cluster":
         return state.cluster_named(name[-1]) if len(name) == 1 else None
     if kind == "database":
-        return next((d for d in state.of_kind("database") if (d.name.database,) == name), None)
+        return catalog_view(state).database(name[0]) if len(name) == 1 else None
     if kind == "schema":
         database, schema = (settings.database, name[0]) if len(name) == 1 else name[:2]
-        return next(
-            (
-                s
-                for s in state.of_kind("schema")
-                if s.name.database == database and s.name.schema == schema
-            ),
-            None,
-        )
+        return catalog_view(state).schema(database, schema)
     found = find_in_schemas(state, settings, name)
     if found is None:
         return None

@@ -9,22 +9,29 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from services.adapter.catalog_cache import CatalogState, kind_of
-from services.adapter.catalog_names import full_name, qualify_new, resolve
+from services.adapter.catalog_cache import CatalogState
+from services.adapter.catalog_names import (
+    catalog_view,
+    full_name,
+    in_schema,
+    kind_name,
+    qualify_new,
+    require_database,
+    resolve,
+    resolve_cluster,
+    schema_exists,
+)
 from services.adapter.ddl import (
     DUPLICATE_DATABASE,
     DUPLICATE_SCHEMA,
     OWNER,
-    UNDEFINED_COLUMN,
     CatalogDraft,
     CollectionMaker,
     DdlOutcome,
     DdlRunner,
     check_droppable,
     check_new_relation_name,
-    collection_of,
     drop_closure,
-    relation_schema_of,
     resolve_drop_target,
     table_schema,
     unknown_object,
@@ -32,12 +39,14 @@ from services.adapter.ddl import (
 from services.adapter.results import DUPLICATE_OBJECT
 from services.adapter.session import Settings
 from services.adapter.sql import statements as ast
+from services.adapter.sql.catalog_view import bind, contents_collection
+from services.adapter.sql.ddl import key_positions
 from services.adapter.sql.errors import SqlError
 from services.adapter.sql.names import dotted
 from tidemark.columnar import RelationSchema
+from tidemark.plan.catalog_relations import RELATION_KINDS
 from tidemark.v1 import catalog_pb2, plan_pb2
 
-UNDEFINED_DATABASE = "3D000"
 INVALID_PARAMETER = "22023"
 DEFAULT_CLUSTER_SIZE = "local"
 
@@ -72,10 +81,8 @@ class DdlStatements:
         self, statement: ast.AnyStatement, settings: Settings
     ) -> Callable[[CatalogDraft, CollectionMaker], Awaitable[DdlOutcome]]:
         async def build(draft: CatalogDraft, maker: CollectionMaker) -> DdlOutcome:
-            if isinstance(statement, ast.CreateTable):
+            if isinstance(statement, ast.CreateTable | ast.CreateSource):
                 return await self._create_table(statement, settings, draft, maker)
-            if isinstance(statement, ast.CreateSource):
-                return await self._create_source(statement, settings, draft, maker)
             if isinstance(statement, ast.CreateView):
                 return await self._create_view(statement, settings, draft, maker)
             if isinstance(statement, ast.CreateIndex):
@@ -96,60 +103,32 @@ class DdlStatements:
 
     async def _create_table(
         self,
-        statement: ast.CreateTable,
+        statement: ast.CreateTable | ast.CreateSource,
         settings: Settings,
         draft: CatalogDraft,
         maker: CollectionMaker,
     ) -> DdlOutcome:
-        state = draft.state
-        name = qualify_new(state, settings, statement.name, statement.position)
-        skipped = check_new_relation_name(
-            state, name, statement.if_not_exists, statement.position, "table"
+        """CREATE TABLE or CREATE SOURCE: a relation kept in a new storage collection."""
+        is_source = isinstance(statement, ast.CreateSource)
+        tag = "CREATE SOURCE" if is_source else "CREATE TABLE"
+        name, skipped = _new_relation_name(
+            draft.state, settings, statement, "source" if is_source else "table"
         )
         if skipped is not None:
-            return DdlOutcome("CREATE TABLE", [skipped])
+            return DdlOutcome(tag, [skipped])
         schema = table_schema(statement.columns)
         global_id = await maker.make(draft, schema)
-        draft.create(
-            catalog_pb2.CatalogItem(
-                id=global_id,
-                name=name,
-                owner=OWNER,
-                table=catalog_pb2.Table(schema=schema.to_proto(), collection_id=global_id),
-            )
-        )
-        return DdlOutcome("CREATE TABLE")
-
-    async def _create_source(
-        self,
-        statement: ast.CreateSource,
-        settings: Settings,
-        draft: CatalogDraft,
-        maker: CollectionMaker,
-    ) -> DdlOutcome:
-        state = draft.state
-        name = qualify_new(state, settings, statement.name, statement.position)
-        skipped = check_new_relation_name(
-            state, name, statement.if_not_exists, statement.position, "source"
-        )
-        if skipped is not None:
-            return DdlOutcome("CREATE SOURCE", [skipped])
-        schema = table_schema(statement.columns)
-        global_id = await maker.make(draft, schema)
-        draft.create(
-            catalog_pb2.CatalogItem(
-                id=global_id,
-                name=name,
-                owner=OWNER,
-                source=catalog_pb2.Source(
-                    format=catalog_pb2.SOURCE_FORMAT_CDCV2,
-                    schema=schema.to_proto(),
-                    collection_id=global_id,
-                ),
-            )
-        )
+        item = catalog_pb2.CatalogItem(id=global_id, name=name, owner=OWNER)
+        body = item.source if is_source else item.table
+        body.schema.CopyFrom(schema.to_proto())
+        body.collection_id = global_id
+        if is_source:
+            item.source.format = catalog_pb2.SOURCE_FORMAT_CDCV2
+        draft.create(item)
+        if not is_source:
+            return DdlOutcome(tag)
         return DdlOutcome(
-            "CREATE SOURCE",
+            tag,
             [
                 f"source {full_name(draft.added(global_id))} records into storage "
                 f"collection {global_id}; feed it CDCv2 through Storage.IngestCdc with a write "
@@ -167,10 +146,7 @@ class DdlStatements:
         state = draft.state
         kind = "materialized_view" if statement.materialized else "view"
         tag = "CREATE MATERIALIZED VIEW" if statement.materialized else "CREATE VIEW"
-        name = qualify_new(state, settings, statement.name, statement.position)
-        skipped = check_new_relation_name(
-            state, name, statement.if_not_exists, statement.position, kind
-        )
+        name, skipped = _new_relation_name(state, settings, statement, kind)
         if skipped is not None:
             return DdlOutcome(tag, [skipped])
         definition = await self.plan_definition(
@@ -193,7 +169,7 @@ class DdlStatements:
             )
             return DdlOutcome(tag)
         cluster_name = statement.in_cluster or settings.cluster
-        cluster = _cluster(state, cluster_name, statement.position)
+        cluster = resolve_cluster(state, cluster_name, statement.position)
         global_id = await maker.make(draft, definition.schema)
         depends = [d for d in definition.depends_on if d != cluster.id] + [cluster.id]
         draft.create(
@@ -217,21 +193,8 @@ class DdlStatements:
         self, statement: ast.CreateIndex, settings: Settings, draft: CatalogDraft
     ) -> DdlOutcome:
         state = draft.state
-        relation = resolve(
-            state,
-            settings,
-            statement.on,
-            ("table", "source", "view", "materialized_view"),
-            statement.position,
-        )
-        columns = [c.name for c in relation_schema_of(relation).columns]
-        for column in statement.columns:
-            if column not in columns:
-                raise SqlError(
-                    UNDEFINED_COLUMN,
-                    f'column "{column}" does not exist in {full_name(relation)}',
-                    statement.position,
-                )
+        relation = resolve(state, settings, statement.on, RELATION_KINDS, statement.position)
+        key_positions(bind(relation), statement.columns, statement.position)
         index_name = statement.name or _default_index_name(state, relation, statement.columns)
         name = catalog_pb2.QualifiedName(
             database=relation.name.database, schema=relation.name.schema, item=index_name
@@ -241,7 +204,9 @@ class DdlStatements:
         )
         if skipped is not None:
             return DdlOutcome("CREATE INDEX", [skipped])
-        cluster = _cluster(state, statement.in_cluster or settings.cluster, statement.position)
+        cluster = resolve_cluster(
+            state, statement.in_cluster or settings.cluster, statement.position
+        )
         draft.create(
             catalog_pb2.CatalogItem(
                 id=draft.allocate(),
@@ -302,7 +267,7 @@ class DdlStatements:
 
     def _create_database(self, statement: ast.CreateDatabase, draft: CatalogDraft) -> DdlOutcome:
         state = draft.state
-        if any(d.name.database == statement.name for d in state.of_kind("database")):
+        if catalog_view(state).database(statement.name) is not None:
             if statement.if_not_exists:
                 return DdlOutcome(
                     "CREATE DATABASE", [f'database "{statement.name}" already exists, skipping']
@@ -339,14 +304,8 @@ class DdlStatements:
             database, schema = settings.database, statement.name[0]
         else:
             database, schema = statement.name[0], statement.name[1]
-        if not any(d.name.database == database for d in state.of_kind("database")):
-            raise SqlError(
-                UNDEFINED_DATABASE, f'database "{database}" does not exist', statement.position
-            )
-        exists = any(
-            s.name.database == database and s.name.schema == schema for s in state.of_kind("schema")
-        )
-        if exists:
+        require_database(state, database, statement.position)
+        if schema_exists(state, database, schema):
             if statement.if_not_exists:
                 return DdlOutcome("CREATE SCHEMA", [f'schema "{schema}" already exists, skipping'])
             raise SqlError(
@@ -385,20 +344,22 @@ class DdlStatements:
         for item in dropped:
             draft.drop(item)
             if item.id not in target_ids:
-                notices.append(f"drop cascades to {_kind_text(item)} {full_name(item)}")
-        collections = [c for c in (collection_of(i) for i in dropped) if c is not None]
+                notices.append(f"drop cascades to {kind_name(item)} {full_name(item)}")
+        collections = [c for c in (contents_collection(i) for i in dropped) if c is not None]
         return DdlOutcome(tag, notices, dropped_collections=collections)
 
 
-def _kind_text(item: catalog_pb2.CatalogItem) -> str:
-    return (kind_of(item) or "item").replace("_", " ")
-
-
-def _cluster(state: CatalogState, name: str, position: int) -> catalog_pb2.CatalogItem:
-    cluster = state.cluster_named(name)
-    if cluster is None:
-        raise SqlError("42704", f'unknown cluster "{name}"', position)
-    return cluster
+def _new_relation_name(
+    state: CatalogState,
+    settings: Settings,
+    statement: ast.CreateTable | ast.CreateSource | ast.CreateView,
+    kind: str,
+) -> tuple[catalog_pb2.QualifiedName, str | None]:
+    """Where the statement creates its relation, and the notice skipping it when the name is
+    taken and ``IF NOT EXISTS`` was given (42P07 without it)."""
+    name = qualify_new(state, settings, statement.name, statement.position)
+    position = statement.position
+    return name, check_new_relation_name(state, name, statement.if_not_exists, position, kind)
 
 
 def _default_index_name(
@@ -408,7 +369,7 @@ def _default_index_name(
     base = "_".join([relation.name.item, *columns, "idx"])
     candidate = base
     number = 1
-    while state.in_schema(relation.name.database, relation.name.schema, candidate) is not None:
+    while in_schema(state, relation.name.database, relation.name.schema, candidate) is not None:
         candidate = f"{base}{number}"
         number += 1
     return candidate

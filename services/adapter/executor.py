@@ -21,6 +21,7 @@ from services.adapter.results import (
     IN_FAILED_TRANSACTION,
     Outcome,
     expand,
+    output_columns,
     select_tag,
     sql_row,
     text_outcome,
@@ -227,7 +228,7 @@ class StatementExecutor:
         rows = apply_finishing(expand(result.rows), planned.finishing)
         return Outcome(
             select_tag(len(rows)),
-            self.planner.sql_columns(planned),
+            output_columns(planned),
             [sql_row(row) for row in rows],
             timestamp=timestamp,
         )

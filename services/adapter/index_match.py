@@ -16,11 +16,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from services.compute.catalog_plans import collections_read, relation_plan
 from tidemark.errors import InvalidArgument
+from tidemark.plan.catalog_relations import relation_plan
+from tidemark.plan.walk import collections_read, inputs, relations
 from tidemark.v1 import catalog_pb2, common_pb2, plan_pb2
-
-_RELATION = plan_pb2.Relation.DESCRIPTOR
 
 
 @dataclass(frozen=True)
@@ -44,36 +43,10 @@ def comparison_key(relation: plan_pb2.Relation) -> bytes:
     """The relation's bytes with every Get's schema left out."""
     copy = plan_pb2.Relation()
     copy.CopyFrom(relation)
-    for node in _nodes(copy):
+    for node in relations(copy):
         if node.WhichOneof("kind") == "get":
             node.get.ClearField("schema")
     return copy.SerializeToString(deterministic=True)
-
-
-def _children(relation: plan_pb2.Relation) -> list[plan_pb2.Relation]:
-    kind = relation.WhichOneof("kind")
-    if kind is None or kind == "get":
-        return []
-    node = getattr(relation, kind)
-    found: list[plan_pb2.Relation] = []
-    for field, value in node.ListFields():
-        if field.message_type is not _RELATION:
-            continue
-        if isinstance(value, plan_pb2.Relation):
-            found.append(value)
-        else:
-            found.extend(value)
-    return found
-
-
-def _nodes(relation: plan_pb2.Relation) -> list[plan_pb2.Relation]:
-    found = []
-    stack = [relation]
-    while stack:
-        node = stack.pop()
-        found.append(node)
-        stack.extend(_children(node))
-    return found
 
 
 def indexed_relations(
@@ -111,7 +84,7 @@ def match_indexes(plan: plan_pb2.Plan, indexes: Iterable[IndexedRelation]) -> In
     _replace(rewritten.root, by_key, used)
     if not used:
         return None
-    if set(collections_read(rewritten)) - set(used):
+    if collections_read(rewritten) - set(used):
         return None  # something is still read from storage
     first = used[0]
     root = rewritten.root
@@ -134,4 +107,4 @@ def _replace(
             node.get.schema.CopyFrom(indexed.schema)
             used.append(indexed.index_id)
             continue
-        stack.extend(_children(node))
+        stack.extend(inputs(node))

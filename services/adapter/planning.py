@@ -1,29 +1,23 @@
 """The SQL planner (``services.adapter.sql``) applied to the adapter's copy of the catalog.
 
 Name resolution needs a ``CatalogView`` of the catalog state a statement runs against; one is
-built per state and shared by every statement planned against it.
+built per state and shared by every statement run against it (``catalog_names.catalog_view``).
 """
 
 from __future__ import annotations
 
 from services.adapter.catalog_cache import CatalogState
+from services.adapter.catalog_names import catalog_view
 from services.adapter.ddl_statements import Definition
 from services.adapter.session import Settings
 from services.adapter.sql import CatalogView, PlannedQuery, plan_query, plan_view, view_schema
 from services.adapter.sql import statements as ast
 from services.adapter.sql.dml import ChangePlan, InsertPlan, plan_delete, plan_insert, plan_update
-from tidemark.v1 import adapter_pb2
-
-_VIEW = "catalog_view"
 
 
 class Planner:
     def view(self, state: CatalogState) -> CatalogView:
-        view = state.memo.get(_VIEW)
-        if not isinstance(view, CatalogView):
-            view = CatalogView(state)
-            state.memo[_VIEW] = view
-        return view
+        return catalog_view(state)
 
     def query(
         self, query: ast.Query, state: CatalogState, settings: Settings, *, finishing: bool = True
@@ -49,10 +43,3 @@ class Planner:
         """A view's plan, for CREATE [MATERIALIZED] VIEW."""
         planned = plan_view(query, self.view(state), settings.values, column_names)
         return Definition(planned.plan, view_schema(planned), tuple(sorted(planned.depends_on)))
-
-    @staticmethod
-    def sql_columns(planned: PlannedQuery) -> list[adapter_pb2.SqlColumn]:
-        return [
-            adapter_pb2.SqlColumn(name=c.name, type=c.sql_type, nullable=c.nullable)
-            for c in planned.columns
-        ]

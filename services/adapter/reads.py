@@ -23,11 +23,11 @@ from services.adapter.holds import CollectionGone, CollectionHolds
 from services.adapter.index_match import IndexPeek, indexed_relations, match_indexes
 from services.adapter.sql.errors import SqlError
 from services.adapter.timestamps import Timestamps
-from services.compute.catalog_plans import collections_read
 from tidemark.clients.compute import ComputeClient, PeekResult, one_shot
 from tidemark.columnar import Row
 from tidemark.errors import FailedPrecondition, NotFound
 from tidemark.logging import get_logger
+from tidemark.plan.walk import collections_read
 from tidemark.v1 import plan_pb2
 
 log = get_logger("services.adapter.reads")
@@ -66,7 +66,7 @@ def plan_inputs(plan: plan_pb2.Plan, state: CatalogState) -> PlanInputs:
             sources.add(collection_id)
         elif kind == "materialized_view" and item is not None:
             stored = plan_pb2.Plan.FromString(item.materialized_view.plan)
-            pending.extend(collections_read(stored))
+            pending.extend(sorted(collections_read(stored)))
         else:
             raise SqlError(
                 UNDEFINED_TABLE,

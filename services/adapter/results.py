@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.adapter.sql.errors import SqlError
+from services.adapter.sql.planned import PlannedQuery
 from services.adapter.sql.types import type_name
 from tidemark.columnar import Column
 from tidemark.errors import (
@@ -65,6 +66,14 @@ def sql_columns(
     return [
         adapter_pb2.SqlColumn(name=c.name, type=sql_type_name(c), nullable=c.nullable)
         for c in columns
+    ]
+
+
+def output_columns(planned: PlannedQuery) -> list[adapter_pb2.SqlColumn]:
+    """The columns a query's rows come with."""
+    return [
+        adapter_pb2.SqlColumn(name=c.name, type=c.sql_type, nullable=c.nullable)
+        for c in planned.columns
     ]
 
 

@@ -27,7 +27,7 @@ from services.adapter.backends import Backends
 from services.adapter.catalog_cache import CatalogState
 from services.adapter.holds import CollectionHolds
 from services.adapter.reads import PlanInputs, QueryReader, plan_inputs
-from services.adapter.results import sql_row
+from services.adapter.results import output_columns, sql_row
 from services.adapter.sql.errors import SqlError
 from services.adapter.sql.planned import Finishing, PlannedQuery
 from services.adapter.timestamps import Timestamps
@@ -135,10 +135,7 @@ class Subscriptions:
         try:
             yield adapter_pb2.SubscribeSqlResponse(
                 header=adapter_pb2.SubscribeHeader(
-                    columns=[
-                        adapter_pb2.SqlColumn(name=c.name, type=c.sql_type, nullable=c.nullable)
-                        for c in planned.columns
-                    ],
+                    columns=output_columns(planned),
                     as_of=as_of,
                 )
             )

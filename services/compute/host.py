@@ -24,7 +24,7 @@ import pyarrow as pa
 from services.compute.engines import Engine
 from services.compute.oneshot import evaluate_at, result_table
 from services.compute.output import OutputWriter
-from services.compute.planning import checked_plan, read_collections
+from services.compute.planning import checked_plan
 from services.compute.running import RunningDataflow, RunSettings
 from services.compute.spec import DataflowInputSpec, DataflowSpec
 from services.compute.subscriptions import output_changes
@@ -40,6 +40,7 @@ from tidemark.errors import (
 )
 from tidemark.frontier import u64_frontier
 from tidemark.logging import get_logger
+from tidemark.plan.walk import collections_read
 from tidemark.v1 import common_pb2, compute_pb2, plan_pb2, storage_pb2
 
 log = get_logger("compute.host")
@@ -160,7 +161,7 @@ class DataflowManager:
         input_ids = [i.collection_id for i in spec.inputs]
         if len(set(input_ids)) != len(input_ids):
             raise InvalidArgument(f"an input is named twice: {sorted(input_ids)}")
-        read = read_collections(spec.plan) if spec.plan.HasField("root") else set()
+        read = collections_read(spec.plan)
         if set(input_ids) != read:
             raise InvalidArgument(
                 f"the inputs {sorted(input_ids)} are not the collections the plan reads "
@@ -246,35 +247,38 @@ class DataflowManager:
         self, spec: DataflowInputSpec, acquired: list[Capability]
     ) -> Capability:
         if spec.read_capability is None:
-            pair = await self.storage.acquire(spec.collection_id, self.settings.holder)
-            for capability in (pair.read, pair.write):
-                if capability.usable:
-                    acquired.append(capability)
-            if pair.write.usable:
-                await self.storage.drop(pair.write)
-                acquired.remove(pair.write)
-            if not pair.read.usable:
+            read = await self._acquire_one(spec.collection_id, acquired, write=False)
+            if read is None:
                 raise FailedPrecondition(
                     f"input collection {spec.collection_id!r} can no longer be read"
                 )
-            return pair.read
+            return read
         return await self._checked(spec.collection_id, spec.read_capability, "read")
 
     async def _write_capability(self, spec: DataflowSpec, acquired: list[Capability]) -> Capability:
         collection_id = spec.output_collection_id
         assert collection_id is not None
         if spec.output_write_capability is None:
-            pair = await self.storage.acquire(collection_id, self.settings.holder)
-            for capability in (pair.read, pair.write):
-                if capability.usable:
-                    acquired.append(capability)
-            if pair.read.usable:
-                await self.storage.drop(pair.read)
-                acquired.remove(pair.read)
-            if not pair.write.usable:
+            write = await self._acquire_one(collection_id, acquired, write=True)
+            if write is None:
                 raise FailedPrecondition(f"output collection {collection_id!r} is closed")
-            return pair.write
+            return write
         return await self._checked(collection_id, spec.output_write_capability, "write")
+
+    async def _acquire_one(
+        self, collection_id: str, acquired: list[Capability], *, write: bool
+    ) -> Capability | None:
+        """A fresh write (or read) capability on the collection, the other one of the pair
+        dropped; ``None`` if storage no longer grants it. What is held is in ``acquired``."""
+        pair = await self.storage.acquire(collection_id, self.settings.holder)
+        kept, other = (pair.write, pair.read) if write else (pair.read, pair.write)
+        for capability in (pair.read, pair.write):
+            if capability.usable:
+                acquired.append(capability)
+        if other.usable:
+            await self.storage.drop(other)
+            acquired.remove(other)
+        return kept if kept.usable else None
 
     async def _checked(
         self, collection_id: str, ref: storage_pb2.CapabilityRef, kind: str
@@ -336,7 +340,7 @@ class DataflowManager:
         if not target.has_index:
             raise FailedPrecondition(f"dataflow {dataflow_id!r} keeps no index")
         indexes = {dataflow_id: target}
-        for index_id in sorted(read_collections(finishing) - {dataflow_id}):
+        for index_id in sorted(collections_read(finishing) - {dataflow_id}):
             running = self._dataflows.get(index_id)
             if running is None or not running.has_index:
                 raise InvalidArgument(
@@ -347,7 +351,7 @@ class DataflowManager:
         contents_by_index = {}
         for index_id, running in indexes.items():
             contents_by_index[index_id] = await running.peek(timestamp, deadline)
-        read = read_collections(plan)
+        read = collections_read(plan)
         result = await evaluate_at(
             plan, timestamp, {i: c for i, c in contents_by_index.items() if i in read}
         )
@@ -361,7 +365,7 @@ class DataflowManager:
         deadline: float,
     ) -> PeekAnswer:
         input_ids = [i.collection_id for i in inputs]
-        read = read_collections(plan) if plan.HasField("root") else set()
+        read = collections_read(plan)
         if set(input_ids) != read or len(set(input_ids)) != len(input_ids):
             raise InvalidArgument(
                 f"the inputs {sorted(input_ids)} are not the collections the plan reads "

@@ -7,42 +7,20 @@ the plan exactly as the engine will run it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 from tidemark.columnar import RelationSchema
 from tidemark.errors import InvalidArgument
 from tidemark.plan import check_plan
+from tidemark.plan.walk import relations
 from tidemark.v1 import plan_pb2
-
-
-def _relations(relation: plan_pb2.Relation) -> Iterator[plan_pb2.Relation]:
-    """Every relation node of the tree, ``relation`` first."""
-    stack = [relation]
-    while stack:
-        node = stack.pop()
-        yield node
-        kind = node.WhichOneof("kind")
-        if kind is None:
-            continue
-        body = getattr(node, kind)
-        for field, value in body.ListFields():
-            if field.message_type is plan_pb2.Relation.DESCRIPTOR:
-                if isinstance(value, plan_pb2.Relation):
-                    stack.append(value)
-                else:
-                    stack.extend(value)
-
-
-def read_collections(plan: plan_pb2.Plan) -> set[str]:
-    """The collection ids the plan's Gets name."""
-    return {node.get.collection_id for node in _relations(plan.root) if node.HasField("get")}
 
 
 def with_input_schemas(plan: plan_pb2.Plan, schemas: Mapping[str, RelationSchema]) -> plan_pb2.Plan:
     """A copy of ``plan`` whose Gets all carry their collection's schema."""
     filled = plan_pb2.Plan()
     filled.CopyFrom(plan)
-    for node in _relations(filled.root):
+    for node in relations(filled.root):
         if node.HasField("get") and not node.get.schema.columns:
             known = schemas.get(node.get.collection_id)
             if known is not None:
@@ -66,7 +44,7 @@ def rename_collections(plan: plan_pb2.Plan, names: Mapping[str, str]) -> plan_pb
     """A copy of ``plan`` whose Gets read ``names[old]`` instead of ``old`` (others unchanged)."""
     renamed = plan_pb2.Plan()
     renamed.CopyFrom(plan)
-    for node in _relations(renamed.root):
+    for node in relations(renamed.root):
         if node.HasField("get") and node.get.collection_id in names:
             node.get.collection_id = names[node.get.collection_id]
     return renamed

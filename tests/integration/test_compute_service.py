@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-from services.compute.planning import read_collections, rename_collections
+from services.compute.planning import rename_collections
 from tests.support.compute import (
     Collections,
     Stack,
@@ -45,6 +45,7 @@ from tidemark.frontier import u64_frontier
 from tidemark.lattice import U64
 from tidemark.plan import builders as pb
 from tidemark.plan import check_plan
+from tidemark.plan.walk import collections_read
 from tidemark.v1 import plan_pb2, storage_pb2
 
 pytestmark = pytest.mark.spark
@@ -118,7 +119,7 @@ async def check_scenario(stack: Stack, scenario: Scenario) -> None:
         dataflow_id = new_id("random")
 
         async def install() -> None:
-            read = read_collections(plan)
+            read = collections_read(plan)
             caps = [await collections.read_capability(cid) for cid in names.values() if cid in read]
             write = await collections.write_capability(output)
             result = await compute.maintain_view(

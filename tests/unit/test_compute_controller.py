@@ -13,7 +13,6 @@ from structlog.testing import capture_logs
 from services.catalog.catalog import Catalog, CatalogSettings
 from services.catalog.log import MemoryCatalogLog
 from services.catalog.service import catalog_service
-from services.compute.catalog_plans import collections_read
 from services.compute.controller import CatalogController, ControllerRetry
 from services.compute.spec import DataflowSpec
 from tests.support.catalog_items import Draft, int_columns
@@ -29,7 +28,6 @@ from tests.support.compute_catalog import (
     view,
 )
 from tidemark.clients.catalog import CatalogClient
-from tidemark.columnar import RelationSchema
 from tidemark.errors import DeadlineExceeded
 from tidemark.plan import builders as pb
 from tidemark.rpc import Server
@@ -458,22 +456,3 @@ async def test_a_resume_point_compacted_away_starts_over_at_the_current_time(
     assert set(host.dataflows) == {kept.id, new.id}
     assert sorted(host.events[:2]) == sorted([("install", kept.id), ("install", gone.id)])
     assert host.events[2:] == [("drop", gone.id), ("install", new.id)]
-
-
-def test_collections_read_finds_every_get_once_in_every_kind_of_node() -> None:
-    deep = pb.get("u1", AB)
-    for _ in range(40):
-        deep = pb.filter(deep)
-    root = pb.let(
-        1,
-        pb.union(pb.get("u3", AB), pb.negate(pb.get("u2", AB))),
-        pb.join(
-            pb.reduce(pb.local_get(1), [0], [pb.aggregate("count")]),
-            pb.top_k(pb.distinct(deep), [0], [1], limit=3),
-            [0],
-            [0],
-        ),
-    )
-    plan = pb.plan(root)
-    assert collections_read(plan) == ["u1", "u2", "u3"]
-    assert collections_read(pb.plan(pb.constant(RelationSchema.from_proto(AB), [(1, 2)]))) == []

@@ -26,7 +26,6 @@ from services.adapter.sql import (
     plan_query,
     plan_update,
     plan_view,
-    read_plan,
     relation_schema,
     type_name,
 )
@@ -34,6 +33,7 @@ from services.adapter.sql.statements import CreateView, Delete, Insert, Select, 
 from services.adapter.sql.types import parse_type_name
 from tests.support.reference_eval import evaluate
 from tidemark.columnar import Column, ColumnType, RelationSchema
+from tidemark.plan.catalog_relations import relation_plan
 from tidemark.plan.scalar_types import ScalarType
 from tidemark.v1 import catalog_pb2
 
@@ -673,17 +673,18 @@ def test_relation_schema_from_column_definitions() -> None:
         assert caught.value.position == sql.index("a text" if code == "42701" else "time ") + 1
 
 
-def test_read_plan_and_index_keys(world: SqlWorld) -> None:
+def test_relation_plan_and_index_keys(world: SqlWorld) -> None:
     world.add_view("v", "SELECT b, a FROM t WHERE a > 1")
     table = world.catalog.resolve(("t",), {})
     view = world.catalog.resolve(("v",), {})
-    assert read_plan(table).root.get.collection_id == world.ids["t"]
-    assert read_plan(view) == view.plan
-    assert evaluate(read_plan(view), world.data) == {(None, 2): 2, ("x", 3): 1}
+    assert relation_plan(table.item).root.get.collection_id == world.ids["t"]
+    assert relation_plan(view.item) == view.plan
+    assert evaluate(relation_plan(view.item), world.data) == {(None, 2): 2, ("x", 3): 1}
     assert key_positions(view, ["a"]) == [1]
     with pytest.raises(SqlError) as caught:
         key_positions(view, ["c"], position=9)
     assert (caught.value.code, caught.value.position) == ("42703", 9)
+    assert caught.value.message == 'column "c" does not exist in tidemark.public.v'
     assert [i.id for i in world.catalog.indexes_on(view.id)] == []
 
 

@@ -20,18 +20,12 @@ from services.adapter.sql.catalog_view import (
     search_path,
     session_database,
 )
-from services.adapter.sql.ddl import key_positions, read_plan, relation_schema
+from services.adapter.sql.ddl import key_positions, relation_schema
 from services.adapter.sql.dml import ChangePlan, InsertPlan, plan_delete, plan_insert, plan_update
 from services.adapter.sql.errors import SqlError
 from services.adapter.sql.parser import parse
 from services.adapter.sql.planned import Finishing, OutputColumn, PlannedQuery, SortSpec
-from services.adapter.sql.query import (
-    collections_read,
-    explain_query,
-    plan_query,
-    plan_view,
-    view_schema,
-)
+from services.adapter.sql.query import explain_query, plan_query, plan_view, view_schema
 from services.adapter.sql.types import SqlType, parse_type_name, type_name
 
 __all__ = [
@@ -48,7 +42,6 @@ __all__ = [
     "SortSpec",
     "SqlError",
     "SqlType",
-    "collections_read",
     "explain_query",
     "key_positions",
     "parse",
@@ -58,7 +51,6 @@ __all__ = [
     "plan_query",
     "plan_update",
     "plan_view",
-    "read_plan",
     "relation_schema",
     "search_path",
     "session_database",

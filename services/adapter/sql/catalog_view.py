@@ -7,7 +7,7 @@ session (its database and search_path), the items of a schema, the indexes of a 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from services.adapter.sql.errors import (
@@ -19,13 +19,13 @@ from services.adapter.sql.errors import (
 )
 from services.adapter.sql.names import QualifiedName, dotted
 from tidemark.columnar import RelationSchema
+from tidemark.plan.catalog_relations import RELATION_KINDS, collection_of, relation_schema
 from tidemark.v1 import catalog_pb2, plan_pb2
 
 DEFAULT_DATABASE = "tidemark"
 DEFAULT_SCHEMA = "public"
 DEFAULT_CLUSTER = "default"
 
-RELATION_KINDS = ("table", "source", "view", "materialized_view")
 # The kinds sharing the per-schema namespace of relations.
 ITEM_KINDS = (*RELATION_KINDS, "index")
 
@@ -49,6 +49,21 @@ def search_path(settings: Mapping[str, str]) -> list[str]:
         if name and name != "$user":
             schemas.append(name)
     return schemas
+
+
+def places(
+    name: QualifiedName, database: str, schemas: Sequence[str]
+) -> list[tuple[str, str, str]]:
+    """The ``(database, schema, item)`` places a name of one to three parts may denote, in
+    lookup order: ``name`` in each of ``schemas`` of ``database``, ``schema.name`` in
+    ``database``, or ``database.schema.name``."""
+    if len(name) == 1:
+        return [(database, schema, name[0]) for schema in schemas]
+    if len(name) == 2:
+        return [(database, name[0], name[1])]
+    if len(name) == 3:
+        return [(name[0], name[1], name[2])]
+    return []
 
 
 @dataclass(frozen=True)
@@ -75,29 +90,26 @@ def item_name(item: catalog_pb2.CatalogItem) -> QualifiedName:
     return tuple(part for part in (name.database, name.schema, name.item) if part)
 
 
+def contents_collection(item: catalog_pb2.CatalogItem) -> str | None:
+    """The storage collection holding a table's, source's or materialized view's contents: the
+    one it names, else the one with its own id (DDL gives it that one); ``None`` for the other
+    kinds."""
+    named = collection_of(item)
+    return None if named is None else named or item.id
+
+
 def bind(item: catalog_pb2.CatalogItem) -> BoundRelation:
     """The relation a table, source, view or materialized view item describes."""
     kind = item_kind(item)
-    plan: plan_pb2.Plan | None = None
-    collection_id: str | None = None
-    if kind == "table":
-        schema, collection_id = item.table.schema, item.table.collection_id or item.id
-    elif kind == "source":
-        schema, collection_id = item.source.schema, item.source.collection_id or item.id
-    elif kind == "materialized_view":
-        view = item.materialized_view
-        schema, collection_id = view.schema, view.output_collection_id or item.id
-    elif kind == "view":
-        schema = item.view.schema
-        plan = plan_pb2.Plan.FromString(item.view.plan)
-    else:
+    if kind not in RELATION_KINDS:
         raise SqlError("42809", f'"{dotted(item_name(item))}" is not a relation (it is a {kind})')
+    plan = plan_pb2.Plan.FromString(item.view.plan) if kind == "view" else None
     return BoundRelation(
         id=item.id,
         kind=kind,
         name=item_name(item),
-        schema=RelationSchema.from_proto(schema),
-        collection_id=collection_id,
+        schema=RelationSchema.from_proto(relation_schema(item)),
+        collection_id=contents_collection(item),
         plan=plan,
         item=item,
     )
@@ -166,22 +178,26 @@ class CatalogView:
     def candidates(
         self, name: QualifiedName, settings: Mapping[str, str], position: int = 0
     ) -> list[tuple[str, str, str]]:
-        """The (database, schema, item) keys an item name may denote, in lookup order: the
-        search path's schemas for an unqualified name. Raises 3D000/3F000 for a qualified name
-        whose database or schema does not exist."""
-        if len(name) == 1:
-            database = session_database(settings)
-            return [(database, schema, name[0]) for schema in search_path(settings)]
-        if len(name) == 2:
-            database, schema = session_database(settings), name[0]
-        else:
-            database, schema = name[0], name[1]
-        self._require_database(database, position)
-        if self.schema(database, schema) is None:
-            raise SqlError(
-                UNDEFINED_SCHEMA, f'schema "{database}.{schema}" does not exist', position
-            )
-        return [(database, schema, name[-1])]
+        """The (database, schema, item) keys an item name may denote, in lookup order (see
+        ``places``). Raises 3D000/3F000 for a qualified name whose database or schema does not
+        exist."""
+        found = places(name, session_database(settings), search_path(settings))
+        if len(name) > 1:
+            database, schema, _ = found[0]
+            self._require_database(database, position)
+            if self.schema(database, schema) is None:
+                raise SqlError(
+                    UNDEFINED_SCHEMA, f'schema "{database}.{schema}" does not exist', position
+                )
+        return found
+
+    def first_item(self, keys: Iterable[tuple[str, str, str]]) -> catalog_pb2.CatalogItem | None:
+        """The relation or index at the first of ``keys`` that holds one."""
+        for key in keys:
+            item = self._objects.get(key)
+            if item is not None:
+                return item
+        return None
 
     def find_item(
         self,
@@ -191,31 +207,24 @@ class CatalogView:
         position: int = 0,
     ) -> catalog_pb2.CatalogItem | None:
         """The item of one of ``kinds`` that ``name`` denotes, or None."""
-        wanted = set(kinds)
-        for key in self.candidates(name, settings, position):
-            item = self._objects.get(key)
-            if item is not None:
-                return item if item_kind(item) in wanted else None
-        return None
+        item = self.first_item(self.candidates(name, settings, position))
+        return item if item is not None and item_kind(item) in set(kinds) else None
 
     def resolve(
         self, name: QualifiedName, settings: Mapping[str, str], position: int = 0
     ) -> BoundRelation:
         """The table, source, view or materialized view ``name`` denotes (42P01 if none)."""
-        for key in self.candidates(name, settings, position):
-            item = self._objects.get(key)
-            if item is not None:
-                if item_kind(item) not in RELATION_KINDS:
-                    raise SqlError(
-                        "42809", f'"{dotted(name)}" is an index, not a relation', position
-                    )
-                return bind(item)
-        raise SqlError(UNDEFINED_TABLE, f'relation "{dotted(name)}" does not exist', position)
+        item = self.first_item(self.candidates(name, settings, position))
+        if item is None:
+            raise SqlError(UNDEFINED_TABLE, f'relation "{dotted(name)}" does not exist', position)
+        if item_kind(item) not in RELATION_KINDS:
+            raise SqlError("42809", f'"{dotted(name)}" is an index, not a relation', position)
+        return bind(item)
 
     def resolve_cluster(self, name: str, position: int = 0) -> catalog_pb2.CatalogItem:
         cluster = self.cluster(name)
         if cluster is None:
-            raise SqlError(UNDEFINED_OBJECT, f'cluster "{name}" does not exist', position)
+            raise SqlError(UNDEFINED_OBJECT, f'unknown cluster "{name}"', position)
         return cluster
 
     def objects_in(

@@ -1,5 +1,6 @@
-"""What DDL statements need from planning: relation schemas from column definitions, the
-plan an index or subscription reads a relation with, and index keys checked against it."""
+"""What DDL statements need from planning: relation schemas from column definitions, and index
+keys checked against the relation (``tidemark.plan.catalog_relations`` has the plan an index
+reads its relation with)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from services.adapter.sql.statements import ColumnDef
 from tidemark.columnar import Column, RelationSchema
 from tidemark.columnar.schema import RESERVED_COLUMNS
 from tidemark.errors import InvalidArgument
-from tidemark.plan import builders as pb
-from tidemark.v1 import plan_pb2
+from tidemark.plan import catalog_relations
+from tidemark.plan.catalog_relations import UnknownColumn
 
 
 def relation_schema(columns: Sequence[ColumnDef]) -> RelationSchema:
@@ -48,24 +49,13 @@ def relation_schema(columns: Sequence[ColumnDef]) -> RelationSchema:
     return RelationSchema(built)
 
 
-def read_plan(relation: BoundRelation) -> plan_pb2.Plan:
-    """The plan reading a relation's contents: a view's stored plan, else its collection."""
-    if relation.plan is not None:
-        return relation.plan
-    assert relation.collection_id is not None
-    return pb.plan(pb.get(relation.collection_id, relation.schema), relation.schema)
-
-
 def key_positions(relation: BoundRelation, names: Sequence[str], position: int = 0) -> list[int]:
     """The positions of an index's key columns (42703 for a column the relation lacks)."""
-    known = relation.schema.names
-    positions = []
-    for name in names:
-        if name not in known:
-            raise SqlError(
-                UNDEFINED_COLUMN,
-                f'column "{name}" does not exist in "{dotted(relation.name)}"',
-                position,
-            )
-        positions.append(known.index(name))
-    return positions
+    try:
+        return list(catalog_relations.key_positions(relation.item, names))
+    except UnknownColumn as exc:
+        raise SqlError(
+            UNDEFINED_COLUMN,
+            f'column "{exc.column}" does not exist in {dotted(relation.name)}',
+            position,
+        ) from None

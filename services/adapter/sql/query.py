@@ -29,6 +29,7 @@ from tidemark.errors import InvalidArgument
 from tidemark.plan import builders as pb
 from tidemark.plan import check_plan, explain
 from tidemark.plan.scalar_types import ScalarType
+from tidemark.plan.walk import collections_read
 from tidemark.v1 import plan_pb2
 
 INTERNAL_ERROR = "XX000"
@@ -91,30 +92,9 @@ def _finish(planned: Planned, depends_on: set[str]) -> PlannedQuery:
         plan=plan,
         columns=columns,
         depends_on=frozenset(depends_on),
-        collections=frozenset(collections_read(plan.root)),
+        collections=frozenset(collections_read(plan)),
         finishing=finishing,
     )
-
-
-def collections_read(relation: plan_pb2.Relation) -> set[str]:
-    """The storage collections a plan's Get nodes read."""
-    found: set[str] = set()
-    stack = [relation]
-    while stack:
-        node = stack.pop()
-        kind = node.WhichOneof("kind")
-        if kind is None:
-            continue
-        if kind == "get":
-            found.add(node.get.collection_id)
-            continue
-        inner = getattr(node, kind)
-        for _, value in inner.ListFields():
-            if isinstance(value, plan_pb2.Relation):
-                stack.append(value)
-            elif isinstance(value, Sequence) and value and isinstance(value[0], plan_pb2.Relation):
-                stack.extend(value)
-    return found
 
 
 def plan_view(
