@@ -20,6 +20,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
+from tidemark.tasks import cancel_and_wait
+
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 
@@ -106,11 +108,7 @@ class GroupCommit(Generic[Req, Resp]):
 
     async def close(self) -> None:
         if self._runner is not None and not self._runner.done():
-            self._runner.cancel()
-            try:
-                await self._runner
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(self._runner)
         for _, fut in self._pending:
             if not fut.done():
                 fut.cancel()

@@ -18,28 +18,22 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from tidemark.catalog_items import allocator_key, cluster_named, item_key
 from tidemark.change_signal import ChangeSignal
 from tidemark.clients.catalog import CatalogChange, CatalogClient
 from tidemark.errors import DeadlineExceeded, FailedPrecondition, TidemarkError
 from tidemark.logging import get_logger
 from tidemark.retry import RetryPolicy
+from tidemark.tasks import cancel_and_wait
 from tidemark.v1 import catalog_pb2
 
 log = get_logger("services.adapter.catalog_cache")
 
-ALLOCATOR_PREFIX = "allocator:"
 # Changes kept for answering ``state_at`` a little behind the frontier without a round trip.
 RECENT_CHANGES = 2048
 RESUBSCRIBE = RetryPolicy(total_seconds=1e9, initial_backoff=0.05, max_backoff=1.0)
 
 Listener = Callable[[list[CatalogChange]], None]
-
-
-def item_key(item: catalog_pb2.CatalogItem) -> str:
-    """The key the catalog holds one item under: its GlobalId, or ``allocator:<name>``."""
-    if item.WhichOneof("body") == "id_allocator":
-        return ALLOCATOR_PREFIX + item.id_allocator.name
-    return item.id
 
 
 def kind_of(item: catalog_pb2.CatalogItem) -> str:
@@ -69,7 +63,7 @@ class CatalogState:
         return self._items.get(global_id)
 
     def allocator(self, name: str) -> catalog_pb2.CatalogItem:
-        item = self._items.get(ALLOCATOR_PREFIX + name)
+        item = self._items.get(allocator_key(name))
         if item is None:
             raise FailedPrecondition(f"the catalog has no {name!r} id allocator")
         return item
@@ -78,10 +72,7 @@ class CatalogState:
         return [item for item in self._items.values() if kind_of(item) in kinds]
 
     def cluster_named(self, name: str) -> catalog_pb2.CatalogItem | None:
-        return next(
-            (c for c in self.of_kind("cluster") if c.name.item == name),
-            None,
-        )
+        return cluster_named(self._items.values(), name)
 
     def direct_dependents(self, global_id: str) -> list[catalog_pb2.CatalogItem]:
         return [item for item in self._items.values() if global_id in item.depends_on]
@@ -165,9 +156,7 @@ class CatalogCache:
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
 
     async def wait_for(self, upper: int, timeout: float) -> None:  # noqa: ASYNC109

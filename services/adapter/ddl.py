@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from services.adapter.catalog_cache import CatalogCache, CatalogState, item_key, kind_of
+from services.adapter.catalog_cache import CatalogCache, CatalogState, kind_of
 from services.adapter.catalog_names import (
     KIND_NAMES,
     catalog_view,
@@ -39,6 +39,7 @@ from services.adapter.sql.ddl import relation_schema
 from services.adapter.sql.errors import SqlError
 from services.adapter.sql.names import dotted
 from services.adapter.timestamps import Timestamps
+from tidemark.catalog_items import item_key
 from tidemark.clients.catalog import CatalogClient, CatalogUpperMismatch, insert, retract
 from tidemark.clients.storage import StorageClient
 from tidemark.columnar import RelationSchema

@@ -22,6 +22,7 @@ from tidemark.clients.storage import Capability, CapabilityPair, StorageClient
 from tidemark.columnar.updates import frontier_bound
 from tidemark.errors import FailedPrecondition, NotFound, PermissionDenied, TidemarkError
 from tidemark.logging import get_logger
+from tidemark.tasks import cancel_and_wait
 
 log = get_logger("services.adapter.holds")
 
@@ -122,9 +123,7 @@ class CollectionHolds:
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
 
     async def _upkeep(self) -> None:

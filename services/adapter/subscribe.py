@@ -39,6 +39,7 @@ from tidemark.errors import TidemarkError
 from tidemark.frontier import Antichain
 from tidemark.lattice import U64
 from tidemark.logging import get_logger
+from tidemark.tasks import cancel_and_wait
 from tidemark.v1 import adapter_pb2, plan_pb2
 
 log = get_logger("services.adapter.subscribe")
@@ -159,9 +160,7 @@ class Subscriptions:
                     if frontier.is_empty():
                         return
         finally:
-            ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await ticker
+            await cancel_and_wait(ticker)
             await _close(source)
 
     async def _tick(self, inputs: PlanInputs) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from tidemark.catalog_items import describe, item_key
 from tidemark.columnar import RelationSchema
 from tidemark.errors import InvalidArgument
 from tidemark.global_id import validate_global_id
@@ -47,7 +48,6 @@ SCHEMA_MEMBER_KINDS: frozenset[str] = RELATION_KINDS | {"index"}
 ALLOCATOR_PREFIXES: dict[str, str] = {"user": "u", "system": "s"}
 PREFIX_ALLOCATORS: dict[str, str] = {prefix: name for name, prefix in ALLOCATOR_PREFIXES.items()}
 
-ALLOCATOR_KEY_PREFIX = "allocator:"
 MAX_NAME_LENGTH = 255
 
 NameKey = tuple[str, ...]
@@ -60,18 +60,6 @@ def kind_of(item: catalog_pb2.CatalogItem) -> Kind:
     if kind is None:
         raise InvalidArgument(f"catalog item {item.id or '(no id)'} has no body (kind)")
     return kind
-
-
-def item_key(item: catalog_pb2.CatalogItem) -> str:
-    """The key the catalog holds at most one item under: the GlobalId, or for an allocator
-    ``allocator:<name>``."""
-    if item.WhichOneof("body") == "id_allocator":
-        return ALLOCATOR_KEY_PREFIX + item.id_allocator.name
-    return item.id
-
-
-def allocator_key(name: str) -> str:
-    return ALLOCATOR_KEY_PREFIX + name
 
 
 def encode(item: catalog_pb2.CatalogItem) -> bytes:
@@ -142,17 +130,6 @@ def references(item: catalog_pb2.CatalogItem) -> list[tuple[str, frozenset[str],
     if kind == "materialized_view":
         return [(item.materialized_view.cluster_id, frozenset({"cluster"}), "cluster")]
     return []
-
-
-def describe(item: catalog_pb2.CatalogItem) -> str:
-    """A short human description, e.g. ``table db.public.t (u5)``."""
-    kind = item.WhichOneof("body") or "item"
-    if kind == "id_allocator":
-        return f"id allocator {item.id_allocator.name!r}"
-    name = item.name
-    parts = [p for p in (name.database, name.schema, name.item) if p]
-    label = ".".join(parts) if parts else "(unnamed)"
-    return f"{kind.replace('_', ' ')} {label} ({item.id or 'no id'})"
 
 
 def global_id_number(global_id: str) -> tuple[str, int]:

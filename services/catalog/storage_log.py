@@ -38,6 +38,7 @@ from tidemark.errors import (
 from tidemark.frontier import Antichain
 from tidemark.lattice import U64
 from tidemark.logging import get_logger
+from tidemark.tasks import cancel_and_wait
 
 logger = get_logger("tidemark.catalog.storage")
 
@@ -204,9 +205,7 @@ class StorageCatalogLog(CatalogLog):
         # The capabilities are deliberately kept: dropping the only read capability would let
         # the collection's since become {} and its contents be discarded.
         if self._keeper is not None:
-            self._keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._keeper
+            await cancel_and_wait(self._keeper)
             self._keeper = None
 
 

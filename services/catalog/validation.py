@@ -29,14 +29,13 @@ from services.catalog.items import (
     PREFIX_ALLOCATORS,
     NameKey,
     Row,
-    allocator_key,
     check_item,
     container_key,
-    describe,
     global_id_number,
     namespace_key,
     references,
 )
+from tidemark.catalog_items import allocator_key, describe
 from tidemark.errors import AlreadyExists, FailedPrecondition, InvalidArgument
 from tidemark.v1 import catalog_pb2
 

@@ -9,7 +9,6 @@ installing and dropping the dataflows the catalog assigns to this cluster.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass
 
 from services.compute.controller import CatalogController
@@ -24,6 +23,7 @@ from tidemark.config import ServiceConfig, listen_setting, setting
 from tidemark.logging import get_logger
 from tidemark.rpc import announce_port, serve
 from tidemark.runner import run_service
+from tidemark.tasks import cancel_and_wait
 
 log = get_logger("compute")
 
@@ -144,11 +144,7 @@ async def main(config: ComputeConfig) -> None:
         if following is not None and following in done:
             raise RuntimeError("the catalog controller stopped")
     finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*tasks)
         await host.close()
         await engine.close()
         if catalog is not None:

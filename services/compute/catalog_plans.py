@@ -16,13 +16,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from services.compute.spec import DataflowInputSpec, DataflowSpec
+from tidemark.catalog_items import describe
 from tidemark.errors import InvalidArgument
-from tidemark.plan.catalog_relations import (
-    describe,
-    key_positions,
-    relation_plan,
-    stored_plan,
-)
+from tidemark.plan.catalog_relations import key_positions, relation_plan, stored_plan
 from tidemark.plan.walk import collections_read
 from tidemark.v1 import catalog_pb2, plan_pb2
 
@@ -64,14 +60,6 @@ def index_spec(
         index_key_columns=keys,
         from_catalog=True,
     )
-
-
-def cluster_named(items: Iterable[catalog_pb2.CatalogItem], name: str) -> str | None:
-    """The GlobalId of the cluster called ``name``, if ``items`` hold one."""
-    for item in items:
-        if item.WhichOneof("body") == "cluster" and item.name.item == name:
-            return item.id
-    return None
 
 
 def cluster_of(item: catalog_pb2.CatalogItem) -> str | None:

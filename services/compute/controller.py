@@ -36,12 +36,14 @@ from typing import Literal
 from structlog.typing import FilteringBoundLogger
 
 from services.compute.catalog_contents import CatalogContents
-from services.compute.catalog_plans import cluster_dataflows, cluster_named
+from services.compute.catalog_plans import cluster_dataflows
 from services.compute.spec import DataflowHost, DataflowSpec
+from tidemark.catalog_items import cluster_named
 from tidemark.change_signal import ChangeSignal
 from tidemark.clients.catalog import CatalogClient, CatalogUpperMismatch
 from tidemark.errors import DeadlineExceeded, FailedPrecondition, TidemarkError
 from tidemark.logging import get_logger
+from tidemark.tasks import cancel_and_wait
 from tidemark.v1 import catalog_pb2
 
 logger = get_logger("tidemark.compute.controller")
@@ -175,9 +177,7 @@ class CatalogController:
         try:
             await self._reconcile_forever()
         finally:
-            follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await follower
+            await cancel_and_wait(follower)
 
     async def _follow(self) -> None:
         """Keep ``_contents`` current, resubscribing after any failure."""
@@ -237,7 +237,8 @@ class CatalogController:
 
     async def _reconcile(self, items: list[catalog_pb2.CatalogItem]) -> None:
         """Make the installed dataflows match the catalog ``items``."""
-        cluster_id = cluster_named(items, self.cluster_name)
+        cluster = cluster_named(items, self.cluster_name)
+        cluster_id = None if cluster is None else cluster.id
         if cluster_id != self._cluster_id:
             self._log.info("compute_cluster_changed", cluster_id=cluster_id)
             self._cluster_id = cluster_id

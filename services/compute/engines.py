@@ -10,7 +10,6 @@ made one at a time by its runner (peeks may overlap with steps).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 from collections.abc import Sequence
@@ -23,6 +22,7 @@ from services.compute.dataflow.dataflow import Batches
 from services.compute.spark import ResidentCluster, SparkDataflow, spark_session
 from tidemark.errors import FailedPrecondition, Unavailable
 from tidemark.logging import get_logger
+from tidemark.tasks import cancel_and_wait
 from tidemark.v1 import plan_pb2
 
 log = get_logger("compute.engines")
@@ -290,9 +290,7 @@ class SparkEngine:
 
     async def close(self) -> None:
         if self._warming is not None:
-            self._warming.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._warming
+            await cancel_and_wait(self._warming)
         if self._cluster is not None:
             await self._cluster.astop()
             self._cluster = None

@@ -14,7 +14,6 @@ without the snapshot), which the dataflow's read hold (at most its upper - 1) al
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 
 import pyarrow as pa
@@ -25,6 +24,7 @@ from tidemark.columnar import RowUpdate, frontier_bound, select_times, updates_f
 from tidemark.errors import Cancelled, TidemarkError, Unavailable
 from tidemark.logging import get_logger
 from tidemark.retry import RetryPolicy
+from tidemark.tasks import cancel_and_wait
 
 log = get_logger("compute.inputs")
 
@@ -60,9 +60,7 @@ class InputFollower:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
 
     def take(self, before: int) -> list[RowUpdate]:
         """The held updates at times before ``before`` (removed from the follower)."""

@@ -35,6 +35,7 @@ from tidemark.errors import (
     Unavailable,
 )
 from tidemark.logging import get_logger
+from tidemark.tasks import cancel_and_wait
 from tidemark.v1 import plan_pb2
 
 log = get_logger("compute.running")
@@ -132,9 +133,7 @@ class RunningDataflow:
         """Stops the work; with ``release``, also gives up the dataflow's state and
         capabilities (DropView), otherwise leaves the holds to expire (process shutdown)."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
         for follower in self.followers:
             await follower.stop()
         self.feed.close(NotFound(f"dataflow {self.dataflow_id!r} was dropped"))
@@ -178,9 +177,7 @@ class RunningDataflow:
                     await self._hydrate()
                     await self._follow()
                 finally:
-                    holds.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await holds
+                    await cancel_and_wait(holds)
         except asyncio.CancelledError:
             raise
         except TidemarkError as exc:

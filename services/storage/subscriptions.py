@@ -22,7 +22,6 @@ dropped or expires, the stream ends with PERMISSION_DENIED.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TypeAlias
@@ -40,6 +39,7 @@ from tidemark.columnar import counts_by_time, frontier_bound, slices
 from tidemark.errors import FailedPrecondition, InvalidArgument, PermissionDenied, TidemarkError
 from tidemark.frontier import Antichain, u64_frontier
 from tidemark.logging import get_logger
+from tidemark.tasks import cancel_and_wait
 from tidemark.v1 import storage_pb2
 
 log = get_logger("storage.subscriptions")
@@ -143,9 +143,7 @@ class Subscriptions:
                 if target is None or target == stop:
                     return
         finally:
-            keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keeper
+            await cancel_and_wait(keeper)
 
     async def _keep_alive(self, collection_id: str, capability_id: str) -> None:
         period = self.policy.lease_ms / 4 / 1000

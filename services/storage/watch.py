@@ -9,13 +9,13 @@ newer one, and may skip intermediate states (each state holds everything the ski
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 
 from services.storage.shards import ShardStore, Versioned
 from tidemark.change_signal import ChangeSignal
 from tidemark.errors import NotFound, TidemarkError, Unavailable
 from tidemark.logging import get_logger
+from tidemark.tasks import cancel_and_wait
 
 log = get_logger("storage.watch")
 
@@ -95,8 +95,4 @@ class ShardWatch:
     async def close(self) -> None:
         feeds = list(self._feeds.values())
         self._feeds.clear()
-        for feed in feeds:
-            if feed.task is not None:
-                feed.task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await feed.task
+        await cancel_and_wait(*(feed.task for feed in feeds if feed.task is not None))

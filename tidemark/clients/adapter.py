@@ -34,10 +34,8 @@ from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias, TypeVar
 
-import grpc.aio
-
 from tidemark.retry import RetryPolicy
-from tidemark.rpc import CLIENT_RETRY, call, open_channel, stream
+from tidemark.rpc import CLIENT_RETRY, GrpcClient, stream
 from tidemark.v1 import adapter_pb2, adapter_pb2_grpc
 
 T = TypeVar("T")
@@ -236,7 +234,7 @@ def decode_subscribe_event(
 # -- the client -------------------------------------------------------------------------------
 
 
-class AdapterClient:
+class AdapterClient(GrpcClient):
     """One SQL session against an adapter. ``execute`` calls finish within ``timeout`` seconds
     and are retried only on a determinate UNAVAILABLE (the adapter did nothing); a
     subscription lasts until the caller stops iterating."""
@@ -249,11 +247,8 @@ class AdapterClient:
         retry: RetryPolicy = CLIENT_RETRY,
         settings: dict[str, str] | None = None,
     ) -> None:
-        self.address = address
-        self.channel: grpc.aio.Channel = open_channel(address)
+        super().__init__(address, timeout=timeout, retry=retry)
         self.stub = adapter_pb2_grpc.AdapterStub(self.channel)
-        self.timeout = timeout
-        self.retry = retry
         self.session = adapter_pb2.Session(settings=settings or {})
 
     async def execute(self, sql: str, session: adapter_pb2.Session | None = None) -> ExecuteResult:
@@ -262,7 +257,7 @@ class AdapterClient:
         request = adapter_pb2.ExecuteRequest(
             session=self.session if session is None else session, sql=sql
         )
-        response = await call(self.stub.Execute, request, timeout=self.timeout, retry=self.retry)
+        response = await self._call(self.stub.Execute, request)
         self.session = response.session
         return ExecuteResult(
             [StatementResult.from_proto(r) for r in response.results], response.session
@@ -283,15 +278,6 @@ class AdapterClient:
                 columns = event.columns
             if event is not None:
                 yield event
-
-    async def close(self) -> None:
-        await self.channel.close(None)
-
-    async def __aenter__(self) -> AdapterClient:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
 
 
 class BlockingAdapterClient:

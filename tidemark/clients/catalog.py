@@ -30,7 +30,7 @@ from tidemark.errors import FailedPrecondition, Internal
 from tidemark.frontier import Antichain
 from tidemark.lattice import U64
 from tidemark.retry import RetryPolicy
-from tidemark.rpc import CLIENT_RETRY, call, open_channel, stream
+from tidemark.rpc import CLIENT_RETRY, GrpcClient, call, stream
 from tidemark.v1 import catalog_pb2, catalog_pb2_grpc
 
 # Trailing metadata of a CompareAndAppend that lost on its expected upper: the current upper.
@@ -111,16 +111,14 @@ class CatalogProgress:
     frontier: int
 
 
-class CatalogClient:
+class CatalogClient(GrpcClient):
     """``compare_and_append`` / ``snapshot_at`` / ``subscribe_at`` against a catalog."""
 
     def __init__(
         self, address: str, *, timeout: float = 10.0, retry: RetryPolicy = CLIENT_RETRY
     ) -> None:
-        self.channel: grpc.aio.Channel = open_channel(address)
+        super().__init__(address, timeout=timeout, retry=retry)
         self.stub = catalog_pb2_grpc.CatalogStub(self.channel)
-        self.timeout = timeout
-        self.retry = retry
 
     async def compare_and_append(
         self,
@@ -134,9 +132,7 @@ class CatalogClient:
             expected_upper=expected_upper, new_upper=new_upper, updates=updates
         )
         try:
-            response = await call(
-                self.stub.CompareAndAppend, request, timeout=self.timeout, retry=self.retry
-            )
+            response = await self._call(self.stub.CompareAndAppend, request)
         except FailedPrecondition as exc:
             mismatch = upper_mismatch_from(exc)
             if mismatch is None:
@@ -174,9 +170,6 @@ class CatalogClient:
                     ],
                     _frontier_time(frontier),
                 )
-
-    async def close(self) -> None:
-        await self.channel.close(None)
 
 
 def _frontier_time(frontier: Antichain[int]) -> int:

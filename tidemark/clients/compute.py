@@ -23,7 +23,6 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeAlias
 
-import grpc.aio
 import pyarrow as pa
 
 from tidemark.cdc import Message
@@ -32,7 +31,7 @@ from tidemark.cdc.proto import frontier_from_proto
 from tidemark.columnar import RelationSchema, Row, RowUpdate, from_ipc, updates_from_table
 from tidemark.frontier import Antichain
 from tidemark.retry import RetryPolicy
-from tidemark.rpc import CLIENT_RETRY, call, open_channel, stream
+from tidemark.rpc import CLIENT_RETRY, GrpcClient, stream
 from tidemark.v1 import common_pb2, compute_pb2, compute_pb2_grpc, plan_pb2, storage_pb2
 
 DEFAULT_PEEK_WAIT_MS = 30_000
@@ -151,30 +150,15 @@ class ComputeStatus:
 # -- the client -------------------------------------------------------------------------------
 
 
-class ComputeClient:
+class ComputeClient(GrpcClient):
     """Calls retry while the process is unavailable (within ``retry``) and raise Tidemark
     errors otherwise; unary calls other than waits finish within ``timeout`` seconds."""
 
     def __init__(
         self, address: str, *, timeout: float = 30.0, retry: RetryPolicy = CLIENT_RETRY
     ) -> None:
-        self.address = address
-        self.channel: grpc.aio.Channel = open_channel(address)
+        super().__init__(address, timeout=timeout, retry=retry)
         self.stub = compute_pb2_grpc.ComputeStub(self.channel)
-        self.timeout = timeout
-        self.retry = retry
-
-    async def close(self) -> None:
-        await self.channel.close(None)
-
-    async def __aenter__(self) -> ComputeClient:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
-    async def _call(self, method: Any, request: Any, seconds: float | None = None) -> Any:
-        return await call(method, request, timeout=seconds or self.timeout, retry=self.retry)
 
     def _wait_deadline(self, wait_ms: int) -> float:
         return (wait_ms or DEFAULT_PEEK_WAIT_MS) / 1000 + self.timeout

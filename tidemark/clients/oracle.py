@@ -10,17 +10,11 @@ arrived, so every caller still sees a linearizable oracle.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TypeVar
-
-import grpc.aio
 
 from tidemark.batching import GroupCommit
 from tidemark.retry import RetryPolicy
-from tidemark.rpc import CLIENT_RETRY, call, open_channel
+from tidemark.rpc import CLIENT_RETRY, GrpcClient
 from tidemark.v1 import oracle_pb2, oracle_pb2_grpc
-
-Req = TypeVar("Req")
-Resp = TypeVar("Resp")
 
 
 class _TimelineCalls:
@@ -52,7 +46,7 @@ class _TimelineCalls:
             await batcher.close()
 
 
-class OracleClient:
+class OracleClient(GrpcClient):
     """``read_ts``/``write_ts``/``apply_write``/``peek_write_ts`` against an oracle address.
     Calls retry while the oracle is unavailable (within ``retry``) and raise Tidemark errors
     otherwise."""
@@ -60,10 +54,8 @@ class OracleClient:
     def __init__(
         self, address: str, *, timeout: float = 10.0, retry: RetryPolicy = CLIENT_RETRY
     ) -> None:
-        self.channel: grpc.aio.Channel = open_channel(address)
+        super().__init__(address, timeout=timeout, retry=retry)
         self.stub = oracle_pb2_grpc.TimestampOracleStub(self.channel)
-        self.timeout = timeout
-        self.retry = retry
         self._timelines: dict[str, _TimelineCalls] = {}
 
     def _calls(self, timeline: str) -> _TimelineCalls:
@@ -71,11 +63,6 @@ class OracleClient:
         if calls is None:
             calls = self._timelines[timeline] = _TimelineCalls(self, timeline)
         return calls
-
-    async def _call(
-        self, method: grpc.aio.UnaryUnaryMultiCallable[Req, Resp], request: Req
-    ) -> Resp:
-        return await call(method, request, timeout=self.timeout, retry=self.retry)
 
     async def read_ts(self, timeline: str) -> int:
         return await self._calls(timeline).reads.submit(None)
@@ -94,4 +81,4 @@ class OracleClient:
     async def close(self) -> None:
         for calls in self._timelines.values():
             await calls.close()
-        await self.channel.close(None)
+        await super().close()

@@ -18,7 +18,6 @@ downgrade its read capability to ``r - 1``, not further, while it still needs th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import decimal
 import time
@@ -49,7 +48,8 @@ from tidemark.errors import DeadlineExceeded, Indeterminate, InvalidArgument, Ti
 from tidemark.frontier import Antichain, u64_frontier
 from tidemark.logging import get_logger
 from tidemark.retry import RetryPolicy
-from tidemark.rpc import CLIENT_RETRY, call, error_from_rpc, open_channel, stream
+from tidemark.rpc import CLIENT_RETRY, GrpcClient, error_from_rpc, stream
+from tidemark.tasks import cancel_and_wait
 from tidemark.v1 import common_pb2, storage_pb2, storage_pb2_grpc
 
 log = get_logger("tidemark.clients.storage")
@@ -283,30 +283,16 @@ def row_filter(*predicates: storage_pb2.ColumnPredicate) -> storage_pb2.RowFilte
 # -- the client -------------------------------------------------------------------------------
 
 
-class StorageClient:
+class StorageClient(GrpcClient):
     """Calls retry while the service is unavailable (within ``retry``) and raise Tidemark
     errors otherwise; each unary call finishes within ``timeout`` seconds."""
 
     def __init__(
         self, address: str, *, timeout: float = 10.0, retry: RetryPolicy = CLIENT_RETRY
     ) -> None:
-        self.channel: grpc.aio.Channel = open_channel(address)
+        super().__init__(address, timeout=timeout, retry=retry)
         self.stub = storage_pb2_grpc.StorageStub(self.channel)
-        self.timeout = timeout
-        self.retry = retry
         self._schemas: dict[str, RelationSchema] = {}
-
-    async def close(self) -> None:
-        await self.channel.close(None)
-
-    async def __aenter__(self) -> StorageClient:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
-    async def _call(self, method: Any, request: Any, seconds: float | None = None) -> Any:
-        return await call(method, request, timeout=seconds or self.timeout, retry=self.retry)
 
     # -- collections ------------------------------------------------------------------------
 
@@ -600,6 +586,4 @@ class LeaseKeeper:
         tb: TracebackType | None,
     ) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)

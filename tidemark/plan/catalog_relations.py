@@ -5,8 +5,9 @@ A table or source is read from its collection, a materialized view from its outp
 and a view by its stored plan. This is how the compute controller builds an index's dataflow
 and how the adapter recognises the relation an index holds, so the two agree by construction.
 
-Every problem with an item raises ``InvalidArgument`` naming it (``describe``); callers that
-report errors their own way (SQLSTATEs) catch it, or ``UnknownColumn``, and translate.
+Every problem with an item raises ``InvalidArgument`` naming it (as
+:func:`tidemark.catalog_items.describe` does); callers that report errors their own way
+(SQLSTATEs) catch it, or ``UnknownColumn``, and translate.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 
 from google.protobuf.message import DecodeError
 
+from tidemark.catalog_items import describe
 from tidemark.errors import InvalidArgument
 from tidemark.plan import builders as pb
 from tidemark.v1 import catalog_pb2, common_pb2, plan_pb2
@@ -34,13 +36,6 @@ class UnknownColumn(InvalidArgument):
     def __init__(self, message: str, column: str) -> None:
         super().__init__(message)
         self.column = column
-
-
-def describe(item: catalog_pb2.CatalogItem) -> str:
-    """``index tidemark.public.i (u7)``: how log lines and errors name an item."""
-    kind = (item.WhichOneof("body") or "item").replace("_", " ")
-    parts = [part for part in (item.name.database, item.name.schema, item.name.item) if part]
-    return f"{kind} {'.'.join(parts) or '(unnamed)'} ({item.id or 'no id'})"
 
 
 def relation_schema(item: catalog_pb2.CatalogItem) -> common_pb2.RelationSchema:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import grpc
 import grpc.aio
@@ -119,3 +119,32 @@ async def stream(
     finally:
         # The consumer may stop early; tell the server instead of leaving the stream open.
         responses.cancel()
+
+
+class GrpcClient:
+    """What every service client shares: a channel to ``address``, unary calls within
+    ``timeout`` seconds retried as ``retry`` allows, and closing (also as ``async with``)."""
+
+    def __init__(self, address: str, *, timeout: float, retry: RetryPolicy) -> None:
+        self.address = address
+        self.channel: grpc.aio.Channel = open_channel(address)
+        self.timeout = timeout
+        self.retry = retry
+
+    async def _call(
+        self,
+        method: grpc.aio.UnaryUnaryMultiCallable[Request, Response],
+        request: Request,
+        seconds: float | None = None,
+    ) -> Response:
+        """One unary call, within ``seconds`` (default: the client's timeout)."""
+        return await call(method, request, timeout=seconds or self.timeout, retry=self.retry)
+
+    async def close(self) -> None:
+        await self.channel.close(None)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
