@@ -48,11 +48,19 @@ class AdapterConfig(ServiceConfig):
         metavar="SECONDS",
     )
 
+    table_tick_seconds: float = setting(
+        1.0,
+        help="how often this adapter advances every table's upper to the current read time, so "
+        "views over idle tables keep advancing (0: never)",
+        metavar="SECONDS",
+    )
+
     def settings(self) -> AdapterSettings:
         return AdapterSettings(
             history_ms=round(self.history_seconds * 1000),
             peek_wait_ms=round(self.peek_wait_seconds * 1000),
             subscribe_tick_seconds=self.subscribe_tick_seconds,
+            table_tick_seconds=self.table_tick_seconds,
             catalog_timeline=self.catalog_timeline,
             data_timeline=self.data_timeline,
             holder=f"adapter/{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}",

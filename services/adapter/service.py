@@ -37,6 +37,7 @@ from services.adapter.sql import parse
 from services.adapter.sql import statements as ast
 from services.adapter.sql.errors import SqlError
 from services.adapter.subscribe import Subscriptions
+from services.adapter.table_ticker import TableTicker
 from services.adapter.timestamps import Timestamps
 from services.adapter.transactions import Transaction
 from services.adapter.writes import TableWriter
@@ -58,6 +59,7 @@ class AdapterSettings:
     history_ms: int = 900_000
     peek_wait_ms: int = 30_000
     subscribe_tick_seconds: float = 1.0
+    table_tick_seconds: float = 1.0
     renew_seconds: float = 10.0
     catalog_timeline: str = timelines.CATALOG
     data_timeline: str = timelines.DATA
@@ -104,6 +106,7 @@ class Adapter:
             self.reader,
             tick_seconds=settings.subscribe_tick_seconds,
         )
+        self.ticker = TableTicker(self.timestamps, self.cache, settings.table_tick_seconds)
         self._background: set[asyncio.Task[None]] = set()
 
     async def _data_read_ts(self) -> int:
@@ -112,6 +115,7 @@ class Adapter:
     async def start(self) -> None:
         await self.cache.start(await self.timestamps.catalog_read_ts())
         self.holds.start()
+        self.ticker.start()
         log.info(
             "adapter_started", catalog_frontier=self.cache.frontier, holder=self.settings.holder
         )
@@ -119,6 +123,7 @@ class Adapter:
     async def close(self) -> None:
         for task in list(self._background):
             task.cancel()
+        await self.ticker.close()
         await self.holds.close()
         await self.cache.close()
 

@@ -436,6 +436,35 @@ async def test_sources_are_read_once_their_feed_passes_the_read_time(
     assert (await fails(a, "INSERT INTO feed VALUES (3, 'x')")).code == "42809"
 
 
+async def test_views_over_idle_tables_keep_advancing_without_reads(
+    a: AdapterClient, stack: SqlStack
+) -> None:
+    """Nobody writes or reads ``idle_dim``; the adapters' table ticker must still move its upper,
+    or the materialized view joining it would never pass the insert into ``busy_fact``."""
+    await ok(a, "CREATE TABLE busy_fact (busy_key bigint, amount bigint)")
+    await ok(a, "CREATE TABLE idle_dim (busy_key bigint, idle_label text)")
+    await ok(
+        a,
+        "CREATE MATERIALIZED VIEW idle_join AS SELECT f.busy_key AS joined_key, d.idle_label "
+        "FROM busy_fact f JOIN idle_dim d ON f.busy_key = d.busy_key",
+    )
+    inserted = await ok(a, "INSERT INTO busy_fact VALUES (1, 10)")
+    assert inserted.timestamp > 0
+    async with StorageClient(stack.storage.address) as storage:
+        view_id = next(
+            info.collection_id
+            for info in await storage.list()
+            if [c.name for c in info.schema.columns] == ["joined_key", "idle_label"]
+        )
+        for _ in range(600):
+            upper = (await storage.describe(view_id)).upper
+            if upper.elements and min(upper.elements) > inserted.timestamp:
+                break
+            await asyncio.sleep(0.2)
+        else:
+            pytest.fail(f"the view's upper {upper} never passed the insert at {inserted.timestamp}")
+
+
 async def test_a_malformed_session_is_invalid_argument(stack: SqlStack) -> None:
     async with AdapterClient(stack.adapter(1)) as client:
         client.session.transaction = b"not a transaction"
