@@ -66,6 +66,12 @@ class ComputeConfig(ServiceConfig):
         help="seconds between moves of the input read holds up to the dataflows' uppers",
         metavar="SECONDS",
     )
+    index_history_ms: int = setting(
+        60_000,
+        help="how far behind a dataflow's latest complete time its index stays readable; "
+        "older history is compacted away and peeks before it are refused",
+        metavar="MS",
+    )
     peek_wait: float = setting(
         30.0,
         help="how long a peek waits for a frontier when it names no wait of its own",
@@ -78,6 +84,7 @@ class ComputeConfig(ServiceConfig):
             renew_interval_s=max(0.05, self.lease_ms / 3 / 1000),
             hold_interval_s=self.hold_interval,
             default_wait_s=self.peek_wait,
+            index_history_ms=self.index_history_ms,
         )
 
     def make_engine(self) -> Engine:

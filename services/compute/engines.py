@@ -44,6 +44,11 @@ class EngineDataflow(Protocol):
         """The output at ``time`` from the index (``FailedPrecondition`` without one)."""
         ...
 
+    async def compact_index(self, since: int) -> None:
+        """Refuses index peeks before ``since`` from now on and folds the index's history up
+        to it into its base (``FailedPrecondition`` without an index)."""
+        ...
+
     async def key_count(self) -> int: ...
 
     async def drop(self) -> None: ...
@@ -108,6 +113,12 @@ class LocalDataflow:
         with self._lock:
             return self._index.contents_at(time)
 
+    def _compact_index(self, since: int) -> None:
+        if self._index is None:
+            raise FailedPrecondition("the dataflow keeps no index")
+        with self._lock:
+            self._index.compact(since)
+
     async def hydrate(self, snapshots: Batches) -> tuple[list[Update], int]:
         return await asyncio.to_thread(self._hydrate, snapshots)
 
@@ -116,6 +127,9 @@ class LocalDataflow:
 
     async def peek(self, time: int) -> dict[Row, int]:
         return await asyncio.to_thread(self._peek, time)
+
+    async def compact_index(self, since: int) -> None:
+        await asyncio.to_thread(self._compact_index, since)
 
     async def key_count(self) -> int:
         return self._dataflow.key_count()
@@ -162,6 +176,9 @@ class SparkEngineDataflow:
 
     async def peek(self, time: int) -> dict[Row, int]:
         return await asyncio.to_thread(self._dataflow.peek, time)
+
+    async def compact_index(self, since: int) -> None:
+        await asyncio.to_thread(self._dataflow.compact_index, since)
 
     async def key_count(self) -> int:
         return await asyncio.to_thread(self._dataflow.key_count)

@@ -63,6 +63,7 @@ class HostSettings:
     renew_interval_s: float = 20.0
     hold_interval_s: float = 1.0
     default_wait_s: float = 30.0
+    index_history_ms: int = 60_000
 
     @property
     def holder(self) -> str:
@@ -100,7 +101,10 @@ class DataflowManager:
         self._dataflows: dict[str, RunningDataflow] = {}
         self._installing: set[str] = set()
         self._run_settings = RunSettings(
-            settings.holder, settings.renew_interval_s, settings.hold_interval_s
+            settings.holder,
+            settings.renew_interval_s,
+            settings.hold_interval_s,
+            settings.index_history_ms,
         )
 
     # -- DataflowHost ---------------------------------------------------------------------------

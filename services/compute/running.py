@@ -8,7 +8,10 @@ collection (``output.OutputWriter``), then to subscribers; only then does the da
 upper move, so an index peek never sees a time its collection output does not have yet.
 
 In the background it renews its capabilities' leases and moves its read holds up to
-``upper - 1``: what a restart at the output's upper needs, and nothing older.
+``upper - 1``: what a restart at the output's upper needs, and nothing older. At the same
+pace it compacts the index, if any: its since trails ``upper - 1`` by the configured history
+window, so peeks (and subscriptions) that far back still answer while the index's memory
+stays bounded by the window instead of growing with every step.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ class RunSettings:
     """Who the capabilities this process acquires belong to (``compute/<cluster>``)."""
     renew_interval_s: float
     hold_interval_s: float
+    index_history_ms: int = 60_000
+    """How far behind ``upper - 1`` an index stays readable (the index's since trails it)."""
 
 
 class RunningDataflow:
@@ -80,6 +85,8 @@ class RunningDataflow:
         self.as_of = as_of
         self.settings = settings
         self.state = HYDRATING
+        self.index_since = as_of
+        """Index peeks before this are refused (only moves forward, see ``_compact_index``)."""
         self.error = ""
         self.upper: int | None = None
         """The output is complete before this (``None`` until hydrated)."""
@@ -104,9 +111,12 @@ class RunningDataflow:
 
     @property
     def since(self) -> int:
-        """The earliest time the dataflow answers for: an index keeps its history from
-        ``as_of``; a collection output is read from storage, and the holds are at upper - 1."""
-        if self.has_index or self.upper is None:
+        """The earliest time the dataflow answers for: an index keeps the history window
+        before its upper; a collection output is read from storage, and the holds are at
+        upper - 1."""
+        if self.has_index:
+            return self.index_since
+        if self.upper is None:
             return self.as_of
         return max(self.as_of, self.upper - 1)
 
@@ -258,11 +268,12 @@ class RunningDataflow:
 
     async def _move_holds(self) -> None:
         """Moves every input read hold up to ``upper - 1`` (never past what a restart at the
-        output's upper, or the input streams, still read)."""
+        output's upper, or the input streams, still read), and the index's since behind it."""
         while True:
             await asyncio.sleep(self.settings.hold_interval_s)
             if self.upper is None:
                 continue
+            await self._compact_index()
             target = self.upper - 1
             for position, capability in enumerate(self.inputs):
                 held = frontier_bound(capability.frontier)
@@ -275,6 +286,24 @@ class RunningDataflow:
                         log.info(
                             "hold_downgrade_failed", dataflow=self.dataflow_id, error=exc.message
                         )
+
+    async def _compact_index(self) -> None:
+        """Moves the index's since up to ``upper - 1 - index_history_ms`` when that is later."""
+        assert self.upper is not None
+        target = self.upper - 1 - self.settings.index_history_ms
+        if not self.has_index or target <= self.index_since or self.state == FAILED:
+            return
+        # Advertised before the engine compacts, so Status never shows a since the index can
+        # no longer serve; a peek already past the check gets FAILED_PRECONDITION from the index.
+        self.index_since = target
+        try:
+            await self.engine.compact_index(target)
+        except Unavailable as exc:
+            self._fail(exc)
+        except TidemarkError as exc:
+            # The index keeps more history than it needs until a later round compacts further;
+            # reads at and after the since are unaffected.
+            log.warning("index_compaction_failed", dataflow=self.dataflow_id, error=exc.message)
 
     # -- reads --------------------------------------------------------------------------------
 

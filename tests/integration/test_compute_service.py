@@ -54,6 +54,7 @@ Row = tuple[Any, ...]
 KV = RelationSchema.of(("k", T.INT64), ("v", T.INT64))
 NAMES = RelationSchema.of(("k", T.INT64), ("name", T.TEXT))
 PATIENT_MS = 120_000
+INDEX_HISTORY_MS = 60_000  # compute's default --index-history-ms
 
 
 @pytest.fixture(scope="module")
@@ -295,6 +296,31 @@ async def test_index_peeks_wait_refuse_and_finish(
     assert status.input_collection_ids == [values] and status.output_collection_ids == []
     assert status.index_rows == 2 and status.arrangement_keys > 0
     assert status.hydrated_rows == status.hydration_rows_total == 1
+
+    # Many steps later the index is compacted: its since trails the latest complete time by
+    # the history window, older times are refused, and the since itself still reads exactly.
+    for step in range(1, 7):
+        at = step * INDEX_HISTORY_MS // 3
+        changes = [((1, step), at, 1), ((3, step), at, 1)]
+        if step > 1:
+            changes.append(((3, step - 1), at, -1))
+        await collections.append(values, changes, at + 1)
+    latest = 6 * INDEX_HISTORY_MS // 3
+    compacted_to = latest - INDEX_HISTORY_MS
+
+    async def compacted() -> None:
+        moved = (await compute.status()).dataflow(dataflow_id)
+        assert moved is not None and moved.since == u64_frontier(compacted_to)
+
+    await eventually(compacted)
+    with pytest.raises(FailedPrecondition, match="before the since"):
+        await compute.peek(dataflow_id, compacted_to - 1)
+    with pytest.raises(FailedPrecondition):
+        await compute.peek(dataflow_id, 9)
+    at_since = await compute.peek(dataflow_id, compacted_to)
+    assert sorted(at_since.rows) == [((1, 4, 7), 1), ((2, 2, 10), 1), ((3, 1, 3), 1)]
+    at_latest = await compute.peek(dataflow_id, latest)
+    assert sorted(at_latest.rows) == [((1, 7, 22), 1), ((2, 2, 10), 1), ((3, 1, 6), 1)]
     await compute.drop_view(dataflow_id)
 
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 import socket
 import threading
 
+import pytest
+
 from services.compute.dataflow import Dataflow
 from services.compute.spark import requests as rq
 from services.compute.spark.shard_host import ShardHost
 from services.compute.spark.wire import receive_message, send_message
 from tidemark.columnar import ColumnType as T
 from tidemark.columnar import RelationSchema
+from tidemark.errors import FailedPrecondition
 from tidemark.plan import builders as pb
 
 VALUES = RelationSchema.of(("k", T.INT64), ("x", T.FLOAT64))
@@ -51,3 +54,36 @@ def test_errors_are_answered_and_the_task_keeps_serving_until_stop() -> None:
     assert not serving.is_alive()
     driver.close()
     task.close()
+
+
+def test_compacting_the_index_shard_keeps_later_contents_and_drops_history() -> None:
+    plan = pb.get("values", VALUES)
+    host = ShardHost(shard=0, shards=1)
+    host.handle(rq.Install("v", plan.SerializeToString(), True, index_key_columns=(0,)))
+    # Key 1 changes value at every time; key 2 is written once and retracted at 8.
+    for time in range(10):
+        updates = [((1, float(time)), time, 1)]
+        if time:
+            updates.append(((1, float(time - 1)), time, -1))
+        if time == 3:
+            updates.append(((2, 0.5), time, 1))
+        if time == 8:
+            updates.append(((2, 0.5), time, -1))
+        host.handle(rq.ApplyIndex("v", updates, time + 1))
+    index = host.dataflows["v"].index
+    assert index is not None
+    later = {time: host.handle(rq.Peek("v", time)) for time in range(6, 10)}
+    assert later[6] == {(1, 6.0): 1, (2, 0.5): 1} and later[9] == {(1, 9.0): 1}
+    history = index.history_size()
+    assert history == 20  # every update after the since 0 (times 1..9) is kept apart
+
+    assert host.handle(rq.CompactIndex("v", 6)) is None
+    assert index.since == 6
+    # Times 1..6 collapse into the base; only the updates at 7, 8 and 9 remain as history.
+    assert index.history_size() == 7 < history
+    for time, contents in later.items():
+        assert host.handle(rq.Peek("v", time)) == contents
+    with pytest.raises(FailedPrecondition, match="before the index's since 6"):
+        host.handle(rq.Peek("v", 5))
+    with pytest.raises(FailedPrecondition, match="cannot move back"):
+        host.handle(rq.CompactIndex("v", 4))

@@ -112,13 +112,21 @@ def test_index_on_the_tasks_answers_peeks_at_past_times(cluster: ResidentCluster
     on_spark = SparkDataflow(orders_by_region(), as_of=2, cluster=cluster, index_key_columns=[0])
     try:
         drive(on_spark, updates, 2, [6, 12])
+        contents = {}
         for time in range(2, 12):
             want: dict[Row, int] = {}
             for step in expected:
                 for row, at, diff in step:
                     if at <= time:
                         want[row] = want.get(row, 0) + diff
-            assert on_spark.peek(time) == {row: n for row, n in want.items() if n}
+            contents[time] = {row: n for row, n in want.items() if n}
+            assert on_spark.peek(time) == contents[time]
+        # Compacting every shard's index: later times read the same, earlier ones are gone.
+        on_spark.compact_index(8)
+        for time in range(8, 12):
+            assert on_spark.peek(time) == contents[time]
+        with pytest.raises(FailedPrecondition, match="since 8"):
+            on_spark.peek(7)
     finally:
         on_spark.drop()
 

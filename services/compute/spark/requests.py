@@ -50,6 +50,15 @@ class ApplyIndex:
 
 
 @dataclass(frozen=True)
+class CompactIndex:
+    """Allow reads of this shard's index only at ``since`` and later, folding its older
+    history into the consolidated base (``Index.compact``)."""
+
+    dataflow_id: str
+    since: int
+
+
+@dataclass(frozen=True)
 class Peek:
     """This shard's part of the output's contents at ``time``."""
 
@@ -69,7 +78,7 @@ class Stop:
     """Finish the task (its Spark slot is freed once every task of the job has finished)."""
 
 
-Request = Install | Drop | Process | ApplyIndex | Peek | Stats | Stop
+Request = Install | Drop | Process | ApplyIndex | CompactIndex | Peek | Stats | Stop
 
 
 @dataclass(frozen=True)

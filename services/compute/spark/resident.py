@@ -203,6 +203,10 @@ class ResidentCluster:
     def apply_index(self, dataflow_id: str, parts: Sequence[list[Update]], upper: int) -> None:
         self.call([rq.ApplyIndex(dataflow_id, part, upper) for part in parts])
 
+    def compact_index(self, dataflow_id: str, since: int) -> None:
+        """Moves every shard's index since to ``since``, dropping the history before it."""
+        self.broadcast(rq.CompactIndex(dataflow_id, since))
+
     def peek(self, dataflow_id: str, time: int) -> dict[Row, int]:
         """The indexed output's contents at ``time``, gathered from every shard."""
         contents: dict[Row, int] = {}

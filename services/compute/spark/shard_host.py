@@ -16,6 +16,7 @@ from services.compute.dataflow.lower import lower
 from services.compute.dataflow.worker import ShardWorker
 from services.compute.spark.requests import (
     ApplyIndex,
+    CompactIndex,
     Drop,
     Install,
     Peek,
@@ -69,6 +70,9 @@ class ShardHost:
             return self._process(request)
         if isinstance(request, ApplyIndex):
             self._index(request.dataflow_id).apply(request.updates, request.upper)
+            return None
+        if isinstance(request, CompactIndex):
+            self._index(request.dataflow_id).compact(request.since)
             return None
         if isinstance(request, Peek):
             return self._index(request.dataflow_id).contents_at(request.time)

@@ -8,7 +8,7 @@ part, and the P tasks apply it to their state in parallel. One request round per
 node per step.
 
 Optionally the tasks also keep the output in a sharded ``Index`` (``index_key_columns``),
-which ``peek`` reads at past times.
+which ``peek`` reads at past times from its since on; ``compact_index`` moves that since.
 """
 
 from __future__ import annotations
@@ -77,6 +77,14 @@ class SparkDataflow(Dataflow):
         if self.index_key_columns is None:
             raise FailedPrecondition(f"dataflow {self.dataflow_id!r} keeps no index")
         return self.cluster.peek(self.dataflow_id, time)
+
+    def compact_index(self, since: int) -> None:
+        """Refuses peeks before ``since`` from now on, and lets the tasks fold the index's
+        history up to it into one consolidated version (the index no longer grows with
+        every step's updates)."""
+        if self.index_key_columns is None:
+            raise FailedPrecondition(f"dataflow {self.dataflow_id!r} keeps no index")
+        self.cluster.compact_index(self.dataflow_id, since)
 
     def drop(self) -> None:
         """Frees the dataflow's state in the tasks (the cluster keeps running)."""
