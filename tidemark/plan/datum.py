@@ -73,7 +73,7 @@ def is_json_text(text: str) -> bool:
 
     try:
         json.loads(text, parse_constant=reject)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return True
 
@@ -174,7 +174,7 @@ def _decimal_text(value: Any, kind: ColumnType | Column | ScalarType) -> str:
 
 def _check_decimal_text(text: str) -> None:
     if not _PLAIN_DECIMAL.fullmatch(text):
-        raise InvalidArgument(f"decimal datum {text!r} is not plain decimal text like -12.50")
+        raise InvalidArgument(f"decimal datum {text!r} is not a plain decimal like -12.50")
     if sum(c.isdigit() for c in text.lstrip("-").lstrip("0")) > MAX_PRECISION:
         raise InvalidArgument(f"decimal datum {text!r} has more than {MAX_PRECISION} digits")
 
@@ -194,7 +194,7 @@ def from_datum(datum: plan_pb2.Datum) -> Any:
     if field is None:
         return None
     if field != VALUE_FIELDS[kind]:
-        raise InvalidArgument(f"a {kind.name} datum holds {field}")
+        raise InvalidArgument(f"a {kind.name} datum cannot hold {field}")
     if kind is ColumnType.DECIMAL:
         _check_decimal_text(datum.decimal_value)
         return Decimal(datum.decimal_value)

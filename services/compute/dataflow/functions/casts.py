@@ -4,7 +4,6 @@ list is rejected when the plan is compiled."""
 from __future__ import annotations
 
 import datetime
-import json
 import math
 import re
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from services.compute.dataflow.functions.numeric import INT64_MAX, INT64_MIN
 from services.compute.dataflow.ordering import canonical_float
 from tidemark.columnar.schema import ColumnType
 from tidemark.errors import InvalidArgument
+from tidemark.plan.datum import is_json_text
 from tidemark.plan.scalar_types import ScalarType
 
 Converter = Callable[[Any], Any]
@@ -144,21 +144,8 @@ def text_to_bytes(text: str) -> bytes | None:
     return bytes.fromhex(match.group(1))
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def is_json(text: str) -> bool:
-    """Whether ``text`` is one JSON value per RFC 8259 (whitespace around it allowed)."""
-    try:
-        json.loads(text, parse_constant=_reject_constant)
-    except (ValueError, RecursionError):
-        return False
-    return True
-
-
 def text_to_json(text: str) -> str | None:
-    return text if is_json(text) else None
+    return text if is_json_text(text) else None
 
 
 # -- numeric ---------------------------------------------------------------------------------
