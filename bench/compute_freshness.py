@@ -159,6 +159,7 @@ def running_services(work_dir: Path) -> Iterator[Services]:
             [
                 *("--cluster", "default", "--engine", "spark", "--spark-master", "local[*]"),
                 *("--storage", storage.address, "--catalog", catalog.address),
+                *("--oracle", oracle.address),
             ],
         )
         yield Services(oracle, storage, catalog, compute)

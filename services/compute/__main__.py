@@ -41,8 +41,8 @@ class ComputeConfig(ServiceConfig):
     )
     oracle: str = setting(
         "",
-        help="timestamp oracle address; the catalog controller starts following the catalog "
-        "at the oracle's catalog read time (empty: at the catalog's upper, asked of the catalog)",
+        help="timestamp oracle address (needed with --catalog): the catalog controller starts "
+        "following the catalog at the oracle's catalog read time",
         metavar="HOST:PORT",
     )
     engine: str = setting(
@@ -101,11 +101,9 @@ class ComputeConfig(ServiceConfig):
 def catalog_controller(
     config: ComputeConfig, catalog: CatalogClient, host: DataflowManager
 ) -> CatalogController:
-    """The controller of the process's cluster. With an oracle it starts following the catalog
-    at the oracle's catalog read time, a time every catalog write acknowledged so far is at
-    or before."""
-    if not config.oracle:
-        return CatalogController(cluster_name=config.cluster, catalog=catalog, host=host)
+    """The controller of the process's cluster. It starts following the catalog at the
+    oracle's catalog read time, a time every catalog write acknowledged so far is at or
+    before."""
     oracle = OracleClient(config.oracle)
 
     async def start_time() -> int:
@@ -117,6 +115,8 @@ def catalog_controller(
 
 
 async def main(config: ComputeConfig) -> None:
+    if config.catalog and not config.oracle:
+        raise SystemExit("--catalog needs --oracle: the controller reads catalog times from it")
     storage = StorageClient(config.storage)
     catalog = CatalogClient(config.catalog) if config.catalog else None
     engine = config.make_engine()

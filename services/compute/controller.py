@@ -40,7 +40,7 @@ from services.compute.catalog_plans import cluster_dataflows
 from services.compute.spec import DataflowHost, DataflowSpec
 from tidemark.catalog_items import cluster_named
 from tidemark.change_signal import ChangeSignal
-from tidemark.clients.catalog import CatalogClient, CatalogUpperMismatch
+from tidemark.clients.catalog import CatalogClient
 from tidemark.errors import DeadlineExceeded, FailedPrecondition, TidemarkError
 from tidemark.logging import get_logger
 from tidemark.tasks import cancel_and_wait
@@ -68,21 +68,6 @@ class ControllerRetry:
 DEFAULT_RETRY = ControllerRetry()
 
 
-async def current_catalog_time(catalog: CatalogClient) -> int:
-    """The latest complete catalog time, learnt from the catalog itself.
-
-    The catalog API has no "latest" read, but a compare-and-append that expects upper 0 always
-    loses on a started catalog (its bootstrap moved the upper past 0) and reports the current
-    upper; being rejected, it changes nothing. With an oracle at hand, pass
-    ``lambda: oracle.read_ts(CATALOG)`` as the controller's ``start_time`` instead.
-    """
-    try:
-        upper = await catalog.compare_and_append(0, 1, [])
-    except CatalogUpperMismatch as mismatch:
-        upper = mismatch.current_upper
-    return max(upper - 1, 0)
-
-
 @dataclass
 class _Failure:
     action: Literal["install", "drop"]
@@ -106,16 +91,16 @@ class CatalogController:
         cluster_name: str,
         catalog: CatalogClient,
         host: DataflowHost,
+        start_time: StartTime,
         retry: ControllerRetry = DEFAULT_RETRY,
-        start_time: StartTime | None = None,
     ) -> None:
-        """``start_time``: where a fresh subscription starts (a catalog time readable now);
-        by default :func:`current_catalog_time`."""
+        """``start_time``: where a fresh subscription starts, a catalog time readable now (the
+        oracle's catalog read time)."""
         self.cluster_name = cluster_name
         self.catalog = catalog
         self.host = host
         self.retry = retry
-        self._start_time = start_time or (lambda: current_catalog_time(catalog))
+        self._start_time = start_time
         self._contents = CatalogContents()
         self._cluster_id: str | None = None
         self._applied_upper = 0

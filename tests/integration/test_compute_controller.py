@@ -54,6 +54,7 @@ async def test_controller_follows_a_catalog_process_through_a_restart(
         cluster_name="default",
         catalog=catalog,
         host=host,
+        start_time=lambda: oracle.read_ts(deployment.timeline),
         retry=ControllerRetry(initial_backoff=0.05, max_backoff=0.5),
     )
     task = asyncio.create_task(controller.run())

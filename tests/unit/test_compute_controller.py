@@ -46,6 +46,9 @@ class FakeOracle:
         self.read = 0
         self.write = 1000
 
+    async def read_ts(self, timeline: str) -> int:
+        return self.read
+
     async def write_ts(self, timeline: str) -> int:
         self.write += 1
         return self.write
@@ -143,9 +146,15 @@ def join_plan(left: str, right: str) -> plan_pb2.Plan:
 
 
 def controller_for(
-    client: CatalogClient, host: RecordingHost, cluster_name: str = "default"
+    oracle: FakeOracle, client: CatalogClient, host: RecordingHost, cluster_name: str = "default"
 ) -> CatalogController:
-    return CatalogController(cluster_name=cluster_name, catalog=client, host=host, retry=FAST)
+    return CatalogController(
+        cluster_name=cluster_name,
+        catalog=client,
+        host=host,
+        start_time=lambda: oracle.read_ts(TIMELINE),
+        retry=FAST,
+    )
 
 
 async def test_materialized_views_and_indexes_of_this_cluster_run_with_their_specs(
@@ -163,7 +172,7 @@ async def test_materialized_views_and_indexes_of_this_cluster_run_with_their_spe
     elsewhere = materialized_view(before, "mv_other", table_plan(t2.id), AB, other.id, [t2.id])
     index(before, "t2_elsewhere", t2, ["a"], other.id)
     await commit(client, before)
-    controller = controller_for(client, host)
+    controller = controller_for(local_catalog.oracle, client, host)
     async with running(controller):
         await controller.wait_applied(before.time, WAIT)
         assert controller.cluster_id == default_id
@@ -213,7 +222,7 @@ async def test_dropped_items_are_dropped_and_changed_ones_reinstalled(
 ) -> None:
     oracle = local_catalog.oracle
     host = RecordingHost()
-    controller = controller_for(client, host)
+    controller = controller_for(local_catalog.oracle, client, host)
     async with running(controller):
         first = await draft(client, oracle)
         default_id = first.by_name("default", "cluster").id
@@ -246,7 +255,7 @@ async def test_a_cluster_runs_nothing_until_it_exists_and_everything_stops_when_
 ) -> None:
     oracle = local_catalog.oracle
     host = RecordingHost()
-    controller = controller_for(client, host, cluster_name="analytics")
+    controller = controller_for(local_catalog.oracle, client, host, cluster_name="analytics")
     async with running(controller):
         first = await draft(client, oracle)
         default_id = first.by_name("default", "cluster").id
@@ -280,7 +289,7 @@ async def test_wait_applied_waits_for_the_catalog_and_times_out_naming_the_times
     local_catalog: LocalCatalog, client: CatalogClient
 ) -> None:
     oracle = local_catalog.oracle
-    controller = controller_for(client, RecordingHost())
+    controller = controller_for(local_catalog.oracle, client, RecordingHost())
     with pytest.raises(DeadlineExceeded, match=r"below time 0, not yet catalog time 5 "):
         await controller.wait_applied(5, 0.05)
     async with running(controller):
@@ -305,7 +314,7 @@ async def test_items_that_cannot_run_are_reported_and_the_rest_keep_running(
 ) -> None:
     oracle = local_catalog.oracle
     host = RecordingHost()
-    controller = controller_for(client, host)
+    controller = controller_for(local_catalog.oracle, client, host)
     with capture_logs() as logs:
         async with running(controller):
             first = await draft(client, oracle)
@@ -335,7 +344,7 @@ async def test_failed_installs_are_retried_without_holding_back_the_applied_fron
 ) -> None:
     oracle = local_catalog.oracle
     host = RecordingHost()
-    controller = controller_for(client, host)
+    controller = controller_for(local_catalog.oracle, client, host)
     async with running(controller):
         change = await draft(client, oracle)
         default_id = change.by_name("default", "cluster").id
@@ -359,7 +368,7 @@ async def test_failed_drops_are_retried_and_forgotten_when_the_item_comes_back(
 ) -> None:
     oracle = local_catalog.oracle
     host = RecordingHost()
-    controller = controller_for(client, host)
+    controller = controller_for(local_catalog.oracle, client, host)
     async with running(controller):
         first = await draft(client, oracle)
         default_id = first.by_name("default", "cluster").id
@@ -397,7 +406,7 @@ async def test_a_catalog_restart_is_ridden_out_without_installing_anything_twice
 ) -> None:
     oracle = local_catalog.oracle
     host = RecordingHost()
-    controller = controller_for(client, host)
+    controller = controller_for(local_catalog.oracle, client, host)
     async with running(controller):
         first = await draft(client, oracle)
         default_id = first.by_name("default", "cluster").id
@@ -428,7 +437,7 @@ async def test_a_resume_point_compacted_away_starts_over_at_the_current_time(
 ) -> None:
     oracle = local_catalog.oracle
     host = RecordingHost()
-    controller = controller_for(client, host)
+    controller = controller_for(local_catalog.oracle, client, host)
     async with running(controller):
         first = await draft(client, oracle)
         default_id = first.by_name("default", "cluster").id
