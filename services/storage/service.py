@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import grpc.aio
@@ -18,6 +19,7 @@ from tidemark.columnar import RelationSchema, from_ipc, slices, to_ipc
 from tidemark.errors import InvalidArgument
 from tidemark.frontier import Antichain
 from tidemark.rpc import Service
+from tidemark.rpc.streamed_calls import answer_streamed_calls
 from tidemark.v1 import common_pb2, storage_pb2, storage_pb2_grpc
 
 Context = grpc.aio.ServicerContext[object, object]
@@ -99,6 +101,8 @@ def _ref(request: object) -> storage_pb2.CapabilityRef:
 class StorageServicer(storage_pb2_grpc.StorageServicer):
     def __init__(self, core: StorageCore) -> None:
         self.core = core
+        # Set when the server starts stopping: open append streams then end (see AppendStream).
+        self.stopping = asyncio.Event()
 
     async def Create(
         self, request: storage_pb2.CreateRequest, context: Context
@@ -115,6 +119,31 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
     async def Append(
         self, request: storage_pb2.AppendRequest, context: Context
     ) -> storage_pb2.AppendResponse:
+        return await self._append(request)
+
+    def AppendStream(
+        self, request_iterator: AsyncIterator[storage_pb2.AppendStreamRequest], context: Context
+    ) -> AsyncIterator[storage_pb2.AppendStreamResponse]:
+        async def answer(
+            message: storage_pb2.AppendStreamRequest,
+        ) -> storage_pb2.AppendStreamResponse:
+            appended = await self._append(message.append)
+            return storage_pb2.AppendStreamResponse(sequence=message.sequence, appended=appended)
+
+        def failed(
+            message: storage_pb2.AppendStreamRequest, status: common_pb2.CallStatus
+        ) -> storage_pb2.AppendStreamResponse:
+            return storage_pb2.AppendStreamResponse(sequence=message.sequence, error=status)
+
+        return answer_streamed_calls(
+            request_iterator,
+            answer,
+            failed,
+            method="/tidemark.v1.Storage/AppendStream",
+            stopping=self.stopping,
+        )
+
+    async def _append(self, request: storage_pb2.AppendRequest) -> storage_pb2.AppendResponse:
         ref = _ref(request)
         updates = from_ipc(request.arrow_ipc) if request.arrow_ipc else None
         expected = (
@@ -253,9 +282,11 @@ def storage_service(core: StorageCore) -> Service[StorageServicer]:
     # Hot: appends, snapshots and lease renewals come at high rates, so successful calls are
     # logged at debug (a line per call costs a good share of an append's CPU); failures and
     # the service's own events (collections created, ...) are still logged at info.
+    servicer = StorageServicer(core)
     return Service(
         storage_pb2.DESCRIPTOR.services_by_name["Storage"],
-        StorageServicer(core),
+        servicer,
         storage_pb2_grpc.add_StorageServicer_to_server,
         hot=True,
+        on_stopping=servicer.stopping.set,
     )

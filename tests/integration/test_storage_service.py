@@ -93,6 +93,18 @@ async def client(storage: ServiceProcess) -> AsyncIterator[StorageClient]:
     await made.close()
 
 
+@pytest.fixture(params=["stream", "unary"])
+async def append_client(
+    storage: ServiceProcess, request: pytest.FixtureRequest
+) -> AsyncIterator[StorageClient]:
+    """A client sending appends over AppendStream, or as Append calls."""
+    made = StorageClient(
+        storage.address, timeout=10.0, retry=QUICK_RETRY, append_stream=request.param == "stream"
+    )
+    yield made
+    await made.close()
+
+
 async def eventually(check: Callable[[], Awaitable[bool]], within: float = 15.0) -> None:
     """Wait until ``check()`` holds (for background work: leases, garbage collection)."""
     deadline = time.monotonic() + within
@@ -164,7 +176,8 @@ async def call_raw(client: StorageClient, method: str, request: Any) -> Any:
     return await call(getattr(client.stub, method), request, timeout=5.0)
 
 
-async def test_append_rules_and_errors(client: StorageClient) -> None:
+async def test_append_rules_and_errors(append_client: StorageClient) -> None:
+    client = append_client
     cid = new_id()
     pair = await client.create(cid, SCHEMA, initial_frontier=10)
     write = pair.write

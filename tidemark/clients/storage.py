@@ -49,6 +49,7 @@ from tidemark.frontier import Antichain, u64_frontier
 from tidemark.logging import get_logger
 from tidemark.retry import RetryPolicy
 from tidemark.rpc import CLIENT_RETRY, GrpcClient, error_from_rpc, stream
+from tidemark.rpc.streamed_calls import StreamedCalls
 from tidemark.tasks import cancel_and_wait
 from tidemark.v1 import common_pb2, storage_pb2, storage_pb2_grpc
 
@@ -283,16 +284,49 @@ def row_filter(*predicates: storage_pb2.ColumnPredicate) -> storage_pb2.RowFilte
 # -- the client -------------------------------------------------------------------------------
 
 
+def _append_message(
+    sequence: int, request: storage_pb2.AppendRequest
+) -> storage_pb2.AppendStreamRequest:
+    return storage_pb2.AppendStreamRequest(sequence=sequence, append=request)
+
+
+def _append_outcome(
+    message: storage_pb2.AppendStreamResponse,
+) -> tuple[int, storage_pb2.AppendResponse | common_pb2.CallStatus]:
+    if message.HasField("error"):
+        return message.sequence, message.error
+    return message.sequence, message.appended
+
+
 class StorageClient(GrpcClient):
     """Calls retry while the service is unavailable (within ``retry``) and raise Tidemark
     errors otherwise; each unary call finishes within ``timeout`` seconds."""
 
     def __init__(
-        self, address: str, *, timeout: float = 10.0, retry: RetryPolicy = CLIENT_RETRY
+        self,
+        address: str,
+        *,
+        timeout: float = 10.0,
+        retry: RetryPolicy = CLIENT_RETRY,
+        append_stream: bool = True,
     ) -> None:
+        """``append_stream``: send appends as messages of one long-lived ``AppendStream``
+        call (cheaper per append), rather than as ``Append`` calls."""
         super().__init__(address, timeout=timeout, retry=retry)
         self.stub = storage_pb2_grpc.StorageStub(self.channel)
         self._schemas: dict[str, RelationSchema] = {}
+        self.append_stream = append_stream
+        self._appends = StreamedCalls(
+            self.stub.AppendStream,
+            wrap=_append_message,
+            unwrap=_append_outcome,
+            retry=retry,
+            name="storage append",
+        )
+
+    async def close(self) -> None:
+        await self._appends.close()
+        await super().close()
 
     # -- collections ------------------------------------------------------------------------
 
@@ -385,9 +419,11 @@ class StorageClient(GrpcClient):
         backoff = self.retry.backoffs()
         while True:
             try:
-                response = await self._call(
-                    self.stub.Append, request, max(0.1, deadline - time.monotonic())
-                )
+                seconds = max(0.1, deadline - time.monotonic())
+                if self.append_stream:
+                    response = await self._appends.call(request, seconds)
+                else:
+                    response = await self._call(self.stub.Append, request, seconds)
                 return AppendResult(frontier_from_proto(response.upper), response.already_committed)
             except (Indeterminate, DeadlineExceeded) as exc:
                 # Unknown outcome: the same token makes a second attempt safe.

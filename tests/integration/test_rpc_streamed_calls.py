@@ -1,0 +1,220 @@
+"""Requests carried over one long-lived stream (tidemark.rpc.streamed_calls), against an
+in-process server over a real socket: the server answers each request in its own task (a
+scripted storage servicer whose AppendStream acts on the request's token), failures come back
+as the errors a unary call would raise while the stream stays open, and a broken stream fails
+what was in flight as indeterminate and is opened again on the next request."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tidemark.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    Indeterminate,
+    Internal,
+    Unavailable,
+)
+from tidemark.retry import RetryPolicy
+from tidemark.rpc import Server, Service, open_channel
+from tidemark.rpc.streamed_calls import StreamedCalls, answer_streamed_calls
+from tidemark.v1 import common_pb2, storage_pb2, storage_pb2_grpc
+
+QUICK = RetryPolicy(total_seconds=0.5, initial_backoff=0.05, max_backoff=0.1)
+Outcome = storage_pb2.AppendResponse | common_pb2.CallStatus
+
+
+class ScriptedStorage(storage_pb2_grpc.StorageServicer):
+    """AppendStream answers by token: ``ok-N`` with upper ``{N}``, ``slow-N`` the same after
+    0.3 s, ``refuse`` FAILED_PRECONDITION, ``maybe`` indeterminate, ``bug`` an unexpected
+    exception, ``hang`` never."""
+
+    def __init__(self) -> None:
+        self.streams = 0
+        self.cancelled: list[str] = []
+        self.stopping = asyncio.Event()
+
+    def AppendStream(
+        self, request_iterator: AsyncIterator[storage_pb2.AppendStreamRequest], context: object
+    ) -> AsyncIterator[storage_pb2.AppendStreamResponse]:
+        self.streams += 1
+        return answer_streamed_calls(
+            request_iterator,
+            self._answer,
+            lambda message, status: storage_pb2.AppendStreamResponse(
+                sequence=message.sequence, error=status
+            ),
+            method="/tidemark.v1.Storage/AppendStream",
+            stopping=self.stopping,
+        )
+
+    async def _answer(
+        self, message: storage_pb2.AppendStreamRequest
+    ) -> storage_pb2.AppendStreamResponse:
+        token = message.append.idempotency_token
+        kind, _, number = token.partition("-")
+        if kind == "slow":
+            await asyncio.sleep(0.3)
+        elif kind == "refuse":
+            raise FailedPrecondition("the upper is {7}, not {5}")
+        elif kind == "maybe":
+            raise Indeterminate("the commit's outcome is unknown")
+        elif kind == "bug":
+            raise RuntimeError("secret internals")
+        elif kind == "hang":
+            try:
+                await asyncio.Event().wait()
+            finally:
+                self.cancelled.append(token)
+        upper = common_pb2.Frontier(elements=[int(number)])
+        return storage_pb2.AppendStreamResponse(
+            sequence=message.sequence, appended=storage_pb2.AppendResponse(upper=upper)
+        )
+
+
+def scripted_service(servicer: ScriptedStorage) -> Service[ScriptedStorage]:
+    return Service(
+        storage_pb2.DESCRIPTOR.services_by_name["Storage"],
+        servicer,
+        storage_pb2_grpc.add_StorageServicer_to_server,
+        on_stopping=servicer.stopping.set,
+    )
+
+
+def unwrap(message: storage_pb2.AppendStreamResponse) -> tuple[int, Outcome]:
+    if message.HasField("error"):
+        return message.sequence, message.error
+    return message.sequence, message.appended
+
+
+def calls_to(
+    address: str,
+) -> StreamedCalls[
+    str,
+    storage_pb2.AppendResponse,
+    storage_pb2.AppendStreamRequest,
+    storage_pb2.AppendStreamResponse,
+]:
+    stub = storage_pb2_grpc.StorageStub(open_channel(address))
+    return StreamedCalls(
+        stub.AppendStream,
+        wrap=lambda sequence, token: storage_pb2.AppendStreamRequest(
+            sequence=sequence, append=storage_pb2.AppendRequest(idempotency_token=token)
+        ),
+        unwrap=unwrap,
+        retry=QUICK,
+        name="test append",
+    )
+
+
+async def upper(
+    calls: StreamedCalls[str, storage_pb2.AppendResponse, object, object], token: str
+) -> int:
+    response = await calls.call(token, 5.0)
+    return response.upper.elements[0]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def test_requests_share_one_stream_finish_in_any_order_and_fail_alone() -> None:
+    servicer = ScriptedStorage()
+    async with Server([scripted_service(servicer)], "127.0.0.1:0") as server:
+        calls = calls_to(f"127.0.0.1:{server.port}")
+        finished: list[str] = []
+
+        async def run(token: str) -> int:
+            result = await upper(calls, token)
+            finished.append(token)
+            return result
+
+        slow = asyncio.create_task(run("slow-1"))
+        await asyncio.sleep(0.05)
+        assert await run("ok-2") == 2
+        assert await slow == 1
+        assert finished == ["ok-2", "slow-1"]  # the later request did not wait for the earlier
+
+        with pytest.raises(FailedPrecondition, match=r"the upper is \{7\}, not \{5\}"):
+            await calls.call("refuse", 5.0)
+        with pytest.raises(Indeterminate, match="outcome is unknown"):
+            await calls.call("maybe", 5.0)
+        with pytest.raises(Internal, match="internal error") as bug:
+            await calls.call("bug", 5.0)
+        assert "secret" not in bug.value.message
+        # Every failure failed alone: the stream is still the first one.
+        results = await asyncio.gather(*(upper(calls, f"ok-{n}") for n in range(10, 60)))
+        assert results == list(range(10, 60))
+        assert servicer.streams == 1
+        await calls.close()
+
+
+async def test_deadline_and_cancelled_callers_leave_the_stream_open() -> None:
+    servicer = ScriptedStorage()
+    async with Server([scripted_service(servicer)], "127.0.0.1:0") as server:
+        calls = calls_to(f"127.0.0.1:{server.port}")
+        with pytest.raises(DeadlineExceeded, match="may still take effect"):
+            await calls.call("hang-1", 0.2)
+        waiting = asyncio.create_task(calls.call("hang-2", 5.0))
+        await asyncio.sleep(0.1)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert await upper(calls, "ok-3") == 3
+        assert servicer.streams == 1
+        await calls.close()
+        # Closing the client ends the stream; the server cancels what it still ran for it.
+        for _ in range(50):
+            if sorted(servicer.cancelled) == ["hang-1", "hang-2"]:
+                break
+            await asyncio.sleep(0.05)
+        assert sorted(servicer.cancelled) == ["hang-1", "hang-2"]
+        with pytest.raises(Unavailable, match="closed"):
+            await calls.call("ok-4", 1.0)
+
+
+async def test_a_broken_stream_fails_what_was_in_flight_as_indeterminate_then_reopens() -> None:
+    port = free_port()
+    first = ScriptedStorage()
+    server = Server([scripted_service(first)], f"127.0.0.1:{port}", grace=0.0)
+    await server.start()
+    calls = calls_to(f"127.0.0.1:{port}")
+    assert await upper(calls, "ok-1") == 1
+    in_flight = asyncio.create_task(calls.call("hang-2", 10.0))
+    await asyncio.sleep(0.1)
+    await server.stop(0.0)
+    with pytest.raises(Indeterminate, match="stream broke"):
+        await in_flight
+    # Nothing listens now: opening a stream fails as Unavailable (nothing was sent).
+    with pytest.raises(Unavailable) as down:
+        await calls.call("ok-3", 2.0)
+    assert not isinstance(down.value, Indeterminate)
+    second = ScriptedStorage()
+    async with Server([scripted_service(second)], f"127.0.0.1:{port}"):
+        assert await upper(calls, "ok-4") == 4
+        assert second.streams == 1
+    await calls.close()
+
+
+async def test_stopping_answers_what_runs_then_ends_idle_streams_without_the_grace() -> None:
+    port = free_port()
+    servicer = ScriptedStorage()
+    server = Server([scripted_service(servicer)], f"127.0.0.1:{port}", grace=30.0)
+    await server.start()
+    calls = calls_to(f"127.0.0.1:{port}")
+    assert await upper(calls, "ok-1") == 1
+    running = asyncio.create_task(upper(calls, "slow-2"))
+    await asyncio.sleep(0.05)
+    # The open stream does not hold the stop for its 30 s grace; the request it was
+    # running is still answered.
+    await asyncio.wait_for(server.stop(), timeout=10.0)
+    assert await running == 2
+    async with Server([scripted_service(ScriptedStorage())], f"127.0.0.1:{port}"):
+        assert await upper(calls, "ok-3") == 3
+    await calls.close()
