@@ -10,6 +10,7 @@ import asyncio
 import socket
 from collections.abc import AsyncIterator
 
+import grpc.aio
 import pytest
 
 from tidemark.errors import (
@@ -38,12 +39,15 @@ class ScriptedStorage(storage_pb2_grpc.StorageServicer):
         self.cancelled: list[str] = []
         self.stopping = asyncio.Event()
 
-    def AppendStream(
-        self, request_iterator: AsyncIterator[storage_pb2.AppendStreamRequest], context: object
-    ) -> AsyncIterator[storage_pb2.AppendStreamResponse]:
+    async def AppendStream(  # type: ignore[override]  # reader/writer style
+        self,
+        request_iterator: AsyncIterator[storage_pb2.AppendStreamRequest],
+        context: grpc.aio.ServicerContext[object, object],
+    ) -> None:
         self.streams += 1
-        return answer_streamed_calls(
+        await answer_streamed_calls(
             request_iterator,
+            context.write,
             self._answer,
             lambda message, status: storage_pb2.AppendStreamResponse(
                 sequence=message.sequence, error=status
@@ -91,14 +95,15 @@ def unwrap(message: storage_pb2.AppendStreamResponse) -> tuple[int, Outcome]:
     return message.sequence, message.appended
 
 
-def calls_to(
-    address: str,
-) -> StreamedCalls[
+AppendCalls = StreamedCalls[
     str,
     storage_pb2.AppendResponse,
     storage_pb2.AppendStreamRequest,
     storage_pb2.AppendStreamResponse,
-]:
+]
+
+
+def calls_to(address: str) -> AppendCalls:
     stub = storage_pb2_grpc.StorageStub(open_channel(address))
     return StreamedCalls(
         stub.AppendStream,
@@ -111,11 +116,9 @@ def calls_to(
     )
 
 
-async def upper(
-    calls: StreamedCalls[str, storage_pb2.AppendResponse, object, object], token: str
-) -> int:
+async def upper(calls: AppendCalls, token: str) -> int:
     response = await calls.call(token, 5.0)
-    return response.upper.elements[0]
+    return int(response.upper.elements[0])
 
 
 def free_port() -> int:

@@ -20,7 +20,6 @@ drops mid-call, and the next request opens a new stream. Only requests that are 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -244,28 +243,28 @@ class StreamedCalls(Generic[Request, Response, WireRequest, WireResponse]):
 
 async def answer_streamed_calls(
     requests: AsyncIterator[WireRequest],
+    write: Callable[[WireResponse], Awaitable[None]],
     answer: Callable[[WireRequest], Awaitable[WireResponse]],
     failed: Callable[[WireRequest, common_pb2.CallStatus], WireResponse],
     *,
     method: str,
     stopping: asyncio.Event | None = None,
     max_in_flight: int = 256,
-) -> AsyncIterator[WireResponse]:
-    """The responses of a stream of requests: each request is answered by ``answer`` in a task
-    of its own (so they proceed concurrently), or, if that raises, by ``failed`` with the
-    status the unary call would have ended with. Responses come in order of completion. At
-    most ``max_in_flight`` requests run at once; further ones wait in the stream.
+) -> None:
+    """Answer a stream of requests, ``write``-ing each response (``context.write``) as soon as
+    it is ready: each request is answered by ``answer`` in a task of its own (so they proceed
+    concurrently), or, if that raises, by ``failed`` with the status the unary call would
+    have ended with. At most ``max_in_flight`` requests run at once; further ones wait in the
+    stream.
 
-    Once ``stopping`` is set (the server is shutting down), no further request is taken: the
-    ones running are answered and the stream ends, so an idle stream does not hold up the
-    shutdown; the client retries what it sent after that. When the caller goes away, requests
-    still running are cancelled."""
-    answers: asyncio.Queue[WireResponse | None] = asyncio.Queue()
+    Once ``stopping`` is set (the server is shutting down), the requests running are answered
+    and the stream ends, so an idle stream does not hold up the shutdown; whatever the client
+    sent after that is unanswered, and it sends that again. When the caller goes away,
+    requests still running are cancelled."""
     room = asyncio.Semaphore(max_in_flight)
+    writing = asyncio.Lock()  # one write at a time on a call
     running: set[asyncio.Task[None]] = set()
-    incoming = aiter(requests)
-    stop = asyncio.ensure_future((stopping or asyncio.Event()).wait())
-    pending_read: asyncio.Future[WireRequest] | None = None
+    answering = True
 
     async def run(request: WireRequest) -> None:
         try:
@@ -274,41 +273,39 @@ async def answer_streamed_calls(
             response = failed(request, call_status(exc, method))
         finally:
             room.release()
-        answers.put_nowait(response)
+        async with writing:
+            await write(response)
 
     async def take_requests() -> None:
-        nonlocal pending_read
-        try:
-            while True:
-                await room.acquire()
-                pending_read = asyncio.ensure_future(anext(incoming))
-                await asyncio.wait({pending_read, stop}, return_when=asyncio.FIRST_COMPLETED)
-                if not pending_read.done():
-                    room.release()
-                    break  # stopping, and no request came first
-                try:
-                    request = pending_read.result()
-                except StopAsyncIteration:
-                    room.release()
-                    break
-                pending_read = None
-                task = asyncio.create_task(run(request))
-                running.add(task)
-                task.add_done_callback(running.discard)
-            while running:
-                await asyncio.wait(set(running))
-        finally:
-            answers.put_nowait(None)
+        async for request in requests:
+            if not answering:
+                return  # the stream is ending: the client sends it again
+            task = asyncio.create_task(run(request))
+            running.add(task)
+            task.add_done_callback(running.discard)
+            await room.acquire()
+
+    async def finish_running() -> None:
+        while running:
+            await asyncio.wait(set(running))
 
     reader = asyncio.create_task(take_requests())
+    stop = asyncio.ensure_future((stopping or asyncio.Event()).wait())
     try:
-        while (response := await answers.get()) is not None:
-            yield response
-        await reader  # the requests' own stream failing ends this one the same way
+        await asyncio.wait({reader, stop}, return_when=asyncio.FIRST_COMPLETED)
+        answering = reader.done()
+        await finish_running()
+        if reader.done():
+            reader.result()  # the request stream's own failure ends this one the same way
     finally:
-        await cancel_and_wait(reader, stop, *running)
-        if pending_read is not None:
-            # A read the stream's end left waiting: whatever it ends with, nobody wants it.
-            pending_read.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await pending_read
+        answering = False
+        await cancel_and_wait(stop, *running)
+        if not reader.done():
+            # Not cancelled: gRPC cannot end a call while a read of it was cancelled mid-way.
+            # The read ends with the call; what it ends with concerns nobody.
+            reader.add_done_callback(_discard_outcome)
+
+
+def _discard_outcome(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()
