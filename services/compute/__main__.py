@@ -141,15 +141,19 @@ async def main(config: ComputeConfig) -> None:
         if controller is not None
         else None
     )
-    tasks = [task for task in (serving, following) if task is not None]
+    supervising = asyncio.create_task(host.supervise(), name="dataflow-supervisor")
+    tasks = [task for task in (serving, following, supervising) if task is not None]
     try:
-        # A controller that stops (it never should) takes the process down with it: a
-        # cluster that no longer follows its catalog must not keep serving peeks.
+        # A controller or supervisor that stops (neither ever should) takes the process down
+        # with it: a cluster that no longer follows its catalog, or no longer restarts its
+        # failed dataflows, must not keep serving peeks.
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for task in done:
             task.result()
         if following is not None and following in done:
             raise RuntimeError("the catalog controller stopped")
+        if supervising in done:
+            raise RuntimeError("the dataflow supervisor stopped")
     finally:
         await cancel_and_wait(*tasks)
         await host.close()

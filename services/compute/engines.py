@@ -193,7 +193,8 @@ class SparkEngine:
 
     The session starts in the background when the process starts (it takes seconds, and the
     process should answer Status meanwhile); the first install waits for it. A cluster that
-    lost a task stays failed for the dataflows on it, and the next install starts a new one.
+    lost a task stays failed for the dataflows on it, and the next install starts a new one
+    (the host restarts failed dataflows, so the first of those restarts does).
     """
 
     name = "spark"

@@ -9,14 +9,21 @@ engine's state and returns; hydration and steps then run in the background
 ``as_of`` (compute.proto, decisions.md): the latest of the inputs' read holds; with an output
 collection that already holds data, its upper - 1 instead (a restart continues where the
 output stopped without rewriting it), and never before the output's upper otherwise.
+
+A dataflow that fails (its engine lost a Spark task, storage stayed unavailable past its
+retries, ...) is restarted by :meth:`DataflowManager.supervise` as a process restart would
+restart it: with fresh capabilities, from ``as_of`` = its output's upper - 1, so the output
+goes on exactly where it stopped; until then it reports ``failed`` and reads of it are
+UNAVAILABLE. Attempts back off from ``restart_initial_s`` to ``restart_max_s``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import pyarrow as pa
@@ -25,7 +32,7 @@ from services.compute.engines import Engine
 from services.compute.oneshot import evaluate_at, result_table
 from services.compute.output import OutputWriter
 from services.compute.planning import checked_plan
-from services.compute.running import RunningDataflow, RunSettings
+from services.compute.running import FAILED, RUNNING, RunningDataflow, RunSettings
 from services.compute.spec import DataflowInputSpec, DataflowSpec
 from services.compute.subscriptions import output_changes
 from tidemark.clients.storage import Capability, StorageClient
@@ -64,6 +71,9 @@ class HostSettings:
     hold_interval_s: float = 1.0
     default_wait_s: float = 30.0
     index_history_ms: int = 60_000
+    restart_initial_s: float = 1.0
+    """Wait before restarting a failed dataflow; doubles with each failed attempt."""
+    restart_max_s: float = 30.0
 
     @property
     def holder(self) -> str:
@@ -100,6 +110,8 @@ class DataflowManager:
         self.controller: CatalogFollower | None = None
         self._dataflows: dict[str, RunningDataflow] = {}
         self._installing: set[str] = set()
+        self._failed = asyncio.Event()  # set when a dataflow fails: the supervisor looks
+        self._restarts: dict[str, tuple[int, float]] = {}  # id: attempts, next attempt due
         self._run_settings = RunSettings(
             settings.holder,
             settings.renew_interval_s,
@@ -140,11 +152,7 @@ class DataflowManager:
         try:
             running = await self._prepare(spec, acquired)
         except BaseException:
-            for capability in acquired:
-                try:
-                    await self.storage.drop(capability)
-                except TidemarkError as exc:
-                    log.info("capability_drop_failed", error=exc.message)
+            await self._drop_capabilities(acquired)
             raise
         finally:
             self._installing.discard(dataflow_id)
@@ -160,6 +168,75 @@ class DataflowManager:
             from_catalog=spec.from_catalog,
         )
         return running.as_of, running.schema
+
+    async def _drop_capabilities(self, capabilities: Sequence[Capability]) -> None:
+        for capability in capabilities:
+            try:
+                await self.storage.drop(capability)
+            except TidemarkError as exc:
+                log.info("capability_drop_failed", error=exc.message)
+
+    # -- restarting failed dataflows --------------------------------------------------------------
+
+    async def supervise(self, check_interval_s: float = 1.0) -> None:
+        """Restart failed dataflows, forever (see the module docs). Also notices, every
+        ``check_interval_s``, engines that died under dataflows with nothing to do."""
+        loop = asyncio.get_running_loop()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._failed.wait(), check_interval_s)
+            self._failed.clear()
+            for dataflow_id, running in list(self._dataflows.items()):
+                running.check_engine()
+                if running.state == RUNNING:
+                    self._restarts.pop(dataflow_id, None)  # it works again
+                if running.state != FAILED:
+                    continue
+                attempts, due = self._restarts.get(dataflow_id, (0, 0.0))
+                if loop.time() < due:
+                    continue
+                delay = min(
+                    self.settings.restart_initial_s * 2**attempts, self.settings.restart_max_s
+                )
+                self._restarts[dataflow_id] = (attempts + 1, loop.time() + delay)
+                try:
+                    await self._restart(running)
+                except TidemarkError as exc:
+                    log.warning("dataflow_restart_failed", dataflow=dataflow_id, error=exc.message)
+                except Exception:
+                    log.exception("dataflow_restart_failed", dataflow=dataflow_id)
+            for dataflow_id in set(self._restarts) - set(self._dataflows):
+                del self._restarts[dataflow_id]  # dropped meanwhile
+
+    async def _restart(self, failed: RunningDataflow) -> None:
+        """Replace ``failed`` with a new dataflow of the same spec. The new one takes fresh
+        capabilities before the failed one releases its own, so its inputs stay readable at
+        the output's upper - 1 throughout."""
+        dataflow_id = failed.dataflow_id
+        log.info("dataflow_restarting", dataflow=dataflow_id, error=failed.error)
+        spec = replace(
+            failed.spec,
+            inputs=tuple(DataflowInputSpec(i.collection_id) for i in failed.spec.inputs),
+            output_write_capability=None,
+        )
+        acquired: list[Capability] = []
+        try:
+            running = await self._prepare(spec, acquired)
+        except BaseException:
+            await self._drop_capabilities(acquired)
+            raise
+        if self._dataflows.get(dataflow_id) is not failed:
+            await running.stop(release=True)  # dropped (or replaced) while this was prepared
+            return
+        running.restarts = failed.restarts + 1
+        running.last_failure = failed.error
+        self._dataflows[dataflow_id] = running
+        running.start()
+        try:
+            await failed.stop(release=True)
+        except Exception:  # its engine is gone; what it held expires with its leases
+            log.exception("failed_dataflow_stop_failed", dataflow=dataflow_id)
+        log.info("dataflow_restarted", dataflow=dataflow_id, as_of=running.as_of)
 
     async def _prepare(self, spec: DataflowSpec, acquired: list[Capability]) -> RunningDataflow:
         input_ids = [i.collection_id for i in spec.inputs]
@@ -221,6 +298,7 @@ class DataflowManager:
             as_of,
             self._run_settings,
             estimate,
+            on_failed=self._failed.set,
         )
 
     @staticmethod
@@ -448,5 +526,7 @@ async def _status(running: RunningDataflow) -> compute_pb2.DataflowStatus:
         index_rows=running.output_rows if running.has_index else 0,
         from_catalog=running.spec.from_catalog,
         error=running.error,
+        restarts=running.restarts,
+        last_failure=running.last_failure,
     )
     return status

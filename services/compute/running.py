@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from services.compute.changes import ChangeFeed, Step
@@ -72,8 +72,11 @@ class RunningDataflow:
         as_of: int,
         settings: RunSettings,
         hydration_rows_estimate: int = 0,
+        on_failed: Callable[[], None] | None = None,
     ) -> None:
         self.spec = spec
+        self.on_failed = on_failed
+        """Called once the dataflow has failed (the host restarts it)."""
         self.dataflow_id = spec.dataflow_id
         self.plan = plan
         self.schema = schema
@@ -88,6 +91,9 @@ class RunningDataflow:
         self.index_since = as_of
         """Index peeks before this are refused (only moves forward, see ``_compact_index``)."""
         self.error = ""
+        self.restarts = 0
+        """How many failed dataflows of this id came before this one (see the host)."""
+        self.last_failure = ""
         self.upper: int | None = None
         """The output is complete before this (``None`` until hydrated)."""
         self.output_rows = 0
@@ -173,6 +179,8 @@ class RunningDataflow:
         self._signal_moved()
         if self._task is not None and self._task is not asyncio.current_task():
             self._task.cancel()
+        if self.on_failed is not None:
+            self.on_failed()
 
     async def _run(self) -> None:
         capabilities = list(self.inputs)

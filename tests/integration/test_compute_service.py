@@ -39,7 +39,6 @@ from tidemark.errors import (
     InvalidArgument,
     NotFound,
     PermissionDenied,
-    Unavailable,
 )
 from tidemark.frontier import u64_frontier
 from tidemark.lattice import U64
@@ -494,38 +493,60 @@ async def test_every_error_code(storage: StorageClient, compute: ComputeClient) 
 # -- a lost Spark task (last: it costs the process its resident cluster) --------------------------
 
 
-async def test_a_lost_spark_task_fails_its_dataflows_and_the_process_recovers(
+async def test_a_lost_spark_task_fails_its_dataflows_and_the_process_restarts_them(
     stack: Stack, storage: StorageClient, compute: ComputeClient
 ) -> None:
     collections = Collections(storage)
     values = await collections.create(KV)
     plan = sums_by_key(values)
-    await collections.append(values, [((1, 1), 0, 1)], 2)
+    output = await output_collection(collections, plan)
+    history = [((1, 1), 0, 1)]
+    await collections.append(values, history, 2)
     doomed = new_id("doomed")
     await compute.maintain_view(
-        doomed, plan, [await collections.read_capability(values)], index_key_columns=[0]
+        doomed,
+        plan,
+        [await collections.read_capability(values)],
+        output=await collections.write_capability(output),
+        index_key_columns=[0],
     )
     assert (await compute.peek(doomed, 1, wait_ms=PATIENT_MS)).rows == [((1, 1, 1), 1)]
+    holds_before = await read_holds(storage, values)
 
     os.kill(resident_task_pids(stack.compute())[0], signal.SIGKILL)
-    await collections.append(values, [((1, 1), 2, 1)], 3)
+    more = [((1, 1), 2, 1), ((2, 5), 2, 1)]
+    await collections.append(values, more, 3)
+    history += more
 
-    async def failed() -> None:
+    # The dataflow fails with its resident cluster, and the process restarts it on a new one,
+    # from its output's upper - 1: nothing to do by hand.
+    async def restarted() -> None:
         info = (await compute.status()).dataflow(doomed)
-        assert info is not None and info.state == "failed" and info.error
+        assert info is not None and info.restarts >= 1 and info.last_failure
+        assert info.state == "running" and not info.error
 
-    await eventually(failed)
-    with pytest.raises(Unavailable):
-        await compute.peek(doomed, 1)
-
-    # The process still serves: one-shot peeks, and new dataflows on a fresh resident cluster.
-    assert (await compute.peek(one_shot(plan, [collections.read(values)]), 2)).rows == [
-        ((1, 2, 2), 1)
+    await eventually(restarted)
+    assert sorted((await compute.peek(doomed, 2, wait_ms=PATIENT_MS)).rows) == [
+        ((1, 2, 2), 1),
+        ((2, 1, 5), 1),
     ]
-    revived = new_id("revived")
-    await compute.maintain_view(
-        revived, plan, [await collections.read_capability(values)], index_key_columns=[0]
-    )
-    assert (await compute.peek(revived, 2, wait_ms=PATIENT_MS)).rows == [((1, 2, 2), 1)]
+    # It goes on following its input, and its output collection holds the exact history:
+    # nothing the failed dataflow wrote is missing or written twice.
+    later = [((2, 5), 3, -1), ((3, 7), 4, 1)]
+    await collections.append(values, later, 5)
+    history += later
+    assert sorted((await compute.peek(doomed, 4, wait_ms=PATIENT_MS)).rows) == [
+        ((1, 2, 2), 1),
+        ((3, 1, 7), 1),
+    ]
+    written = await collections.history(output, 5)
+    for time in range(5):
+        expected = canonical(evaluate(plan, {values: contents_at(history, time)}))
+        assert canonical(contents_at(written, time)) == expected, f"output at {time}"
+    # The failed dataflow's capabilities are released: the restarted one holds what it held.
+    assert await read_holds(storage, values) == holds_before
     await compute.drop_view(doomed)
-    await compute.drop_view(revived)
+
+
+async def read_holds(storage: StorageClient, collection_id: str) -> int:
+    return sum(c.kind == "read" for c in (await storage.describe(collection_id)).capabilities)

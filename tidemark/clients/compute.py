@@ -112,6 +112,10 @@ class DataflowInfo:
     index_rows: int
     from_catalog: bool
     error: str
+    restarts: int = 0
+    """Times the process restarted it after a failure; ``last_failure`` says why, the last
+    time."""
+    last_failure: str = ""
 
     @classmethod
     def from_proto(cls, proto: compute_pb2.DataflowStatus) -> DataflowInfo:
@@ -131,6 +135,8 @@ class DataflowInfo:
             index_rows=proto.index_rows,
             from_catalog=proto.from_catalog,
             error=proto.error,
+            restarts=proto.restarts,
+            last_failure=proto.last_failure,
         )
 
 
