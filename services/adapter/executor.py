@@ -206,9 +206,7 @@ class StatementExecutor:
             transaction.check_can_read(position)
             if transaction.read_ts is not None:
                 return transaction.read_ts
-        if as_of is not None:
-            return as_of
-        return await self.timestamps.read_ts()
+        return await self.timestamps.as_of_or_now(as_of, position)
 
     async def _select(self, statement: ast.Select, session: SessionState) -> Outcome:
         state = await self.catalog_state()

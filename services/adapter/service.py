@@ -220,9 +220,7 @@ class Adapter:
             state = await self.executor.catalog_state()
             # ORDER BY / LIMIT become part of the plan: a subscription maintains its top k.
             planned = self.planner.query(statement.query, state, settings, finishing=False)
-            as_of = (
-                statement.as_of if statement.as_of is not None else await self.timestamps.read_ts()
-            )
+            as_of = await self.timestamps.as_of_or_now(statement.as_of, statement.position)
             stream = self.subscriptions.stream(planned, state, settings.cluster, as_of)
             async for message in stream:
                 yield message

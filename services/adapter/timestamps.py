@@ -16,6 +16,8 @@ import asyncio
 from collections.abc import Iterable
 
 from services.adapter.holds import CollectionHolds
+from services.adapter.results import INVALID_PARAMETER
+from services.adapter.sql.errors import SqlError
 from tidemark import timelines
 from tidemark.clients.oracle import OracleClient
 from tidemark.clients.storage import StorageClient
@@ -47,6 +49,23 @@ class Timestamps:
 
     async def read_ts(self) -> int:
         return await self.oracle.read_ts(self.data_timeline)
+
+    async def as_of_or_now(self, as_of: int | None, position: int = 0) -> int:
+        """The time a read ``AS OF as_of`` happens at (no ``AS OF``: now, ``read_ts``). A
+        time later than now is refused: making the tables readable there would move their
+        uppers past every write timestamp the oracle hands out until then, and hold back
+        every write to them."""
+        now = await self.read_ts()
+        if as_of is None:
+            return now
+        if as_of > now:
+            raise SqlError(
+                INVALID_PARAMETER,
+                f"AS OF {as_of} is later than the latest complete time, {now}",
+                position,
+                hint="read AS OF a time that has passed",
+            )
+        return as_of
 
     async def write_ts(self) -> int:
         return await self.oracle.write_ts(self.data_timeline)

@@ -200,6 +200,18 @@ async def test_as_of_reads_history(a: AdapterClient, b: AdapterClient) -> None:
     assert (await ok(b, f"SELECT x FROM hist AS OF {first.timestamp}")).rows == [(1,)]
     assert await rows(a, f"SELECT x FROM hist AS OF {second.timestamp}") == [(1,), (2,)]
     assert (await ok(a, f"SELECT x FROM hist AS OF {first.timestamp - 1}")).rows == []
+    # A time that has not come yet is refused, for reads and subscriptions alike, and moves
+    # nothing: writes to the table still land at once (a read of the future would have
+    # moved its upper past every write timestamp for the next hour).
+    future = second.timestamp + 3_600_000
+    refused = await fails(a, f"SELECT x FROM hist AS OF {future}")
+    assert refused.code == "22023" and "later than the latest complete time" in refused.message
+    events = [event async for event in b.subscribe(f"SUBSCRIBE hist AS OF {future}")]
+    assert len(events) == 1 and isinstance(events[0], SubscribeError)
+    assert events[0].error.code == "22023"
+    third = await ok(b, "INSERT INTO hist VALUES (3)")
+    assert third.timestamp < future
+    assert await rows(a, "SELECT x FROM hist") == [(1,), (2,), (3,)]
 
 
 async def test_tables_views_materialized_views_and_indexes_agree(
@@ -434,6 +446,17 @@ async def test_sources_are_read_once_their_feed_passes_the_read_time(
         await storage.drop(pair.write)
     assert await rows(a, "SELECT id, note FROM feed") == [(1, "one"), (2, None)]
     assert (await fails(a, "INSERT INTO feed VALUES (3, 'x')")).code == "42809"
+
+
+async def test_statement_timeout_cancels_a_read_that_waits(a: AdapterClient) -> None:
+    """Nothing feeds ``stalled``, so a read of it waits for its feed to pass the read time;
+    ``statement_timeout`` ends the wait with 57014, and the session goes on."""
+    await ok(a, "CREATE SOURCE stalled (id bigint) FROM CDCV2")
+    await ok(a, "SET statement_timeout = 300")
+    cancelled = await fails(a, "SELECT id FROM stalled")
+    assert cancelled.code == "57014" and "statement timeout" in cancelled.message
+    await ok(a, "RESET statement_timeout")
+    assert (await ok(a, "SELECT 1")).rows == [(1,)]
 
 
 async def test_views_over_idle_tables_keep_advancing_without_reads(
