@@ -148,12 +148,8 @@ class DataflowManager:
         if dataflow_id in self._dataflows or dataflow_id in self._installing:
             raise AlreadyExists(f"dataflow {dataflow_id!r} is already installed")
         self._installing.add(dataflow_id)
-        acquired: list[Capability] = []
         try:
-            running = await self._prepare(spec, acquired)
-        except BaseException:
-            await self._drop_capabilities(acquired)
-            raise
+            running = await self._prepare(spec)
         finally:
             self._installing.discard(dataflow_id)
         self._dataflows[dataflow_id] = running
@@ -168,13 +164,6 @@ class DataflowManager:
             from_catalog=spec.from_catalog,
         )
         return running.as_of, running.schema
-
-    async def _drop_capabilities(self, capabilities: Sequence[Capability]) -> None:
-        for capability in capabilities:
-            try:
-                await self.storage.drop(capability)
-            except TidemarkError as exc:
-                log.info("capability_drop_failed", error=exc.message)
 
     # -- restarting failed dataflows --------------------------------------------------------------
 
@@ -219,12 +208,7 @@ class DataflowManager:
             inputs=tuple(DataflowInputSpec(i.collection_id) for i in failed.spec.inputs),
             output_write_capability=None,
         )
-        acquired: list[Capability] = []
-        try:
-            running = await self._prepare(spec, acquired)
-        except BaseException:
-            await self._drop_capabilities(acquired)
-            raise
+        running = await self._prepare(spec)
         if self._dataflows.get(dataflow_id) is not failed:
             await running.stop(release=True)  # dropped (or replaced) while this was prepared
             return
@@ -238,7 +222,23 @@ class DataflowManager:
             log.exception("failed_dataflow_stop_failed", dataflow=dataflow_id)
         log.info("dataflow_restarted", dataflow=dataflow_id, as_of=running.as_of)
 
-    async def _prepare(self, spec: DataflowSpec, acquired: list[Capability]) -> RunningDataflow:
+    async def _prepare(self, spec: DataflowSpec) -> RunningDataflow:
+        """A dataflow of ``spec``, ready to start. If that fails, the capabilities taken for it
+        are dropped again."""
+        acquired: list[Capability] = []
+        try:
+            return await self._prepare_holding(spec, acquired)
+        except BaseException:
+            for capability in acquired:
+                try:
+                    await self.storage.drop(capability)
+                except TidemarkError as exc:
+                    log.info("capability_drop_failed", error=exc.message)
+            raise
+
+    async def _prepare_holding(
+        self, spec: DataflowSpec, acquired: list[Capability]
+    ) -> RunningDataflow:
         input_ids = [i.collection_id for i in spec.inputs]
         if len(set(input_ids)) != len(input_ids):
             raise InvalidArgument(f"an input is named twice: {sorted(input_ids)}")

@@ -91,6 +91,22 @@ class Stack:
         """``kill -9``: no shutdown, no released holds."""
         self.computes[cluster].kill()
 
+    def start_oracle_and_catalog(self, timeline: str | None = None) -> None:
+        """An oracle (SQLite in the stack's directory) and a catalog on the stack's storage;
+        ``timeline``: the catalog's own (default: the catalog's default)."""
+        self.oracle = ServiceProcess(
+            "services.oracle",
+            ["--listen", "127.0.0.1:0", "--consensus-url", f"sqlite://{self.directory}/oracle.db"],
+        )
+        timeline_args = ["--timeline", timeline] if timeline else []
+        self.catalog = ServiceProcess(
+            "services.catalog",
+            [
+                *("--listen", "127.0.0.1:0", "--storage", self.storage.address),
+                *("--oracle", self.oracle.address, *timeline_args),
+            ],
+        )
+
     def stop(self) -> None:
         processes = [*self.computes.values(), self.catalog, self.storage, self.oracle]
         for process in processes:
@@ -120,23 +136,7 @@ def running_stack(
     )
     try:
         if catalog:
-            stack.oracle = ServiceProcess(
-                "services.oracle",
-                ["--listen", "127.0.0.1:0", "--consensus-url", f"sqlite://{directory}/oracle.db"],
-            )
-            stack.catalog = ServiceProcess(
-                "services.catalog",
-                [
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--storage",
-                    storage.address,
-                    "--oracle",
-                    stack.oracle.address,
-                    "--timeline",
-                    f"catalog-{uuid.uuid4().hex[:12]}",
-                ],
-            )
+            stack.start_oracle_and_catalog(timeline=f"catalog-{uuid.uuid4().hex[:12]}")
         for cluster in clusters:
             stack.start_compute(cluster)
         yield stack

@@ -112,21 +112,7 @@ def sql_stack(
     compute = Stack(directory, storage, engine=engine, spark_master=spark_master)
     stack = SqlStack(compute, adapter_extra=tuple(adapter_extra))
     try:
-        compute.oracle = ServiceProcess(
-            "services.oracle",
-            ["--listen", "127.0.0.1:0", "--consensus-url", f"sqlite://{directory}/oracle.db"],
-        )
-        compute.catalog = ServiceProcess(
-            "services.catalog",
-            [
-                "--listen",
-                "127.0.0.1:0",
-                "--storage",
-                storage.address,
-                "--oracle",
-                compute.oracle.address,
-            ],
-        )
+        compute.start_oracle_and_catalog()
         for cluster in clusters:
             compute.start_compute(cluster)
         for _ in range(adapters):

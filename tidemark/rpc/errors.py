@@ -36,7 +36,8 @@ log = get_logger("tidemark.rpc")
 
 
 def status_for_exception(exc: BaseException, method: str = "") -> tuple[grpc.StatusCode, str]:
-    """The status code and client-facing message for an exception raised by service code."""
+    """The status code and client-facing message for an exception raised by service code.
+    Call it from the ``except`` block: a bug (INTERNAL) is logged here with its traceback."""
     if isinstance(exc, TidemarkError):
         return exc.code, exc.message
     if isinstance(exc, grpc.aio.AioRpcError):
@@ -45,6 +46,7 @@ def status_for_exception(exc: BaseException, method: str = "") -> tuple[grpc.Sta
         return status_for_exception(error_from_rpc(exc), method)
     if isinstance(exc, NotImplementedError):
         return grpc.StatusCode.UNIMPLEMENTED, f"{method or 'this method'} is not implemented"
+    log.exception("unhandled_error", method=method)
     request_id = current_request_id()
     suffix = f" (request id {request_id})" if request_id else ""
     return grpc.StatusCode.INTERNAL, f"internal error{suffix}; the server log has the details"
@@ -70,8 +72,6 @@ class ErrorMappingInterceptor(CallInterceptor):
             raise
         except Exception as exc:
             code, message = status_for_exception(exc, details.method)
-            if code == grpc.StatusCode.INTERNAL and not isinstance(exc, TidemarkError):
-                log.exception("unhandled_error", method=details.method)
             trailing = tuple(context.trailing_metadata() or ())
             if _is_indeterminate(exc):
                 trailing += ((INDETERMINATE_KEY, "1"),)

@@ -35,8 +35,7 @@ from tidemark.errors import (
     Unavailable,
     error_for_status,
 )
-from tidemark.logging import get_logger
-from tidemark.retry import RetryPolicy
+from tidemark.retry import RetryPolicy, retry_unavailable
 from tidemark.rpc.client import call_metadata
 from tidemark.rpc.errors import error_from_rpc, status_for_exception
 from tidemark.tasks import cancel_and_wait
@@ -47,8 +46,6 @@ Response = TypeVar("Response")
 WireRequest = TypeVar("WireRequest")
 WireResponse = TypeVar("WireResponse")
 
-log = get_logger("tidemark.rpc")
-
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
@@ -57,8 +54,6 @@ def call_status(exc: BaseException, method: str) -> common_pb2.CallStatus:
     have ended a unary call with it. Call it from the ``except`` block: a bug is logged with
     its traceback and reported as INTERNAL."""
     code, message = status_for_exception(exc, method)
-    if code == grpc.StatusCode.INTERNAL and not isinstance(exc, TidemarkError):
-        log.exception("unhandled_error", method=method)
     return common_pb2.CallStatus(
         code=code.value[0], message=message, indeterminate=isinstance(exc, Indeterminate)
     )
@@ -174,27 +169,24 @@ class StreamedCalls(Generic[Request, Response, WireRequest, WireResponse]):
                 raise Unavailable(f"{self.name}: the client is closed")
             if self._stream is not None and self._stream.broken is None:
                 return self._stream
-            backoff = self.retry.backoffs()
-            while True:
-                call = self.method(None, metadata=call_metadata())
-                try:
-                    # Returns once the call is established; a server that cannot be reached
-                    # fails it here, before any request was written.
-                    await call.wait_for_connection()
-                except grpc.aio.AioRpcError as exc:
-                    error = error_from_rpc(exc)
-                    if type(error) is not Unavailable or backoff.expired():
-                        raise error from exc
-                    log.debug("stream_retry", method=self.name, details=exc.details())
-                    await backoff.sleep()
-                    continue
-                stream = _Stream[WireRequest, WireResponse](call)
-                stream.tasks = [
-                    asyncio.create_task(self._write(stream), name=f"{self.name}-writer"),
-                    asyncio.create_task(self._read(stream), name=f"{self.name}-reader"),
-                ]
-                self._stream = stream
-                return stream
+            call = await retry_unavailable(self._connect, self.retry, self.name)
+            stream = _Stream[WireRequest, WireResponse](call)
+            stream.tasks = [
+                asyncio.create_task(self._write(stream), name=f"{self.name}-writer"),
+                asyncio.create_task(self._read(stream), name=f"{self.name}-reader"),
+            ]
+            self._stream = stream
+            return stream
+
+    async def _connect(self) -> grpc.aio.StreamStreamCall[WireRequest, WireResponse]:
+        call = self.method(None, metadata=call_metadata())
+        try:
+            # Returns once the call is established; a server that cannot be reached fails it
+            # here, before any request was written (Unavailable: nothing happened).
+            await call.wait_for_connection()
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc(exc) from exc
+        return call
 
     async def _write(self, stream: _Stream[WireRequest, WireResponse]) -> None:
         # One task writes, so that a caller cancelled mid-write cannot cancel the whole call
