@@ -305,10 +305,12 @@ class _ScalarMaker:
     def _int64(self, depth: int) -> plan_pb2.Scalar:
         extracts = ["extract_year", "extract_month", "extract_day"]
         shape = self.choice(
-            ["arith", "arith", "arith", "length", *extracts, "coalesce", "case", "cast"]
+            ["arith", "arith", "arith", "length", *extracts, "days", "coalesce", "case", "cast"]
         )
         if shape == "arith":
             return self._numeric(T.INT64, depth)
+        if shape == "days":
+            return pb.call("days_between", self.expr(T.DATE, depth), self.expr(T.DATE, depth))
         if shape == "length":
             return pb.call("length", self.expr(T.TEXT, depth))
         if shape in extracts:
@@ -364,7 +366,9 @@ class _ScalarMaker:
         return self._case(T.FLOAT64, depth)
 
     def _date(self, depth: int) -> plan_pb2.Scalar:
-        shape = self.choice(["from_text", "from_timestamp", "coalesce", "case"])
+        shape = self.choice(["from_text", "from_timestamp", "add_days", "coalesce", "case"])
+        if shape == "add_days":
+            return pb.call("add_days", self.expr(T.DATE, depth), self.expr(T.INT64, depth))
         if shape == "from_text":
             text = self.choice([pb.literal(t, T.TEXT) for t in TEXTS_TO_PARSE])
             return pb.cast(text, T.DATE)
@@ -375,7 +379,9 @@ class _ScalarMaker:
         return self._case(T.DATE, depth)
 
     def _timestamp(self, depth: int) -> plan_pb2.Scalar:
-        shape = self.choice(["trunc", "from_date", "case"])
+        shape = self.choice(["trunc", "from_date", "add_months", "add_microseconds", "case"])
+        if shape in ("add_months", "add_microseconds"):
+            return pb.call(shape, self.expr(T.TIMESTAMP, depth), self.expr(T.INT64, depth))
         if shape == "trunc":
             return pb.call("date_trunc_day", self.expr(T.TIMESTAMP, depth))
         if shape == "from_date":

@@ -296,7 +296,49 @@ FUNCTIONS: dict[str, Callable[[str, list[Any], list[ScalarType], ScalarType], An
     "extract_month": _strict(lambda d: d.month),
     "extract_day": _strict(lambda d: d.day),
     "date_trunc_day": _strict(lambda ts: datetime.datetime(ts.year, ts.month, ts.day)),
+    "add_days": _strict(lambda d, n: _date_from_ordinal(d.toordinal() + n)),
+    "days_between": _strict(lambda a, b: a.toordinal() - b.toordinal()),
+    "add_months": _strict(lambda ts, n: _add_months(ts, n)),
+    "add_microseconds": _strict(lambda ts, n: _timestamp_from_micros(_micros_of(ts) + n)),
 }
+
+
+# Dates as day ordinals and timestamps as microseconds since 0001-01-01, so the shifts are
+# integer arithmetic checked against the contract's years 1..9999.
+_LAST_ORDINAL = datetime.date(9999, 12, 31).toordinal()
+_DAY_MICROS = 86_400_000_000
+
+
+def _date_from_ordinal(ordinal: int) -> datetime.date | None:
+    return datetime.date.fromordinal(ordinal) if 1 <= ordinal <= _LAST_ORDINAL else None
+
+
+def _micros_of(ts: datetime.datetime) -> int:
+    time_of_day = ((ts.hour * 60 + ts.minute) * 60 + ts.second) * 1_000_000 + ts.microsecond
+    return (ts.toordinal() - 1) * _DAY_MICROS + time_of_day
+
+
+def _timestamp_from_micros(micros: int) -> datetime.datetime | None:
+    days, rest = divmod(micros, _DAY_MICROS)
+    date = _date_from_ordinal(days + 1)
+    if date is None:
+        return None
+    seconds, micro = divmod(rest, 1_000_000)
+    return datetime.datetime(date.year, date.month, date.day) + datetime.timedelta(
+        seconds=seconds, microseconds=micro
+    )
+
+
+def _add_months(ts: datetime.datetime, months: int) -> datetime.datetime | None:
+    total = ts.month - 1 + months
+    year = ts.year + total // 12
+    month = total % 12 + 1
+    if not 1 <= year <= 9999:
+        return None
+    leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+    lengths = [31, 29 if leap else 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31]
+    day = min(ts.day, lengths[month - 1])
+    return datetime.datetime(year, month, day, ts.hour, ts.minute, ts.second, ts.microsecond)
 
 
 # Casts ------------------------------------------------------------------------------------

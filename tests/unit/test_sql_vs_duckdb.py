@@ -21,6 +21,7 @@ import duckdb
 import pytest
 
 from services.adapter.sql import SqlError
+from tests.support.duckdb_conventions import postgres_conventions
 from tests.unit.test_sql_plan import SqlWorld
 from tidemark.columnar import Column, ColumnType, RelationSchema
 
@@ -100,12 +101,7 @@ class Backends:
     def __init__(self, rows: dict[str, list[Row]]) -> None:
         self.world = SqlWorld(TABLES)
         self.duck = duckdb.connect()
-        for setting in (
-            "SET integer_division = true",
-            "SET default_null_order = 'nulls_last_on_asc_first_on_desc'",
-            "SET error_on_division_by_zero = false",
-        ):
-            self.duck.execute(setting)
+        postgres_conventions(self.duck)
         for name, schema in TABLES.items():
             columns = ", ".join(
                 f"{c.name} "

@@ -133,6 +133,21 @@ def _date_trunc_day(name: str, args: Sequence[ScalarType]) -> ScalarType:
     return ScalarType(ColumnType.TIMESTAMP, _any_nullable(args))
 
 
+def _shift(base: ColumnType) -> ResultRule:
+    """``base`` moved by an INT64 amount; NULL when the result leaves years 1..9999."""
+
+    def rule(name: str, args: Sequence[ScalarType]) -> ScalarType:
+        _expect(name, args, [{base}, {ColumnType.INT64}])
+        return ScalarType(base, nullable=True)
+
+    return rule
+
+
+def _days_between(name: str, args: Sequence[ScalarType]) -> ScalarType:
+    _expect(name, args, [{ColumnType.DATE}])
+    return ScalarType(ColumnType.INT64, _any_nullable(args))
+
+
 def _fixed(kind: ColumnType) -> ResultRule:
     def rule(name: str, args: Sequence[ScalarType]) -> ScalarType:
         return ScalarType(kind, nullable=False)
@@ -184,6 +199,10 @@ def _specs() -> dict[str, FunctionSpec]:
             for n in ("extract_year", "extract_month", "extract_day")
         ),
         FunctionSpec("date_trunc_day", 1, 1, _date_trunc_day),
+        FunctionSpec("add_days", 2, 2, _shift(ColumnType.DATE)),
+        FunctionSpec("days_between", 2, 2, _days_between),
+        FunctionSpec("add_months", 2, 2, _shift(ColumnType.TIMESTAMP)),
+        FunctionSpec("add_microseconds", 2, 2, _shift(ColumnType.TIMESTAMP)),
         *(
             FunctionSpec(n, 0, 0, _fixed(kind), deterministic=False)
             for n, kind in _NONDETERMINISTIC_RESULTS.items()

@@ -15,7 +15,7 @@ from typing import Protocol
 
 from sqlglot import exp
 
-from services.adapter.sql import subqueries
+from services.adapter.sql import intervals, subqueries
 from services.adapter.sql import typed as t
 from services.adapter.sql.errors import (
     DATATYPE_MISMATCH,
@@ -369,9 +369,19 @@ def _numeric_operands(left: Typed, right: Typed, operator: str, where: int) -> t
 def _arithmetic(lowerer: Lowerer, node: exp.Expr) -> Typed:
     name, operator = _ARITHMETIC[type(node)]
     where = position(node)
-    left, right = _numeric_operands(
-        lowerer.lower(node.this), lowerer.lower(node.expression), operator, where
-    )
+    if operator in "+-" and isinstance(node.expression, exp.Interval):
+        interval = intervals.interval_of(node.expression, where)
+        moved = interval if operator == "+" else interval.negated()
+        return intervals.shifted(lowerer.lower(node.this), moved, where)
+    if operator == "+" and isinstance(node.this, exp.Interval):
+        interval = intervals.interval_of(node.this, where)
+        return intervals.shifted(lowerer.lower(node.expression), interval, where)
+    left, right = lowerer.lower(node.this), lowerer.lower(node.expression)
+    if operator in "+-":
+        dated = intervals.date_arithmetic(operator, left, right, where)
+        if dated is not None:
+            return dated
+    left, right = _numeric_operands(left, right, operator, where)
     if name == "div":
         left = _lift_dividend(left, right)
     return t.call(name, left, right, position=where)

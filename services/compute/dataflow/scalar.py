@@ -399,6 +399,21 @@ def _temporal(f: Callable[[Any], Any], result_kind: ColumnType, *kinds: ColumnTy
 
 _DATES = (ColumnType.DATE, ColumnType.TIMESTAMP)
 
+
+def _temporal2(
+    f: Callable[[Any, Any], Any], result: ScalarType, first: ColumnType, second: ColumnType
+) -> Builder:
+    def build(c: _Compiler, name: str, args: list[CompiledScalar]) -> CompiledScalar:
+        c.arity(name, args, 2, 2)
+        c.expect(name, args[0], first)
+        c.expect(name, args[1], second)
+        nullable = result.nullable or any(a.type.nullable for a in args)
+        evaluate = strict2(f, args[0].evaluate, args[1].evaluate)
+        return CompiledScalar(evaluate, ScalarType(result.kind, nullable))
+
+    return build
+
+
 _FUNCTIONS: dict[str, Builder] = {
     **dict.fromkeys(COMPARISONS, _comparison),
     "and": _and,
@@ -422,6 +437,24 @@ _FUNCTIONS: dict[str, Builder] = {
     "extract_day": _temporal(temporal.extract_day, ColumnType.INT64, *_DATES),
     "date_trunc_day": _temporal(
         temporal.date_trunc_day, ColumnType.TIMESTAMP, ColumnType.TIMESTAMP
+    ),
+    "add_days": _temporal2(
+        temporal.add_days, ScalarType(ColumnType.DATE, True), ColumnType.DATE, ColumnType.INT64
+    ),
+    "days_between": _temporal2(
+        temporal.days_between, ScalarType(ColumnType.INT64, False), ColumnType.DATE, ColumnType.DATE
+    ),
+    "add_months": _temporal2(
+        temporal.add_months,
+        ScalarType(ColumnType.TIMESTAMP, True),
+        ColumnType.TIMESTAMP,
+        ColumnType.INT64,
+    ),
+    "add_microseconds": _temporal2(
+        temporal.add_microseconds,
+        ScalarType(ColumnType.TIMESTAMP, True),
+        ColumnType.TIMESTAMP,
+        ColumnType.INT64,
     ),
 }
 

@@ -3,6 +3,7 @@ extract functions serve both)."""
 
 from __future__ import annotations
 
+import calendar
 import datetime
 
 
@@ -28,3 +29,30 @@ def date_to_timestamp(value: datetime.date) -> datetime.datetime:
 
 def timestamp_to_date(value: datetime.datetime) -> datetime.date:
     return value.date()
+
+
+def add_days(value: datetime.date, days: int) -> datetime.date | None:
+    try:
+        return value + datetime.timedelta(days=days)
+    except OverflowError:
+        return None
+
+
+def days_between(later: datetime.date, earlier: datetime.date) -> int:
+    return (later - earlier).days
+
+
+def add_months(value: datetime.datetime, months: int) -> datetime.datetime | None:
+    index = value.year * 12 + (value.month - 1) + months
+    year, month = divmod(index, 12)
+    if not 1 <= year <= 9999:
+        return None
+    day = min(value.day, calendar.monthrange(year, month + 1)[1])
+    return value.replace(year=year, month=month + 1, day=day)
+
+
+def add_microseconds(value: datetime.datetime, microseconds: int) -> datetime.datetime | None:
+    try:
+        return value + datetime.timedelta(microseconds=microseconds)
+    except OverflowError:
+        return None
