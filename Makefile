@@ -7,7 +7,7 @@ INSTALLED := $(VENV)/.installed
 PROTOS    := $(wildcard protos/tidemark/v1/*.proto)
 GENERATED := tidemark/v1/.generated
 
-.PHONY: setup system-deps protos run test lint format bench bench-oracle bench-storage bench-catalog bench-compute clean
+.PHONY: setup system-deps protos run test lint format bench bench-oracle bench-storage bench-catalog bench-compute bench-tpch clean
 
 setup: $(INSTALLED) $(GENERATED)
 
@@ -45,7 +45,7 @@ format: setup
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-bench: bench-oracle bench-storage bench-catalog bench-compute
+bench: bench-oracle bench-storage bench-catalog bench-compute bench-tpch
 
 bench-oracle: setup system-deps
 	$(BIN)/python bench/oracle.py
@@ -58,6 +58,9 @@ bench-catalog: setup system-deps
 
 bench-compute: setup system-deps
 	$(BIN)/python bench/compute.py
+
+bench-tpch: setup system-deps
+	$(BIN)/python bench/tpch.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
