@@ -25,7 +25,7 @@ from services.adapter.sql.errors import SqlError
 from services.adapter.timestamps import Timestamps
 from tidemark.clients.compute import ComputeClient, PeekResult, one_shot
 from tidemark.columnar import Row
-from tidemark.errors import FailedPrecondition, NotFound
+from tidemark.errors import FailedPrecondition, NotFound, PermissionDenied
 from tidemark.logging import get_logger
 from tidemark.plan.walk import collections_read
 from tidemark.v1 import plan_pb2
@@ -167,12 +167,22 @@ class QueryReader:
         state: CatalogState,
         timestamp: int,
     ) -> PeekResult:
-        try:
-            capabilities = [await self.holds.read(c) for c in sorted(inputs.collections)]
-        except CollectionGone as exc:
-            raise SqlError(UNDEFINED_TABLE, f"{exc.message} (dropped concurrently?)") from None
-        # A one-shot plan names everything it reads and comes with its capabilities: nothing
-        # of the cluster's catalog state is involved, so it need not wait for the controller.
-        return await compute.peek(
-            one_shot(plan, capabilities), timestamp, catalog_ts=0, wait_ms=self.wait_ms
-        )
+        for attempt in (1, 2):
+            try:
+                capabilities = [await self.holds.read(c) for c in sorted(inputs.collections)]
+            except CollectionGone as exc:
+                raise SqlError(UNDEFINED_TABLE, f"{exc.message} (dropped concurrently?)") from None
+            # A one-shot plan names everything it reads and comes with its capabilities:
+            # nothing of the cluster's catalog state is involved, so it need not wait for the
+            # controller.
+            try:
+                return await compute.peek(
+                    one_shot(plan, capabilities), timestamp, catalog_ts=0, wait_ms=self.wait_ms
+                )
+            except PermissionDenied:
+                if attempt == 2:
+                    raise
+                # A lease lapsed between renewals (a long stall): acquire afresh, once.
+                for collection_id in inputs.collections:
+                    self.holds.forget(collection_id)
+        raise AssertionError("unreachable")
