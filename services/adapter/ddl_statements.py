@@ -59,6 +59,9 @@ class Definition:
     plan: plan_pb2.Plan
     schema: RelationSchema
     depends_on: tuple[str, ...]
+    # Before optimization: what a view stores, so queries inline it as planned and indexes
+    # on it match; a materialized view stores ``plan``, which its dataflow runs.
+    raw_plan: plan_pb2.Plan | None = None
 
 
 DefinitionPlanner = Callable[
@@ -154,6 +157,8 @@ class DdlStatements:
         )
         plan_bytes = definition.plan.SerializeToString(deterministic=True)
         if not statement.materialized:
+            raw = definition.raw_plan if definition.raw_plan is not None else definition.plan
+            plan_bytes = raw.SerializeToString(deterministic=True)
             draft.create(
                 catalog_pb2.CatalogItem(
                     id=draft.allocate(),

@@ -124,8 +124,10 @@ class StatementExecutor:
             state = await self.catalog_state()
             return show_columns(statement, self.planner.view(state), session.settings)
         if isinstance(statement, ast.Select):
+            await self.planner.refresh_statistics()
             return await self._select(statement, session)
         if isinstance(statement, ast.Explain):
+            await self.planner.refresh_statistics()
             return await self._explain(statement, session)
         if isinstance(statement, ast.Insert | ast.Update | ast.Delete):
             return await self.dml.run(statement, session.settings, session.transaction)
@@ -216,7 +218,12 @@ class StatementExecutor:
         )
         inputs = plan_inputs(planned.plan, state)
         result = await self.reader.read(
-            planned.plan, state, timestamp, session.settings.cluster, inputs=inputs
+            planned.plan,
+            state,
+            timestamp,
+            session.settings.cluster,
+            inputs=inputs,
+            match=planned.unoptimized,
         )
         transaction = session.transaction
         if transaction is not None:
@@ -235,7 +242,7 @@ class StatementExecutor:
         state = await self.catalog_state()
         planned = self.planner.query(statement.query, state, session.settings)
         cluster = session.settings.cluster
-        chosen = self.reader.choose_index(planned.plan, state, cluster)
+        chosen = self.reader.choose_index(planned.unoptimized, state, cluster)
         if chosen is not None:
             name, peek = chosen
             how = f"Peek index {peek.dataflow_id} on cluster {name}"
@@ -243,7 +250,11 @@ class StatementExecutor:
                 how += " through:\n" + explain(peek.finishing)
         else:
             how = f"One-shot peek on cluster {cluster}"
+        if statement.raw:
+            return text_outcome("EXPLAIN", ["Raw Plan"], [(explain_query(planned, raw=True),)])
         text = f"{explain_query(planned)}\n\n{how}"
+        if planned.changed_by:
+            text += "\n\nOptimized by: " + ", ".join(planned.changed_by)
         return text_outcome("EXPLAIN", ["Optimized Plan"], [(text,)])
 
 

@@ -13,16 +13,35 @@ from services.adapter.session import Settings
 from services.adapter.sql import CatalogView, PlannedQuery, plan_query, plan_view, view_schema
 from services.adapter.sql import statements as ast
 from services.adapter.sql.dml import ChangePlan, InsertPlan, plan_delete, plan_insert, plan_update
+from services.adapter.statistics import CollectionStatistics
+from tidemark.plan.optimize import NO_STATISTICS, Statistics
 
 
 class Planner:
+    """Plans statements against a catalog state. ``stats`` (row counts of collections, kept
+    fresh by the adapter) steers the optimizer's join order."""
+
+    def __init__(self, statistics: CollectionStatistics | None = None) -> None:
+        self.statistics = statistics
+
+    @property
+    def stats(self) -> Statistics:
+        return self.statistics.current if self.statistics is not None else NO_STATISTICS
+
+    async def refresh_statistics(self) -> None:
+        """Brings the row counts up to date (cheap when they are recent)."""
+        if self.statistics is not None:
+            await self.statistics.fresh()
+
     def view(self, state: CatalogState) -> CatalogView:
         return catalog_view(state)
 
     def query(
         self, query: ast.Query, state: CatalogState, settings: Settings, *, finishing: bool = True
     ) -> PlannedQuery:
-        return plan_query(query, self.view(state), settings.values, finishing=finishing)
+        return plan_query(
+            query, self.view(state), settings.values, finishing=finishing, stats=self.stats
+        )
 
     def insert(self, statement: ast.Insert, state: CatalogState, settings: Settings) -> InsertPlan:
         return plan_insert(statement, self.view(state), settings.values)
@@ -41,5 +60,11 @@ class Planner:
         column_names: tuple[str, ...] | None,
     ) -> Definition:
         """A view's plan, for CREATE [MATERIALIZED] VIEW."""
-        planned = plan_view(query, self.view(state), settings.values, column_names)
-        return Definition(planned.plan, view_schema(planned), tuple(sorted(planned.depends_on)))
+        await self.refresh_statistics()
+        planned = plan_view(query, self.view(state), settings.values, column_names, self.stats)
+        return Definition(
+            planned.plan,
+            view_schema(planned),
+            tuple(sorted(planned.depends_on)),
+            planned.unoptimized,
+        )

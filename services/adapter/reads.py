@@ -15,7 +15,7 @@ or compacted past ``r``, falls back to a one-shot peek.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from services.adapter.backends import Backends
 from services.adapter.catalog_cache import CatalogState, kind_of
@@ -27,6 +27,7 @@ from tidemark.clients.compute import ComputeClient, PeekResult, one_shot
 from tidemark.columnar import Row
 from tidemark.errors import FailedPrecondition, NotFound, PermissionDenied
 from tidemark.logging import get_logger
+from tidemark.plan.optimize import optimize
 from tidemark.plan.walk import collections_read
 from tidemark.v1 import plan_pb2
 
@@ -117,7 +118,7 @@ class QueryReader:
                 continue
             peek = match_indexes(plan, indexes)
             if peek is not None:
-                return name, peek
+                return name, _optimized_peek(peek)
         return None
 
     async def read(
@@ -128,11 +129,14 @@ class QueryReader:
         cluster: str,
         *,
         inputs: PlanInputs | None = None,
+        match: plan_pb2.Plan | None = None,
     ) -> ReadResult:
-        """The plan's answer at ``timestamp`` (``(row, multiplicity)`` pairs)."""
+        """The plan's answer at ``timestamp`` (``(row, multiplicity)`` pairs). ``match`` is
+        the same query before optimization, which indexes are matched against (views keep
+        their plans unoptimized)."""
         inputs = inputs or plan_inputs(plan, state)
         await self.timestamps.make_readable(inputs.tables, timestamp)
-        chosen = self.choose_index(plan, state, cluster)
+        chosen = self.choose_index(match or plan, state, cluster)
         if chosen is not None:
             name, peek = chosen
             try:
@@ -186,3 +190,11 @@ class QueryReader:
                 for collection_id in inputs.collections:
                     self.holds.forget(collection_id)
         raise AssertionError("unreachable")
+
+
+def _optimized_peek(peek: IndexPeek) -> IndexPeek:
+    """The index peek with its finishing plan (what remains of the query over the indexes)
+    optimized."""
+    if peek.finishing is None:
+        return peek
+    return replace(peek, finishing=optimize(peek.finishing).plan)

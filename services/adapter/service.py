@@ -36,6 +36,7 @@ from services.adapter.session import Settings
 from services.adapter.sql import parse
 from services.adapter.sql import statements as ast
 from services.adapter.sql.errors import SqlError
+from services.adapter.statistics import CollectionStatistics
 from services.adapter.subscribe import Subscriptions
 from services.adapter.table_ticker import TableTicker
 from services.adapter.timestamps import Timestamps
@@ -87,7 +88,7 @@ class Adapter:
         )
         self.cache = CatalogCache(backends.catalog, self.timestamps.catalog_read_ts)
         self.cache.add_listener(self._on_catalog_changes)
-        self.planner = Planner()
+        self.planner = Planner(CollectionStatistics(backends.storage))
         self.reader = QueryReader(
             backends, self.timestamps, self.holds, wait_ms=settings.peek_wait_ms
         )

@@ -89,12 +89,12 @@ class Subscriptions:
         as_of: int,
     ) -> ChangeSource:
         plan = planned.plan
-        root = plan.root
+        root = planned.unoptimized.root
         if root.WhichOneof("kind") == "get":
             capability = await self.holds.read(root.get.collection_id)
             messages = self.backends.storage.subscribe(capability, as_of=as_of)
             return ChangeSource(messages, f"collection {root.get.collection_id}")
-        chosen = self.reader.choose_index(plan, state, cluster)
+        chosen = self.reader.choose_index(planned.unoptimized, state, cluster)
         if chosen is not None and chosen[1].finishing is None:
             name, peek = chosen
             compute = self.backends.compute[name]

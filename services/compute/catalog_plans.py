@@ -19,6 +19,7 @@ from services.compute.spec import DataflowInputSpec, DataflowSpec
 from tidemark.catalog_items import describe
 from tidemark.errors import InvalidArgument
 from tidemark.plan.catalog_relations import key_positions, relation_plan, stored_plan
+from tidemark.plan.optimize import optimize
 from tidemark.plan.walk import collections_read
 from tidemark.v1 import catalog_pb2, plan_pb2
 
@@ -48,7 +49,8 @@ def index_spec(
     relation = items_by_id.get(index.on_id)
     if relation is None:
         raise InvalidArgument(f"{describe(item)}: the indexed relation {index.on_id} is unknown")
-    plan = relation_plan(relation)
+    # A view stores its plan as planned (queries inline it so); the dataflow runs it optimized.
+    plan = optimize(relation_plan(relation)).plan
     try:
         keys = key_positions(relation, index.key_columns)
     except InvalidArgument as exc:

@@ -176,7 +176,7 @@ def test_registry_flags_nondeterministic_functions() -> None:
     assert {"now", "random", "current_timestamp"} <= NONDETERMINISTIC
     assert not FUNCTIONS["now"].deterministic
     assert FUNCTIONS["add"].deterministic
-    assert len(DETERMINISTIC) == 30
+    assert len(DETERMINISTIC) == 34
 
 
 # Relations --------------------------------------------------------------------------------

@@ -73,7 +73,7 @@ def test_explain_of_a_bare_relation_and_a_cross_join() -> None:
     one = pb.get("u2", CUSTOMERS)
     assert explain(pb.join(one, one)) == "\n".join(
         [
-            "Join inner (cross)",
+            "Join inner (cross product)",
             "  left:",
             "    Get u2 (cust text, region text)",
             "  right:",

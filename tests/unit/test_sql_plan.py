@@ -478,7 +478,7 @@ def test_order_by_inside_subquery_becomes_top_k(world: SqlWorld) -> None:
         ("SELECT a FROM t WHERE b", "42804", "b"),
         ("SELECT 'abc'::bigint", "22P02", "'abc'"),
         ("SELECT now()", "0A000", "now"),
-        ("SELECT d + 1 FROM t", "0A000", "d + 1"),
+        ("SELECT CAST(d AS timestamp) - CAST(d AS timestamp) FROM t", "0A000", "d AS timestamp) -"),
         ("SELECT (SELECT a FROM u)", "0A000", "a FROM u"),
         ("SELECT DISTINCT a FROM t ORDER BY b", "42P10", "b"),
         ("SELECT a FROM t UNION SELECT a, x FROM u", "42601", "a FROM t"),

@@ -11,6 +11,7 @@ from decimal import Decimal
 
 from tidemark.columnar import ColumnType
 from tidemark.errors import InvalidArgument
+from tidemark.plan.cardinality import Env, is_cross_product
 from tidemark.plan.datum import from_datum
 from tidemark.plan.derive import AGGREGATE_NAMES, JOIN_KIND_NAMES
 from tidemark.v1 import common_pb2, plan_pb2
@@ -53,19 +54,20 @@ def _positions(positions: list[int]) -> str:
     return ", ".join(f"#{p}" for p in positions)
 
 
-def _relation(rel: plan_pb2.Relation, depth: int, lines: list[str]) -> None:
+def _relation(rel: plan_pb2.Relation, depth: int, lines: list[str], env: Env | None = None) -> None:
     pad = INDENT * depth
     kind = rel.WhichOneof("kind")
 
     def line(text: str) -> None:
         lines.append(pad + text)
 
-    def child(node: plan_pb2.Relation, label: str | None = None) -> None:
+    def child(node: plan_pb2.Relation, label: str | None = None, inner: Env | None = None) -> None:
+        scope = env if inner is None else inner
         if label is not None:
             lines.append(pad + INDENT + label)
-            _relation(node, depth + 2, lines)
+            _relation(node, depth + 2, lines, scope)
         else:
-            _relation(node, depth + 1, lines)
+            _relation(node, depth + 1, lines, scope)
 
     if kind == "get":
         line(f"Get {rel.get.collection_id} {_columns(rel.get.schema)}")
@@ -100,7 +102,12 @@ def _relation(rel: plan_pb2.Relation, depth: int, lines: list[str]) -> None:
             f"{scalar_text(lk)} = {scalar_text(rk)}"
             for lk, rk in zip(join.left_keys, join.right_keys, strict=False)
         ]
-        on = f" on {', '.join(keys)}" if keys else " (cross)"
+        if keys:
+            on = f" on {', '.join(keys)}"
+        elif is_cross_product(join, env):
+            on = " (cross product)"
+        else:
+            on = " (no keys: one side has at most one row)"
         line(f"Join {JOIN_KIND_NAMES.get(join.kind, f'kind{join.kind}')}{on}")
         child(join.left, "left:")
         child(join.right, "right:")
@@ -119,7 +126,7 @@ def _relation(rel: plan_pb2.Relation, depth: int, lines: list[str]) -> None:
     elif kind == "let":
         line(f"Let l{rel.let.id}")
         child(rel.let.value, "value:")
-        child(rel.let.body, "body:")
+        child(rel.let.body, "body:", {**(env or {}), rel.let.id: rel.let.value})
     elif kind == "local_get":
         line(f"LocalGet l{rel.local_get.id}")
     else:

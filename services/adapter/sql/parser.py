@@ -541,7 +541,15 @@ def _explain(cursor: Cursor, text: str, where: int) -> st.Explain:
     cursor.expect("EXPLAIN")
     if cursor.peek() is not None and cursor.peek().token_type is TokenType.L_PAREN:  # type: ignore[union-attr]
         raise not_supported("EXPLAIN options", cursor.position())
-    if cursor.accept("PLAN"):
+    raw = False
+    if cursor.accept("RAW"):
+        raw = True
+        cursor.expect("PLAN")
+        cursor.accept("FOR")
+    elif cursor.accept("OPTIMIZED"):
+        cursor.expect("PLAN")
+        cursor.accept("FOR")
+    elif cursor.accept("PLAN"):
         cursor.accept("FOR")
     first = cursor.peek()
     if first is None or not (
@@ -551,7 +559,7 @@ def _explain(cursor: Cursor, text: str, where: int) -> st.Explain:
             raise not_supported(f"EXPLAIN {first.text.upper()}", first.start + 1)
         raise cursor.error()
     query, _ = _query_with_as_of(cursor.sql, cursor.rest())
-    return st.Explain(text=text, position=where, query=query)
+    return st.Explain(text=text, position=where, query=query, raw=raw)
 
 
 def _show(cursor: Cursor, text: str, where: int) -> st.AnyStatement:

@@ -71,6 +71,15 @@ class PlannedQuery:
     depends_on: frozenset[str]
     collections: frozenset[str]
     finishing: Finishing
+    raw_plan: plan_pb2.Plan | None = None
+    """The plan before optimization (``plan`` when none ran): what EXPLAIN RAW PLAN shows and
+    what index matching compares with views' stored plans, which are kept unoptimized."""
+    changed_by: tuple[str, ...] = ()
+    """The optimizer rules that changed the plan."""
+
+    @property
+    def unoptimized(self) -> plan_pb2.Plan:
+        return self.raw_plan if self.raw_plan is not None else self.plan
 
 
 @dataclass

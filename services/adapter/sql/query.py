@@ -26,11 +26,15 @@ from services.adapter.sql.statements import Query
 from tidemark.columnar import Column, RelationSchema
 from tidemark.columnar.schema import RESERVED_COLUMNS
 from tidemark.errors import InvalidArgument
+from tidemark.logging import get_logger
 from tidemark.plan import builders as pb
 from tidemark.plan import check_plan, explain
+from tidemark.plan.optimize import NO_STATISTICS, Statistics, optimize
 from tidemark.plan.scalar_types import ScalarType
 from tidemark.plan.walk import collections_read
 from tidemark.v1 import plan_pb2
+
+log = get_logger("services.adapter.sql.query")
 
 INTERNAL_ERROR = "XX000"
 
@@ -41,8 +45,10 @@ def plan_query(
     settings: Mapping[str, str],
     *,
     finishing: bool = True,
+    stats: Statistics = NO_STATISTICS,
 ) -> PlannedQuery:
-    """Lowers a query to a plan over storage collections.
+    """Lowers a query to a plan over storage collections, optimized (``stats`` steers join
+    order).
 
     With ``finishing`` (a SELECT's result), the outermost ORDER BY, LIMIT and OFFSET are left
     to the adapter in ``PlannedQuery.finishing``. Without it (views, SUBSCRIBE, indexes), they
@@ -54,18 +60,32 @@ def plan_query(
         planned = planner.plan_node(ast, None)
         if not finishing:
             planned = planner.finish_inner(planned)
-        return _finish(planned, planner.depends_on)
+        return _finish(planned, planner.depends_on, stats)
     except SqlError as exc:
         # Errors with no better place point at the query.
         raise exc.at(query.position if isinstance(query, Query) else 0) from None
 
 
-def plan_with(planner: QueryPlanner, planned: Planned) -> PlannedQuery:
+def plan_with(
+    planner: QueryPlanner, planned: Planned, stats: Statistics = NO_STATISTICS
+) -> PlannedQuery:
     """A PlannedQuery of a relation a planner built (DML uses this)."""
-    return _finish(planner.finish_inner(planned), planner.depends_on)
+    return _finish(planner.finish_inner(planned), planner.depends_on, stats)
 
 
-def _finish(planned: Planned, depends_on: set[str]) -> PlannedQuery:
+def _optimized(plan: plan_pb2.Plan, stats: Statistics) -> tuple[plan_pb2.Plan, tuple[str, ...]]:
+    """The optimized plan; the plan as it was should the optimizer ever produce one that
+    does not check (a bug, logged, never an answer changed)."""
+    result = optimize(plan, stats)
+    try:
+        check_plan(result.plan)
+    except InvalidArgument as exc:
+        log.error("optimizer_built_invalid_plan", error=exc.message)
+        return plan, ()
+    return result.plan, tuple(result.changed_by)
+
+
+def _finish(planned: Planned, depends_on: set[str], stats: Statistics) -> PlannedQuery:
     plan = pb.plan(planned.rel.node)
     try:
         derived = check_plan(plan)
@@ -88,12 +108,15 @@ def _finish(planned: Planned, depends_on: set[str]) -> PlannedQuery:
         for key in planned.order
     )
     finishing = Finishing(order, planned.limit, planned.offset, tuple(range(planned.visible)))
+    optimized, changed_by = _optimized(plan, stats)
     return PlannedQuery(
-        plan=plan,
+        plan=optimized,
         columns=columns,
         depends_on=frozenset(depends_on),
-        collections=frozenset(collections_read(plan)),
+        collections=frozenset(collections_read(optimized)),
         finishing=finishing,
+        raw_plan=plan,
+        changed_by=changed_by,
     )
 
 
@@ -102,11 +125,12 @@ def plan_view(
     catalog: CatalogView,
     settings: Mapping[str, str],
     column_names: Sequence[str] | None = None,
+    stats: Statistics = NO_STATISTICS,
 ) -> PlannedQuery:
     """A view's (or materialized view's, or index's) plan: ORDER BY/LIMIT inside the plan,
     and column names that can be a relation's (``CREATE VIEW v (a, b)`` renames). 42701 for
     duplicate names, 42939 for the reserved ``time``/``diff``."""
-    planned = plan_query(query, catalog, settings, finishing=False)
+    planned = plan_query(query, catalog, settings, finishing=False, stats=stats)
     names = [c.name for c in planned.columns]
     if column_names is not None:
         if len(column_names) > len(names):
@@ -125,22 +149,36 @@ def plan_view(
         )
         for name, column in zip(names, planned.columns, strict=True)
     )
-    plan = plan_pb2.Plan()
-    plan.CopyFrom(planned.plan)
-    plan.output_schema.CopyFrom(schema.to_proto())
+    plan, raw = (_renamed(p, schema) for p in (planned.plan, planned.unoptimized))
     columns = tuple(
         OutputColumn(name, column.type) for name, column in zip(names, planned.columns, strict=True)
     )
-    return PlannedQuery(plan, columns, planned.depends_on, planned.collections, planned.finishing)
+    return PlannedQuery(
+        plan,
+        columns,
+        planned.depends_on,
+        planned.collections,
+        planned.finishing,
+        raw,
+        planned.changed_by,
+    )
+
+
+def _renamed(plan: plan_pb2.Plan, schema: RelationSchema) -> plan_pb2.Plan:
+    result = plan_pb2.Plan()
+    result.CopyFrom(plan)
+    result.output_schema.CopyFrom(schema.to_proto())
+    return result
 
 
 def view_schema(planned: PlannedQuery) -> RelationSchema:
     return RelationSchema.from_proto(planned.plan.output_schema)
 
 
-def explain_query(planned: PlannedQuery) -> str:
-    """EXPLAIN's text: the plan, and what the adapter does to its rows."""
-    lines = [explain(planned.plan)]
+def explain_query(planned: PlannedQuery, *, raw: bool = False) -> str:
+    """EXPLAIN's text: the plan (optimized, or as planned with ``raw``), and what the adapter
+    does to its rows."""
+    lines = [explain(planned.unoptimized if raw else planned.plan)]
     finishing = planned.finishing
     if not finishing.is_trivial:
         parts = []

@@ -203,6 +203,8 @@ class ShowSetting(Statement):
 @dataclass(frozen=True)
 class Explain(Statement):
     query: Query
+    # EXPLAIN RAW PLAN: the plan as planned, before the optimizer.
+    raw: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,210 @@
+"""Join ordering: a tree of inner joins and the filters over it becomes one n-way join, which
+is rebuilt greedily so that every join has keys (no cross product while the join graph is
+connected), equalities between two inputs become join keys, and each remaining predicate sits
+at the lowest join where all its columns are present.
+
+Equivalence: inner joins and filters commute and associate. Join(a, b, keys k) equals
+Filter(Join(a, b, no keys), eq(k_left, k_right) for each key), since a key pair matches exactly
+when ``eq`` is TRUE (a NULL key matches nothing, like a NULL predicate). So the whole tree
+equals Filter(cross product of the inputs, all predicates); any order of the inputs, with a
+Project restoring the column order, gives the same multiset (multiplicities multiply either
+way).
+
+The order: start from the largest input (the fact table of a star), then repeatedly join the
+connected input whose estimated result is smallest; an input with no connection joins last.
+Estimates: each equality between a joined input X and the candidate R keeps
+1 / max(|X|, |R|) of the pairs (a key of the smaller side, as foreign keys are).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tidemark.plan import builders as pb
+from tidemark.plan.optimize.analysis import arity, at_most_one_row, estimate
+from tidemark.plan.optimize.rewrite import Context, with_inputs
+from tidemark.plan.optimize.scalars import (
+    columns_of,
+    conjuncts,
+    equality_sides,
+    remapped,
+    shifted,
+)
+from tidemark.v1 import plan_pb2
+
+INNER = plan_pb2.Join.KIND_INNER
+
+
+@dataclass
+class _Cluster:
+    leaves: list[plan_pb2.Relation]
+    widths: list[int]
+    predicates: list[plan_pb2.Scalar]  # over the leaves' columns side by side
+
+
+def order_joins(rel: plan_pb2.Relation, context: Context) -> plan_pb2.Relation:
+    """Every cluster of inner joins reordered (clusters below are done first)."""
+    if not _is_cluster_root(rel):
+        return with_inputs(rel, order_joins, context)
+    cluster = _Cluster([], [], [])
+    _flatten(rel, cluster, 0, context)
+    leaves = [order_joins(leaf, context) for leaf in cluster.leaves]
+    cluster.leaves = leaves
+    if len(leaves) < 2:
+        return rel
+    return _build(cluster, context)
+
+
+def _is_inner_join(rel: plan_pb2.Relation) -> bool:
+    return rel.WhichOneof("kind") == "join" and rel.join.kind == INNER
+
+
+def _is_cluster_root(rel: plan_pb2.Relation) -> bool:
+    while rel.WhichOneof("kind") == "filter":
+        rel = rel.filter.input
+    return _is_inner_join(rel)
+
+
+def _flatten(rel: plan_pb2.Relation, cluster: _Cluster, offset: int, context: Context) -> int:
+    """Adds ``rel``'s leaves and predicates (columns shifted by ``offset``); its width."""
+    if rel.WhichOneof("kind") == "filter" and _is_cluster_root(rel):
+        width = _flatten(rel.filter.input, cluster, offset, context)
+        for predicate in rel.filter.predicates:
+            cluster.predicates.extend(shifted(p, offset) for p in conjuncts(predicate))
+        return width
+    if _is_inner_join(rel):
+        join = rel.join
+        left = _flatten(join.left, cluster, offset, context)
+        right = _flatten(join.right, cluster, offset + left, context)
+        for lk, rk in zip(join.left_keys, join.right_keys, strict=True):
+            cluster.predicates.append(
+                pb.call("eq", shifted(lk, offset), shifted(rk, offset + left))
+            )
+        return left + right
+    width = arity(rel, context.env)
+    cluster.leaves.append(rel)
+    cluster.widths.append(width)
+    return width
+
+
+def _build(cluster: _Cluster, context: Context) -> plan_pb2.Relation:
+    starts = []
+    position = 0
+    for width in cluster.widths:
+        starts.append(position)
+        position += width
+    owner = [leaf for leaf, width in enumerate(cluster.widths) for _ in range(width)]
+    count = len(cluster.leaves)
+
+    def leaves_of(expr: plan_pb2.Scalar) -> frozenset[int]:
+        return frozenset(owner[c] for c in columns_of(expr))
+
+    # Single-input predicates go into their input; the rest wait for their inputs to meet.
+    local: list[list[plan_pb2.Scalar]] = [[] for _ in range(count)]
+    pending: list[tuple[plan_pb2.Scalar, frozenset[int]]] = []
+    for predicate in cluster.predicates:
+        used = leaves_of(predicate)
+        if len(used) == 1:
+            (leaf,) = used
+            local[leaf].append(shifted(predicate, -starts[leaf]))
+        else:
+            pending.append((predicate, used))
+    leaves = [
+        pb.filter(leaf, *local[i]) if local[i] else leaf for i, leaf in enumerate(cluster.leaves)
+    ]
+    sizes = [estimate(leaf, context.stats, context.env) for leaf in leaves]
+    edges = _equalities(pending, leaves_of)
+
+    def connected(joined: set[int], candidate: int) -> list[tuple[int, int]]:
+        return [
+            (a, b) if b == candidate else (b, a)
+            for (a, b), _ in edges
+            if (a in joined and b == candidate) or (b in joined and a == candidate)
+        ]
+
+    def result_size(current: float, joined: set[int], candidate: int) -> float:
+        size = current * sizes[candidate]
+        for mine, _ in connected(joined, candidate):
+            size /= max(sizes[mine], sizes[candidate])
+        return size
+
+    linked = {leaf for (a, b), _ in edges for leaf in (a, b)}
+    first = max(linked or range(count), key=lambda i: (sizes[i], -i))
+    order = [first]
+    joined = {first}
+    current = sizes[first]
+    while len(order) < count:
+        rest = [i for i in range(count) if i not in joined]
+        reachable = [i for i in rest if connected(joined, i)]
+        choices = reachable or [i for i in rest if at_most_one_row(leaves[i], context.env)] or rest
+        chosen = min(choices, key=lambda i: (result_size(current, joined, i), sizes[i], i))
+        current = max(1.0, result_size(current, joined, chosen))
+        order.append(chosen)
+        joined.add(chosen)
+    return _assemble(leaves, order, starts, cluster.widths, pending, leaves_of)
+
+
+def _equalities(
+    pending: list[tuple[plan_pb2.Scalar, frozenset[int]]],
+    leaves_of: Callable[[plan_pb2.Scalar], frozenset[int]],
+) -> list[tuple[tuple[int, int], plan_pb2.Scalar]]:
+    """Predicates ``eq(a, b)`` where ``a`` reads one input and ``b`` another."""
+    found = []
+    for predicate, _ in pending:
+        sides = equality_sides(predicate)
+        if sides is None:
+            continue
+        a, b = (leaves_of(side) for side in sides)
+        if len(a) == 1 and len(b) == 1 and a != b:
+            found.append(((next(iter(a)), next(iter(b))), predicate))
+    return found
+
+
+def _assemble(
+    leaves: list[plan_pb2.Relation],
+    order: list[int],
+    starts: list[int],
+    widths: list[int],
+    pending: list[tuple[plan_pb2.Scalar, frozenset[int]]],
+    leaves_of: Callable[[plan_pb2.Scalar], frozenset[int]],
+) -> plan_pb2.Relation:
+    """The left-deep join in ``order``: keys from equalities between the joined inputs and
+    the new one, other predicates as soon as their inputs are all joined, and a Project back
+    to the cluster's column order."""
+    layout: list[int] = []  # cluster column at each position of the tree built so far
+    first = order[0]
+    tree = leaves[first]
+    layout.extend(range(starts[first], starts[first] + widths[first]))
+    joined = {first}
+    waiting = list(pending)
+    for leaf in order[1:]:
+        local = {starts[leaf] + i: i for i in range(widths[leaf])}
+        here = {column: position for position, column in enumerate(layout)}
+        left_keys, right_keys, still = [], [], []
+        for predicate, used in waiting:
+            sides = equality_sides(predicate)
+            if sides is not None and leaf in used and used <= joined | {leaf}:
+                a, b = sides
+                a_leaves, b_leaves = leaves_of(a), leaves_of(b)
+                if b_leaves == {leaf} and a_leaves and a_leaves <= joined:
+                    left_keys.append(remapped(a, here))
+                    right_keys.append(remapped(b, local))
+                    continue
+                if a_leaves == {leaf} and b_leaves and b_leaves <= joined:
+                    left_keys.append(remapped(b, here))
+                    right_keys.append(remapped(a, local))
+                    continue
+            still.append((predicate, used))
+        tree = pb.join(tree, leaves[leaf], left_keys, right_keys)
+        layout.extend(range(starts[leaf], starts[leaf] + widths[leaf]))
+        joined.add(leaf)
+        here = {column: position for position, column in enumerate(layout)}
+        ready = [p for p, used in still if used <= joined]
+        waiting = [(p, used) for p, used in still if not used <= joined]
+        if ready:
+            tree = pb.filter(tree, *(remapped(p, here) for p in ready))
+    here = {column: position for position, column in enumerate(layout)}
+    if waiting:  # predicates on no input's columns (constants)
+        tree = pb.filter(tree, *(remapped(p, here) for p, _ in waiting))
+    return pb.project(tree, *(here[c] for c in range(len(layout))))
