@@ -210,9 +210,9 @@ def _bound(node: object, side: object, what: str, where: int) -> plan_pb2.Window
     raise SqlError(WINDOWING_ERROR, f"invalid frame {what}", where)
 
 
-def lower_frame(spec: exp.WindowSpec) -> plan_pb2.WindowFrame:
-    """A frame clause as a WindowFrame, with PostgreSQL's checks and messages."""
-    where = position(spec)
+def lower_frame(spec: exp.WindowSpec, where: int) -> plan_pb2.WindowFrame:
+    """A frame clause as a WindowFrame, with PostgreSQL's checks and messages (errors at
+    ``where``, the window call: sqlglot keeps no position for the clause itself)."""
     kind = str(spec.args.get("kind") or "").upper()
     if kind not in ("ROWS", "RANGE"):
         raise not_supported(f"{kind or 'this'} frame mode", where)
@@ -312,7 +312,7 @@ def _offset_function(
         default = lowerer.lower(default_node)
         name = "LEAD" if isinstance(function, exp.Lead) else "LAG"
         target = t.common_type([argument, default], name, where)
-        argument, default = t.convert(argument, target, where), t.convert(default, target, where)
+        argument, default = t.convert(argument, target), t.convert(default, target)
     argument = t.resolve(argument)
     return pb.window_function(
         "lead" if lead else "lag",
@@ -348,8 +348,10 @@ class WindowColumns:
 
 @dataclass
 class _Group:
+    """Calls sharing a PARTITION BY and ORDER BY, each with its own frame clause."""
+
     definition: _Definition
-    calls: list[exp.Window] = field(default_factory=list)
+    calls: list[tuple[exp.Window, exp.WindowSpec | None]] = field(default_factory=list)
 
 
 def plan_windows(
@@ -365,7 +367,7 @@ def plan_windows(
     for call in calls:
         definition = _definition(call, named)
         group = groups.setdefault(definition.key(), _Group(definition))
-        group.calls.append(call)
+        group.calls.append((call, definition.spec))
     columns: dict[str, int] = {}
     for group in groups.values():
         lowerer = Lowerer(frame, planner, "window definitions", substitution)
@@ -379,16 +381,21 @@ def plan_windows(
             _sort_key(entry, index)
             for entry, index in zip(group.definition.order, order_positions, strict=True)
         ]
-        spec = group.definition.spec
-        window_frame = lower_frame(spec) if spec is not None else None
         function_lowerer = Lowerer(frame, planner, "window function calls", substitution)
-        functions = [lower_function(call, function_lowerer, window_frame) for call in group.calls]
+        functions = [
+            lower_function(
+                call,
+                function_lowerer,
+                lower_frame(spec, position(call)) if spec is not None else None,
+            )
+            for call, spec in group.calls
+        ]
         types = list(frame.rel.types)
         result_types = [window_function_type(f, types) for f in functions]
         start = frame.rel.arity
         node = pb.window(frame.rel.node, partition, order, functions)
         frame.replace(r.Rel(node, (*frame.rel.types, *result_types)))
-        for index, call in enumerate(group.calls):
+        for index, (call, _) in enumerate(group.calls):
             columns[window_key(call)] = start + index
     return WindowColumns(columns, substitution)
 
