@@ -105,6 +105,36 @@ def test_join_and_aggregate_match_the_in_process_dataflow_at_every_step(
         on_spark.drop()
 
 
+def ranked_orders() -> plan_pb2.Relation:
+    """Window functions per region over the join, partitions sharded across the tasks."""
+    joined = pb.join(pb.get("orders", ORDERS), pb.get("customers", CUSTOMERS), [1], [0])
+    return pb.window(
+        joined,
+        [4],
+        [pb.sort_key(2, descending=True)],
+        [
+            pb.window_function("row_number"),
+            pb.window_function("rank"),
+            pb.window_function("lag", 2),
+            pb.window_function("sum", 2, frame=pb.frame("rows", ("preceding", 1), "current_row")),
+            pb.window_function("count"),
+        ],
+    )
+
+
+def test_window_matches_the_in_process_dataflow_at_every_step(cluster: ResidentCluster) -> None:
+    updates = history(seed=11, times=20)
+    uppers = [4, 7, 8, 13, 20]
+    expected = drive(Dataflow(ranked_orders(), as_of=3), updates, 3, uppers)
+    on_spark = SparkDataflow(ranked_orders(), as_of=3, cluster=cluster)
+    try:
+        got = drive(on_spark, updates, 3, uppers)
+        assert repr(got) == repr(expected)
+        assert sum(len(step) for step in expected) > 40
+    finally:
+        on_spark.drop()
+
+
 def test_index_on_the_tasks_answers_peeks_at_past_times(cluster: ResidentCluster) -> None:
     updates = history(seed=3, times=12)
     reference = Dataflow(orders_by_region(), as_of=2)

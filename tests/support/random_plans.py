@@ -17,7 +17,7 @@ at every time equals ``reference_eval.evaluate(plan, inputs_at(history, t))``.
   :func:`batches`: the updates split at ``batch_uppers``, as an engine would receive them.
 
 Values come from small skewed domains (plus NULLs and a few extremes for overflow), so joins
-match and groups collide. Reduce, TopK and outer joins only ever see non-negative inputs
+match and groups collide. Reduce, TopK, Window and outer joins only ever see non-negative inputs
 (the contract leaves them undefined otherwise): such inputs are wrapped in Threshold.
 """
 
@@ -62,6 +62,20 @@ TIMESTAMPS = [
 FLOATS = [0.5, 1.0, -2.25, 0.1, 1e308, float("inf"), float("nan"), -0.0]
 DECIMALS = [Decimal("1.50"), Decimal("0.01"), Decimal("-2.5"), Decimal("100")]
 DECIMAL_TYPE = ScalarType.decimal(10, 2)
+WINDOW_KINDS = [
+    "row_number",
+    "rank",
+    "dense_rank",
+    "lag",
+    "lead",
+    "first_value",
+    "last_value",
+    "count",
+    "sum",
+    "min",
+    "max",
+    "avg",
+]
 
 
 @dataclass(frozen=True)
@@ -475,6 +489,7 @@ class _PlanMaker:
                 "reduce",
                 "reduce",
                 "top_k",
+                "window",
                 "let",
             ]
         )
@@ -611,6 +626,76 @@ class _PlanMaker:
         offset = self.draw(st.sampled_from([0, 0, 1, 2]))
         return self.node(pb.top_k(child.relation, key, order, limit, offset), nonneg=True)
 
+    def _window(self, depth: int) -> _Node:
+        child = self.sql_relation(self.relation(depth))
+        width = len(child.types)
+        key = self.draw(st.lists(st.integers(0, width - 1), max_size=2, unique=True))
+        order = [
+            pb.sort_key(
+                self.draw(st.integers(0, width - 1)),
+                descending=self.draw(st.booleans()),
+                nulls_flipped=self.draw(st.booleans()),
+            )
+            for _ in range(self.draw(st.integers(0, 2)))
+        ]
+        maker = self.scalars(child)
+        functions = [self._window_function(maker) for _ in range(self.draw(st.integers(1, 3)))]
+        return self.node(pb.window(child.relation, key, order, functions), nonneg=True)
+
+    def _window_function(self, maker: _ScalarMaker) -> plan_pb2.WindowFunction:
+        kind = self.choice(WINDOW_KINDS)
+        if kind in ("row_number", "rank", "dense_rank"):
+            return pb.window_function(kind)
+        frame = self._frame() if self.draw(st.integers(0, 3)) else None
+        if kind in ("lag", "lead"):
+            argument = self._window_argument(maker, EXPRESSION_KINDS)
+            argument_type = scalar_type(argument, maker.columns)
+            offset = self.choice([None, 1, 2, 0, 3])
+            default = None
+            if self.draw(st.booleans()):
+                default = maker.expr(argument_type.kind, 1)
+                if not scalar_type(default, maker.columns).same_type(argument_type):
+                    default = pb.cast(default, argument_type)
+            return pb.window_function(kind, argument, offset=offset, default=default)
+        if kind in ("first_value", "last_value"):
+            argument = self._window_argument(maker, EXPRESSION_KINDS)
+            return pb.window_function(kind, argument, frame=frame)
+        if kind == "count" and self.draw(st.booleans()):
+            return pb.window_function("count", frame=frame)
+        if kind in ("sum", "avg"):
+            kinds = [T.INT64, T.INT64, T.DECIMAL, T.FLOAT64]
+        else:
+            kinds = [T.INT64, T.TEXT, T.INT64, T.DECIMAL, T.FLOAT64, T.DATE]
+        return pb.window_function(kind, self._window_argument(maker, kinds), frame=frame)
+
+    def _window_argument(self, maker: _ScalarMaker, kinds: Sequence[ColumnType]) -> plan_pb2.Scalar:
+        """Mostly a column (so values differ along the partition), else any expression."""
+        columns = maker.columns_of(*kinds)
+        if columns and self.draw(st.integers(0, 3)):
+            return pb.column(self.choice(columns))
+        return maker.expr(self.choice(kinds), 1)
+
+    def _frame(self) -> plan_pb2.WindowFrame:
+        if self.draw(st.booleans()):
+            start = self.choice(["unbounded_preceding", "current_row"])
+            end = self.choice(["current_row", "unbounded_following"])
+            return pb.frame("range", start, end)
+        offsets = st.integers(0, 2)
+        starts: list[Any] = ["unbounded_preceding", "current_row"]
+        starts += [("preceding", self.draw(offsets)), ("following", self.draw(offsets))]
+        ends: list[Any] = ["unbounded_following", "current_row"]
+        ends += [("preceding", self.draw(offsets)), ("following", self.draw(offsets))]
+        start, end = self.choice(starts), self.choice(ends)
+        start_kind = start if isinstance(start, str) else start[0]
+        end_kind = end if isinstance(end, str) else end[0]
+        if (start_kind, end_kind) in (
+            ("current_row", "preceding"),
+            ("following", "preceding"),
+            ("following", "current_row"),
+        ):
+            end = "unbounded_following"  # SQL forbids frames that end before they start
+        return pb.frame("rows", start, end)
+
     def _let(self, depth: int) -> _Node:
         value = self.relation(depth)
         let_id = self.draw(st.integers(0, 2))
@@ -675,6 +760,29 @@ def plans(
     """A random plan over ``schemas`` with ``output_schema`` set to its derived schema."""
     maker = _PlanMaker(draw, schemas)
     root = maker.relation(max_depth, leaf_ok=False).relation
+    return pb.plan(root, derive_schema(root))
+
+
+@st.composite
+def window_plans(draw: st.DrawFn, schemas: Mapping[str, RelationSchema]) -> plan_pb2.Plan:
+    """A Window straight over one input, with at most one partition column, so partitions
+    are large enough for sliding frames to drop rows as well as take them in."""
+    maker = _PlanMaker(draw, schemas)
+    name = draw(st.sampled_from(sorted(schemas)))
+    child = maker.node(pb.get(name, schemas[name]), nonneg=True)
+    width = len(child.types)
+    key = draw(st.lists(st.integers(0, width - 1), max_size=1, unique=True))
+    order = [
+        pb.sort_key(
+            draw(st.integers(0, width - 1)),
+            descending=draw(st.booleans()),
+            nulls_flipped=draw(st.booleans()),
+        )
+        for _ in range(draw(st.integers(0, 2)))
+    ]
+    scalars = maker.scalars(child)
+    functions = [maker._window_function(scalars) for _ in range(draw(st.integers(1, 4)))]
+    root = pb.window(child.relation, key, order, functions)
     return pb.plan(root, derive_schema(root))
 
 

@@ -28,6 +28,7 @@ from typing import Any, TypeAlias
 
 from tidemark.columnar import ColumnType, RelationSchema
 from tidemark.plan import aggregate_type, derive_schema, scalar_type
+from tidemark.plan.derive import window_aggregate, window_function_type
 from tidemark.plan.scalar_types import ScalarType
 from tidemark.v1 import plan_pb2
 
@@ -651,6 +652,98 @@ def _order_compare(
     return 0
 
 
+def _peers(a: Row, b: Row, keys: Sequence[plan_pb2.SortKey], types: Sequence[ScalarType]) -> bool:
+    """Whether two rows are equal on every order column (NULL equal to NULL)."""
+    for key in keys:
+        x, y = a[key.column], b[key.column]
+        if (x is None) != (y is None):
+            return False
+        if x is not None and compare(x, y, types[key.column], types[key.column]) != 0:
+            return False
+    return True
+
+
+_W = plan_pb2.WindowFunction
+_B = plan_pb2.WindowFrameBound
+
+
+def _frame_positions(
+    frame: plan_pb2.WindowFrame | None, index: int, peer_group: list[int]
+) -> range:
+    """The 0-based positions of ``index``'s frame; ``peer_group[i]`` numbers i's peer group."""
+    n = len(peer_group)
+    if frame is None:
+        frame = plan_pb2.WindowFrame(
+            mode=plan_pb2.WindowFrame.MODE_RANGE,
+            start=_B(kind=_B.KIND_UNBOUNDED_PRECEDING),
+            end=_B(kind=_B.KIND_CURRENT_ROW),
+        )
+    peers = [j for j in range(n) if peer_group[j] == peer_group[index]]
+
+    def bound(b: plan_pb2.WindowFrameBound, is_start: bool) -> int:
+        if b.kind == _B.KIND_UNBOUNDED_PRECEDING:
+            return 0
+        if b.kind == _B.KIND_UNBOUNDED_FOLLOWING:
+            return n - 1
+        if b.kind == _B.KIND_PRECEDING:
+            return index - b.offset
+        if b.kind == _B.KIND_FOLLOWING:
+            return index + b.offset
+        if frame.mode == plan_pb2.WindowFrame.MODE_ROWS:
+            return index
+        return peers[0] if is_start else peers[-1]
+
+    start, end = bound(frame.start, True), bound(frame.end, False)
+    return range(max(start, 0), min(end, n - 1) + 1)
+
+
+def _window_values(
+    function: plan_pb2.WindowFunction,
+    copies: list[Row],
+    order: Sequence[plan_pb2.SortKey],
+    types: Sequence[ScalarType],
+) -> list[Any]:
+    """One window function's value at every position of a sorted partition, by definition."""
+    n = len(copies)
+    peer_group: list[int] = []
+    for index, row in enumerate(copies):
+        same = index > 0 and _peers(copies[index - 1], row, order, types)
+        peer_group.append(peer_group[-1] if same else (peer_group[-1] + 1 if index else 0))
+    argument = compile_scalar(function.argument, types) if function.HasField("argument") else None
+    default = compile_scalar(function.default, types) if function.HasField("default") else None
+    frame = function.frame if function.HasField("frame") else None
+    kind = function.kind
+    values: list[Any] = []
+    for index in range(n):
+        if kind == _W.KIND_ROW_NUMBER:
+            values.append(index + 1)
+        elif kind == _W.KIND_RANK:
+            values.append(1 + sum(1 for j in range(n) if peer_group[j] < peer_group[index]))
+        elif kind == _W.KIND_DENSE_RANK:
+            values.append(1 + peer_group[index])
+        elif kind in (_W.KIND_LAG, _W.KIND_LEAD):
+            assert argument is not None
+            step = function.offset if function.HasField("offset") else 1
+            target = index - step if kind == _W.KIND_LAG else index + step
+            if 0 <= target < n:
+                values.append(argument.evaluate(copies[target]))
+            else:
+                values.append(None if default is None else default.evaluate(copies[index]))
+        else:
+            positions = _frame_positions(frame, index, peer_group)
+            if kind in (_W.KIND_FIRST_VALUE, _W.KIND_LAST_VALUE):
+                assert argument is not None
+                if not positions:
+                    values.append(None)
+                else:
+                    chosen = positions[0] if kind == _W.KIND_FIRST_VALUE else positions[-1]
+                    values.append(argument.evaluate(copies[chosen]))
+            else:
+                rows = [(copies[j], 1) for j in positions]
+                values.append(_aggregate(window_aggregate(function), rows, types))
+    return values
+
+
 def _group_key(row: Row, positions: Sequence[int]) -> Row:
     return tuple(row[p] for p in positions)
 
@@ -804,6 +897,29 @@ class _Evaluator:
                     _add(result, row, int(kept))
                 position += count
         return result, types
+
+    def _window(self, node: plan_pb2.Window) -> tuple[Multiset, list[ScalarType]]:
+        data, types = self.relation(node.input)
+
+        def compare_rows(a: Row, b: Row) -> int:
+            return _order_compare(a, b, node.order, types)
+
+        order = cmp_to_key(compare_rows)
+        result: Multiset = {}
+        for key, rows in _groups(data, node.partition_key).items():
+            if any(count < 0 for _, count in rows):
+                raise UndefinedResult(f"window over a partition with negative rows: {key!r}")
+            # One entry per copy: a row of multiplicity m takes m consecutive positions.
+            copies = [
+                row
+                for row, count in sorted(rows, key=lambda entry: order(entry[0]))
+                for _ in range(count)
+            ]
+            values = [_window_values(f, copies, node.order, types) for f in node.functions]
+            for index, row in enumerate(copies):
+                _add(result, (*row, *(column[index] for column in values)), 1)
+        out_types = [*types, *(window_function_type(f, types) for f in node.functions)]
+        return result, out_types
 
     def _let(self, node: plan_pb2.Let) -> tuple[Multiset, list[ScalarType]]:
         value = self.relation(node.value)

@@ -379,6 +379,91 @@ def test_reduce_errors() -> None:
         derive_schema(pb.reduce(R))
 
 
+def test_window_output_types() -> None:
+    rows = pb.frame("rows", ("preceding", 2), ("following", 1))
+    window = pb.window(
+        R,
+        [1],
+        [pb.sort_key(0, descending=True)],
+        [
+            pb.window_function("row_number"),
+            pb.window_function("rank"),
+            pb.window_function("dense_rank"),
+            pb.window_function("lag", 2, offset=2, default=pb.literal(Decimal("1.00"), DEC102)),
+            pb.window_function("lead", 1),
+            pb.window_function("first_value", 3, frame=rows),
+            pb.window_function("last_value", 0),
+            pb.window_function("count", frame=rows),
+            pb.window_function("count", 1),
+            pb.window_function("sum", 0),
+            pb.window_function("sum", 2, frame=rows),
+            pb.window_function("avg", 3),
+            pb.window_function("min", 3),
+            pb.window_function("max", 1),
+        ],
+    )
+    input_types = types_of(R)
+    assert types_of(window) == [
+        *input_types,
+        "int64 not null",
+        "int64 not null",
+        "int64 not null",
+        "decimal(10,2)",
+        "text",
+        "float64",
+        "int64",
+        "int64 not null",
+        "int64 not null",
+        "decimal(38,0)",
+        "decimal(38,2)",
+        "float64",  # nullable although the argument is not: a frame can be empty
+        "float64",
+        "text",
+    ]
+    assert names_of(window)[len(input_types) :][:4] == ["row_number", "rank", "dense_rank", "lag"]
+
+
+@pytest.mark.parametrize(
+    ("function", "message"),
+    [
+        (pb.window_function("rank", 0), "rank takes no argument"),
+        (pb.window_function("first_value"), "first_value needs an argument"),
+        (pb.window_function("lag", 0, default=pb.literal("x", T.TEXT)), "lag's default is text"),
+        (pb.window_function("lag", 2, default=pb.literal(1, T.INT64)), "lag's default is int64"),
+        (pb.window_function("sum", 1), "sum takes a numeric argument, not text"),
+        (pb.window_function("count", offset=1), "count takes no offset or default"),
+        (pb.window_function("max", 9), "column #9 is out of range"),
+        (plan_pb2.WindowFunction(kind=40), "unknown window function kind 40"),  # type: ignore[arg-type]
+        (
+            pb.window_function("min", 0, frame=pb.frame("range", "current_row", ("following", 1))),
+            "RANGE frames with an offset are not supported",
+        ),
+        (
+            pb.window_function(
+                "min", 0, frame=pb.frame("rows", "current_row", "unbounded_preceding")
+            ),
+            "a frame cannot end at UNBOUNDED PRECEDING",
+        ),
+        (
+            pb.window_function(
+                "min", 0, frame=pb.frame("rows", ("following", 1), ("preceding", 1))
+            ),
+            "a frame starting after the current row cannot end before it",
+        ),
+    ],
+)
+def test_window_function_errors(function: plan_pb2.WindowFunction, message: str) -> None:
+    with pytest.raises(InvalidArgument, match=f"at window: function 0: {message}"):
+        derive_schema(pb.window(R, [0], [1], [function]))
+
+
+def test_window_key_columns_are_checked() -> None:
+    with pytest.raises(InvalidArgument, match="partition key column #7 is out of range"):
+        derive_schema(pb.window(R, [7], [], [pb.window_function("rank")]))
+    with pytest.raises(InvalidArgument, match="order column #5 is out of range"):
+        derive_schema(pb.window(R, [], [5], [pb.window_function("rank")]))
+
+
 def test_let_scopes_bindings() -> None:
     shared = pb.let(3, pb.project(R, 1), pb.union(pb.local_get(3), pb.local_get(3)))
     assert types_of(shared) == ["text"]

@@ -138,3 +138,29 @@ def test_constant_takes_rows_with_or_without_diffs() -> None:
     assert [row.diff for row in constant.rows] == [1, -3, 1]
     assert constant.rows[1].values[1].text_value == "y"
     assert constant.rows[2].values[1].WhichOneof("value") is None
+
+
+def test_explain_renders_window_functions_and_frames() -> None:
+    schema = RelationSchema([Column("a", ColumnType.INT64), Column("b", ColumnType.TEXT)])
+    window = pb.window(
+        pb.get("u1", schema),
+        [1],
+        [pb.sort_key(0, descending=True, nulls_flipped=True)],
+        [
+            pb.window_function("row_number"),
+            pb.window_function("lag", 0, offset=2, default=pb.literal(0, ColumnType.INT64)),
+            pb.window_function("count"),
+            pb.window_function(
+                "sum", 0, frame=pb.frame("rows", ("preceding", 3), "unbounded_following")
+            ),
+            pb.window_function(
+                "last_value", 1, frame=pb.frame("range", "current_row", "current_row")
+            ),
+        ],
+    )
+    assert explain(window) == (
+        "Window partition=[#1] order=[#0 desc nulls last] functions=[row_number(), "
+        "lag(#0, 2, 0), count(*), sum(#0) rows between 3 preceding and unbounded following, "
+        "last_value(#1) range between current row and current row]\n"
+        "  Get u1 (a int64, b text)"
+    )

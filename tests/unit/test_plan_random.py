@@ -68,6 +68,19 @@ def features(plan: plan_pb2.Plan) -> set[str]:
                 found.add(f"aggregate:{name}{':distinct' if aggregate.distinct else ''}")
                 if aggregate.HasField("expression"):
                     exprs.append(aggregate.expression)
+        elif kind == "window":
+            for function in node.functions:
+                found.add(f"window:{plan_pb2.WindowFunction.Kind.Name(function.kind)}")
+                if function.HasField("frame"):
+                    frame = function.frame
+                    found.add(f"frame:{plan_pb2.WindowFrame.Mode.Name(frame.mode)}")
+                    for bound in (frame.start, frame.end):
+                        found.add(f"bound:{plan_pb2.WindowFrameBound.Kind.Name(bound.kind)}")
+                if function.HasField("default"):
+                    found.add("window:default")
+                exprs += [
+                    getattr(function, f) for f in ("argument", "default") if function.HasField(f)
+                ]
         for expr in exprs:
             for part in scalars(expr):
                 part_kind = part.WhichOneof("kind")
@@ -157,6 +170,8 @@ EVERYTHING = (
         "reduce",
         "distinct",
         "top_k",
+        "window",
+        "window:default",
         "threshold",
         "let",
         "local_get",
@@ -170,6 +185,9 @@ EVERYTHING = (
     | {f"aggregate:{name}" for name in plan_pb2.Aggregate.Func.keys()}
     | {f"aggregate:{name}:distinct" for name in plan_pb2.Aggregate.Func.keys()}
     | {f"function:{name}" for name in DETERMINISTIC}
+    | {f"window:{name}" for name in plan_pb2.WindowFunction.Kind.keys()}
+    | {f"frame:{name}" for name in plan_pb2.WindowFrame.Mode.keys()}
+    | {f"bound:{name}" for name in plan_pb2.WindowFrameBound.Kind.keys()}
 )
 
 
@@ -192,9 +210,11 @@ def test_generator_covers_every_node_aggregate_and_function() -> None:
         seen.update(features(plan))
         # Operators nest: a stateful node somewhere below another stateful node.
         for relation in relations(plan.root):
-            if relation.WhichOneof("kind") in ("join", "reduce", "top_k"):
+            if relation.WhichOneof("kind") in ("join", "reduce", "top_k", "window"):
                 below = [r.WhichOneof("kind") for c in children(relation) for r in relations(c)]
-                nested[0] |= any(k in ("join", "reduce", "top_k", "distinct") for k in below)
+                nested[0] |= any(
+                    k in ("join", "reduce", "top_k", "window", "distinct") for k in below
+                )
 
     collect()
     assert EVERYTHING - seen == set()

@@ -1,6 +1,6 @@
 """Planned queries evaluated by the reference evaluator must agree with DuckDB running the same
 SQL over the same data (with DuckDB set to PostgreSQL's conventions: integer division, NULLs
-last ascending and first descending, NULL on division by zero).
+last ascending and first descending; DuckDB's division by zero is NULL already).
 
 Results are compared as multisets, numbers with a small relative tolerance (DuckDB computes
 some numeric results in double precision). Queries with ORDER BY ... LIMIT order by every
@@ -277,6 +277,67 @@ ORDERED_CORPUS = [
 ]
 
 
+# Window functions. ROW_NUMBER, LAG/LEAD, FIRST/LAST_VALUE and ROWS frames order by every
+# column (ALL_T1), so that only equal rows tie and DuckDB's answer is the one answer; RANK,
+# DENSE_RANK and RANGE frames are deterministic over ties and order by fewer columns.
+# (DuckDB 1.5.5 counts -1 rows in a frame that ends before it starts, such as ROWS BETWEEN
+# 3 PRECEDING AND 5 PRECEDING, where PostgreSQL and Tidemark count 0: test_sql_windows.py
+# checks that case.)
+ALL_T1 = "v, s, n, f, d, b, k"
+WINDOW_CORPUS = [
+    "SELECT k, v, rank() OVER (PARTITION BY k ORDER BY v), "
+    "dense_rank() OVER (PARTITION BY k ORDER BY v DESC), rank() OVER (ORDER BY s NULLS FIRST) "
+    "FROM t1",
+    f"SELECT k, v, s, row_number() OVER (PARTITION BY k ORDER BY {ALL_T1}) FROM t1",
+    f"SELECT k, row_number() OVER (ORDER BY {ALL_T1} DESC), row_number() OVER () "
+    "FROM t1 WHERE false",
+    "SELECT k, v, lag(v) OVER w, lead(v, 2) OVER w, lag(s, 1, 'none') OVER w, "
+    "lead(n, 1, 0) OVER w, lag(v, 0) OVER w, lag(d, 3) OVER w "
+    f"FROM t1 WINDOW w AS (PARTITION BY k ORDER BY {ALL_T1})",
+    "SELECT k, v, lead(v, 1, -100) OVER (ORDER BY s DESC NULLS LAST, v, n, f, d, b, k) FROM t1",
+    f"SELECT k, v, first_value(v) OVER (PARTITION BY k ORDER BY {ALL_T1}), "
+    f"last_value(v) OVER (PARTITION BY k ORDER BY {ALL_T1}), "
+    f"last_value(s) OVER (PARTITION BY k ORDER BY {ALL_T1} ROWS BETWEEN CURRENT ROW AND "
+    "UNBOUNDED FOLLOWING), first_value(n) OVER (PARTITION BY k), "
+    "last_value(d) OVER (ORDER BY k RANGE BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) "
+    "FROM t1",
+    "SELECT k, v, count(*) OVER (PARTITION BY k ORDER BY v), sum(v) OVER (PARTITION BY k "
+    "ORDER BY v), avg(v) OVER (PARTITION BY k), min(s) OVER (ORDER BY v), max(d) OVER "
+    "(PARTITION BY k ORDER BY v RANGE BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING), "
+    "count(v) OVER (), sum(n) OVER (ORDER BY k DESC), avg(n) OVER (PARTITION BY s) FROM t1",
+    f"SELECT k, v, sum(v) OVER (ORDER BY {ALL_T1} ROWS BETWEEN 2 PRECEDING AND 1 PRECEDING), "
+    f"count(v) OVER (ORDER BY {ALL_T1} ROWS BETWEEN 1 FOLLOWING AND 3 FOLLOWING), "
+    f"max(v) OVER (ORDER BY {ALL_T1} ROWS BETWEEN CURRENT ROW AND 1 FOLLOWING), "
+    f"min(n) OVER (ORDER BY {ALL_T1} ROWS UNBOUNDED PRECEDING), "
+    f"sum(f) OVER (PARTITION BY k ORDER BY {ALL_T1} ROWS BETWEEN 1 PRECEDING AND UNBOUNDED "
+    "FOLLOWING), "
+    f"avg(v) OVER (PARTITION BY k ORDER BY {ALL_T1} ROWS BETWEEN 1 PRECEDING AND 1 FOLLOWING), "
+    f"count(*) OVER (ORDER BY {ALL_T1} ROWS BETWEEN 3 PRECEDING AND 2 PRECEDING), "
+    f"max(s) OVER (ORDER BY {ALL_T1} ROWS BETWEEN 2 FOLLOWING AND 1 FOLLOWING) FROM t1",
+    "SELECT k, count(*), rank() OVER (ORDER BY count(*) DESC), sum(sum(v)) OVER (), "
+    "sum(count(*)) OVER (ORDER BY k), max(min(s)) OVER (PARTITION BY count(*) > 1) "
+    "FROM t1 GROUP BY k",
+    "SELECT k, sum(v) AS total, dense_rank() OVER (ORDER BY sum(v) DESC) FROM t1 GROUP BY k "
+    "HAVING count(*) > 1",
+    "SELECT DISTINCT k, dense_rank() OVER (ORDER BY k) FROM t1",
+    "SELECT t1.k, t2.w, rank() OVER (PARTITION BY t1.k ORDER BY t2.w), "
+    "count(*) OVER (PARTITION BY t2.s) FROM t1 JOIN t2 ON t1.k = t2.k",
+    "SELECT * FROM (SELECT k, v, rank() OVER (PARTITION BY k ORDER BY v DESC) AS r FROM t1) q "
+    "WHERE r <= 2",
+    f"SELECT k, v, v - lag(v) OVER (PARTITION BY k ORDER BY {ALL_T1}), "
+    "100 * count(*) OVER (PARTITION BY k) / count(*) OVER () FROM t1",
+    "SELECT k, count(*) FILTER (WHERE v > 0) OVER (PARTITION BY k), "
+    "sum(v) FILTER (WHERE s IS NOT NULL) OVER (ORDER BY k) FROM t1",
+    "WITH r AS (SELECT k, s, rank() OVER (PARTITION BY s ORDER BY k) AS rk FROM t2) "
+    "SELECT s, max(rk), count(*) FROM r GROUP BY s",
+]
+
+ORDERED_WINDOW_CORPUS = [
+    "SELECT k, v, rank() OVER (ORDER BY v DESC) AS r FROM t1 ORDER BY r, k, v LIMIT 5",
+    "SELECT k, sum(v) OVER (PARTITION BY k) AS s FROM t1 ORDER BY s DESC, k NULLS FIRST",
+]
+
+
 @pytest.fixture(scope="module")
 def datasets() -> list[Backends]:
     return [Backends(random_rows(random.Random(seed))) for seed in range(4)]
@@ -290,6 +351,18 @@ def test_corpus_matches_duckdb(datasets: list[Backends], sql: str) -> None:
 
 @pytest.mark.parametrize("sql", ORDERED_CORPUS)
 def test_ordered_corpus_matches_duckdb(datasets: list[Backends], sql: str) -> None:
+    for backends in datasets:
+        backends.check(sql, ordered=True)
+
+
+@pytest.mark.parametrize("sql", WINDOW_CORPUS)
+def test_window_corpus_matches_duckdb(datasets: list[Backends], sql: str) -> None:
+    for backends in datasets:
+        backends.check(sql)
+
+
+@pytest.mark.parametrize("sql", ORDERED_WINDOW_CORPUS)
+def test_ordered_window_corpus_matches_duckdb(datasets: list[Backends], sql: str) -> None:
     for backends in datasets:
         backends.check(sql, ordered=True)
 
@@ -536,15 +609,121 @@ class QueryGenerator:
         self.width = len(kinds)
         return f"{branch()} {op} {branch()}"
 
+    def window_order(self, tables: Sequence[str], total: bool) -> str:
+        """ORDER BY items for a window: every column of ``tables`` when ``total`` (so only
+        equal rows tie and every function has one answer), else one or two expressions."""
+        if total:
+            items = [f"{t}.{c.name}" for t in tables for c in TABLES[t].columns]
+            self.rng.shuffle(items)
+        else:
+            kinds = [ColumnType.INT64, ColumnType.TEXT, ColumnType.DECIMAL, ColumnType.DATE]
+            items = [
+                self.expression(tables, self.pick(kinds), 1) for _ in range(self.rng.randint(1, 2))
+            ]
+        return ", ".join(
+            f"{item}{self.pick(['', ' DESC'])}{self.pick(['', '', ' NULLS FIRST', ' NULLS LAST'])}"
+            for item in items
+        )
+
+    def window_frame(self) -> str:
+        if self.rng.random() < 0.4:
+            start = self.pick(["UNBOUNDED PRECEDING", "CURRENT ROW"])
+            end = self.pick(["CURRENT ROW", "UNBOUNDED FOLLOWING"])
+            return f" RANGE BETWEEN {start} AND {end}"
+        offset = self.rng.randint(0, 2)
+        start, end = self.pick(
+            [
+                ("UNBOUNDED PRECEDING", "CURRENT ROW"),
+                ("UNBOUNDED PRECEDING", f"{offset} FOLLOWING"),
+                (f"{offset} PRECEDING", "CURRENT ROW"),
+                (f"{offset} PRECEDING", f"{self.rng.randint(0, 2)} FOLLOWING"),
+                (f"{offset + 1} PRECEDING", f"{offset} PRECEDING"),
+                ("CURRENT ROW", "UNBOUNDED FOLLOWING"),
+                (f"{offset} FOLLOWING", f"{offset + 1} FOLLOWING"),
+                ("UNBOUNDED PRECEDING", "UNBOUNDED FOLLOWING"),
+            ]
+        )
+        return f" ROWS BETWEEN {start} AND {end}"
+
+    def window_call(self, tables: Sequence[str]) -> str:
+        """One window function call, deterministic under PostgreSQL's rules."""
+        rng = self.rng
+        keys = [
+            self.expression(tables, self.pick([ColumnType.INT64, ColumnType.TEXT]), 1)
+            for _ in range(rng.choice([0, 1, 1, 2]))
+        ]
+        partition = f"PARTITION BY {', '.join(keys)} " if keys else ""
+        ints = self.expression(tables, ColumnType.INT64, 1)
+        shape = rng.random()
+        if shape < 0.2:
+            function = self.pick(["rank()", "dense_rank()"])
+            return f"{function} OVER ({partition}ORDER BY {self.window_order(tables, False)})"
+        if shape < 0.45:
+            texts = self.expression(tables, ColumnType.TEXT, 1)
+            function = self.pick(
+                [
+                    "row_number()",
+                    f"lag({ints})",
+                    f"lead({ints}, {rng.randint(0, 3)})",
+                    f"lag({texts}, {rng.randint(1, 2)}, 'none')",
+                    f"lead({self.expression(tables, ColumnType.DECIMAL, 1)}, 1, {ints})",
+                    f"first_value({texts})",
+                    f"last_value({ints})",
+                ]
+            )
+            frame = self.window_frame() if function.endswith("_value") else ""
+            return f"{function} OVER ({partition}ORDER BY {self.window_order(tables, True)}{frame})"
+        aggregate = self.pick(
+            [
+                "count(*)",
+                f"count({ints})",
+                f"sum({ints})",
+                f"avg({ints})",
+                f"min({self.expression(tables, ColumnType.TEXT, 1)})",
+                f"max({self.expression(tables, ColumnType.DATE, 1)})",
+                f"sum({self.expression(tables, ColumnType.DECIMAL, 1)})",
+            ]
+        )
+        if shape < 0.7:  # RANGE frames: peers share a value, so any order is deterministic
+            order = f"ORDER BY {self.window_order(tables, False)}" if rng.random() < 0.7 else ""
+            frame = ""
+            if order and rng.random() < 0.4:
+                frame = " RANGE BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING"
+            return f"{aggregate} OVER ({partition}{order}{frame})"
+        order = self.window_order(tables, True)
+        return f"{aggregate} OVER ({partition}ORDER BY {order}{self.window_frame()})"
+
+    def windowed(self) -> str:
+        """A query with window functions, over base tables or over a grouped query."""
+        if self.rng.random() < 0.25:
+            table = self.pick(["t1", "t2"])
+            value = self.pick(["k", "s"])
+            other = "v" if table == "t1" else "w"
+            self.width = 4
+            return (
+                f"SELECT {value} AS g, sum({other}) AS c0, rank() OVER (ORDER BY "
+                f"sum({other}) DESC) AS c1, count(*) OVER (ORDER BY count(*), {value}) AS c2 "
+                f"FROM {table} GROUP BY {value}"
+            )
+        source, tables = self.from_clause()
+        items = [e for e, _ in self.select_items(tables, self.rng.randint(0, 2))]
+        items += [self.window_call(tables) for _ in range(self.rng.randint(1, 3))]
+        where = f" WHERE {self.predicate(tables)}" if self.rng.random() < 0.4 else ""
+        self.width = len(items)
+        select = ", ".join(f"{item} AS c{i}" for i, item in enumerate(items))
+        return f"SELECT {select} FROM {source}{where}"
+
     def query(self) -> tuple[str, bool]:
         rng = self.rng
         shape = rng.random()
-        if shape < 0.4:
+        if shape < 0.35:
             sql = self.simple()
-        elif shape < 0.7:
+        elif shape < 0.6:
             sql = self.grouped()
-        elif shape < 0.85:
+        elif shape < 0.72:
             sql = self.set_operation()
+        elif shape < 0.87:
+            sql = self.windowed()
         else:
             inner = self.pick([self.simple, self.grouped])()
             sql = (

@@ -17,6 +17,23 @@ from tidemark.v1 import common_pb2, plan_pb2
 
 JoinKind = Literal["inner", "left_outer", "right_outer", "full_outer"]
 AggregateName = Literal["count", "sum", "min", "max", "avg"]
+WindowFunctionName = Literal[
+    "row_number",
+    "rank",
+    "dense_rank",
+    "lag",
+    "lead",
+    "first_value",
+    "last_value",
+    "count",
+    "sum",
+    "min",
+    "max",
+    "avg",
+]
+FrameBound = Literal[
+    "unbounded_preceding", "preceding", "current_row", "following", "unbounded_following"
+]
 Schema = RelationSchema | common_pb2.RelationSchema
 
 _JOIN_KINDS: dict[str, plan_pb2.Join.Kind.ValueType] = {
@@ -162,6 +179,55 @@ def top_k(
     if limit is not None:
         node.limit = limit
     return plan_pb2.Relation(top_k=node)
+
+
+def window(
+    input: plan_pb2.Relation,
+    partition_key: Sequence[int] = (),
+    order: Sequence[plan_pb2.SortKey | int] = (),
+    functions: Sequence[plan_pb2.WindowFunction] = (),
+) -> plan_pb2.Relation:
+    """Window functions per partition; ``order`` entries given as ints sort ascending."""
+    keys = [k if isinstance(k, plan_pb2.SortKey) else sort_key(k) for k in order]
+    node = plan_pb2.Window(
+        input=input, partition_key=partition_key, order=keys, functions=functions
+    )
+    return plan_pb2.Relation(window=node)
+
+
+def window_function(
+    kind: WindowFunctionName,
+    argument: plan_pb2.Scalar | int | None = None,
+    *,
+    offset: int | None = None,
+    default: plan_pb2.Scalar | int | None = None,
+    frame: plan_pb2.WindowFrame | None = None,
+) -> plan_pb2.WindowFunction:
+    """One window function; an int argument or default is a column."""
+    node = plan_pb2.WindowFunction(kind=plan_pb2.WindowFunction.Kind.Value(f"KIND_{kind.upper()}"))
+    if argument is not None:
+        node.argument.CopyFrom(_scalar(argument))
+    if offset is not None:
+        node.offset = offset
+    if default is not None:
+        node.default.CopyFrom(_scalar(default))
+    if frame is not None:
+        node.frame.CopyFrom(frame)
+    return node
+
+
+def frame(
+    mode: Literal["rows", "range"],
+    start: FrameBound | tuple[FrameBound, int],
+    end: FrameBound | tuple[FrameBound, int],
+) -> plan_pb2.WindowFrame:
+    """A window frame; a bound with an offset is ``("preceding", 2)``."""
+    result = plan_pb2.WindowFrame(mode=plan_pb2.WindowFrame.Mode.Value(f"MODE_{mode.upper()}"))
+    for target, bound in ((result.start, start), (result.end, end)):
+        name, offset = bound if isinstance(bound, tuple) else (bound, 0)
+        target.kind = plan_pb2.WindowFrameBound.Kind.Value(f"KIND_{name.upper()}")
+        target.offset = offset
+    return result
 
 
 def let(id: int, value: plan_pb2.Relation, body: plan_pb2.Relation) -> plan_pb2.Relation:

@@ -31,6 +31,40 @@ JOIN_KIND_NAMES = {
     plan_pb2.Join.KIND_RIGHT_OUTER: "right_outer",
     plan_pb2.Join.KIND_FULL_OUTER: "full_outer",
 }
+_Window = plan_pb2.WindowFunction
+_Bound = plan_pb2.WindowFrameBound
+WINDOW_FUNCTION_NAMES = {
+    _Window.KIND_ROW_NUMBER: "row_number",
+    _Window.KIND_RANK: "rank",
+    _Window.KIND_DENSE_RANK: "dense_rank",
+    _Window.KIND_LAG: "lag",
+    _Window.KIND_LEAD: "lead",
+    _Window.KIND_FIRST_VALUE: "first_value",
+    _Window.KIND_LAST_VALUE: "last_value",
+    _Window.KIND_COUNT: "count",
+    _Window.KIND_SUM: "sum",
+    _Window.KIND_MIN: "min",
+    _Window.KIND_MAX: "max",
+    _Window.KIND_AVG: "avg",
+}
+# Window aggregates and the Reduce aggregate each stands for.
+WINDOW_AGGREGATES = {
+    _Window.KIND_COUNT: plan_pb2.Aggregate.FUNC_COUNT,
+    _Window.KIND_SUM: plan_pb2.Aggregate.FUNC_SUM,
+    _Window.KIND_MIN: plan_pb2.Aggregate.FUNC_MIN,
+    _Window.KIND_MAX: plan_pb2.Aggregate.FUNC_MAX,
+    _Window.KIND_AVG: plan_pb2.Aggregate.FUNC_AVG,
+}
+_RANKING = (_Window.KIND_ROW_NUMBER, _Window.KIND_RANK, _Window.KIND_DENSE_RANK)
+_OFFSET_KINDS = (_Window.KIND_LAG, _Window.KIND_LEAD)
+_FRAMED_VALUES = (_Window.KIND_FIRST_VALUE, _Window.KIND_LAST_VALUE)
+BOUND_NAMES = {
+    _Bound.KIND_UNBOUNDED_PRECEDING: "unbounded preceding",
+    _Bound.KIND_PRECEDING: "preceding",
+    _Bound.KIND_CURRENT_ROW: "current row",
+    _Bound.KIND_FOLLOWING: "following",
+    _Bound.KIND_UNBOUNDED_FOLLOWING: "unbounded following",
+}
 # Longest base name kept before a "_2"-style suffix, so names stay within 255 characters.
 _NAME_ROOM = 240
 
@@ -321,6 +355,28 @@ class _Deriver:
                     )
         return columns
 
+    def _window(self, node: plan_pb2.Window, path: str) -> list[Column]:
+        columns = self.relation(node.input, f"{path} > ")
+        for what, positions in (
+            ("partition key", list(node.partition_key)),
+            ("order", [key.column for key in node.order]),
+        ):
+            for position in positions:
+                if position >= len(columns):
+                    raise InvalidArgument(
+                        f"{what} column #{position} is out of range "
+                        f"(the input has {len(columns)} columns)"
+                    )
+        types = _types(columns)
+        names, out = [c.name for c in columns], list(types)
+        for index, function in enumerate(node.functions):
+            try:
+                out.append(window_function_type(function, types))
+            except InvalidArgument as exc:
+                raise InvalidArgument(f"function {index}: {exc.message}") from None
+            names.append(WINDOW_FUNCTION_NAMES.get(function.kind, "window"))
+        return _schema(names, out)
+
     def _let(self, node: plan_pb2.Let, path: str) -> list[Column]:
         value = self.relation(node.value, f"{path}(l{node.id}).value > ")
         outer = self.scope.get(node.id)
@@ -377,6 +433,72 @@ def aggregate_type(aggregate: plan_pb2.Aggregate, columns: Sequence[ScalarType])
         return ScalarType.decimal(38, min(38, arg.scale + 6))
     # A decimal sum can pass 38 digits, which makes it NULL.
     return ScalarType.decimal(38, arg.scale)
+
+
+def window_aggregate(function: plan_pb2.WindowFunction) -> plan_pb2.Aggregate:
+    """The Reduce aggregate a window aggregate function computes over its frame."""
+    aggregate = plan_pb2.Aggregate(func=WINDOW_AGGREGATES[function.kind])
+    if function.HasField("argument"):
+        aggregate.expression.CopyFrom(function.argument)
+    return aggregate
+
+
+def check_frame(frame: plan_pb2.WindowFrame) -> None:
+    """Rejects the frames plan.proto's Window leaves invalid or unsupported."""
+    start, end = frame.start.kind, frame.end.kind
+    for bound in (frame.start, frame.end):
+        if bound.kind not in BOUND_NAMES:
+            raise InvalidArgument(f"unknown frame bound kind {bound.kind}")
+        if bound.offset and bound.kind not in (_Bound.KIND_PRECEDING, _Bound.KIND_FOLLOWING):
+            raise InvalidArgument(f"a frame bound {BOUND_NAMES[bound.kind]} has no offset")
+    if frame.mode not in (plan_pb2.WindowFrame.MODE_RANGE, plan_pb2.WindowFrame.MODE_ROWS):
+        raise InvalidArgument(f"unknown frame mode {frame.mode}")
+    if frame.mode == plan_pb2.WindowFrame.MODE_RANGE and {start, end} & {
+        _Bound.KIND_PRECEDING,
+        _Bound.KIND_FOLLOWING,
+    }:
+        raise InvalidArgument("RANGE frames with an offset are not supported")
+    if start == _Bound.KIND_UNBOUNDED_FOLLOWING:
+        raise InvalidArgument("a frame cannot start at UNBOUNDED FOLLOWING")
+    if end == _Bound.KIND_UNBOUNDED_PRECEDING:
+        raise InvalidArgument("a frame cannot end at UNBOUNDED PRECEDING")
+    if start == _Bound.KIND_CURRENT_ROW and end == _Bound.KIND_PRECEDING:
+        raise InvalidArgument("a frame starting at the current row cannot end before it")
+    if start == _Bound.KIND_FOLLOWING and end in (_Bound.KIND_PRECEDING, _Bound.KIND_CURRENT_ROW):
+        raise InvalidArgument("a frame starting after the current row cannot end before it")
+
+
+def window_function_type(
+    function: plan_pb2.WindowFunction, columns: Sequence[ScalarType]
+) -> ScalarType:
+    """The result type of one window function over rows with ``columns``' types."""
+    kind = function.kind
+    name = WINDOW_FUNCTION_NAMES.get(kind)
+    if name is None:
+        raise InvalidArgument(f"unknown window function kind {kind}")
+    if kind not in _OFFSET_KINDS and (function.HasField("offset") or function.HasField("default")):
+        raise InvalidArgument(f"{name} takes no offset or default")
+    if function.HasField("frame"):
+        check_frame(function.frame)
+    if kind in _RANKING:
+        if function.HasField("argument"):
+            raise InvalidArgument(f"{name} takes no argument")
+        return ScalarType(ColumnType.INT64, nullable=False)
+    if kind in WINDOW_AGGREGATES:
+        result = aggregate_type(window_aggregate(function), columns)
+        if kind == _Window.KIND_COUNT:
+            return result
+        return result.with_nullable(True)
+    if not function.HasField("argument"):
+        raise InvalidArgument(f"{name} needs an argument")
+    argument = scalar_type(function.argument, columns)
+    if function.HasField("default"):
+        default = scalar_type(function.default, columns)
+        if not default.same_type(argument):
+            raise InvalidArgument(
+                f"{name}'s default is {default.describe()}, its argument {argument.describe()}"
+            )
+    return argument.with_nullable(True)
 
 
 def derive_schema(

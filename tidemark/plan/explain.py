@@ -13,7 +13,12 @@ from tidemark.columnar import ColumnType
 from tidemark.errors import InvalidArgument
 from tidemark.plan.cardinality import Env, is_cross_product
 from tidemark.plan.datum import from_datum
-from tidemark.plan.derive import AGGREGATE_NAMES, JOIN_KIND_NAMES
+from tidemark.plan.derive import (
+    AGGREGATE_NAMES,
+    BOUND_NAMES,
+    JOIN_KIND_NAMES,
+    WINDOW_FUNCTION_NAMES,
+)
 from tidemark.v1 import common_pb2, plan_pb2
 
 INDENT = "  "
@@ -123,6 +128,15 @@ def _relation(rel: plan_pb2.Relation, depth: int, lines: list[str], env: Env | N
         offset = f" offset={top.offset}" if top.offset else ""
         line(f"TopK group=[{_positions(list(top.group_key))}] order=[{order}]{limit}{offset}")
         child(top.input)
+    elif kind == "window":
+        window = rel.window
+        order = ", ".join(_sort_key(k) for k in window.order)
+        functions = ", ".join(_window_function(f) for f in window.functions)
+        line(
+            f"Window partition=[{_positions(list(window.partition_key))}] order=[{order}] "
+            f"functions=[{functions}]"
+        )
+        child(window.input)
     elif kind == "let":
         line(f"Let l{rel.let.id}")
         child(rel.let.value, "value:")
@@ -139,6 +153,38 @@ def _aggregate(aggregate: plan_pb2.Aggregate) -> str:
         return f"{name}(*)"
     distinct = "distinct " if aggregate.distinct else ""
     return f"{name}({distinct}{scalar_text(aggregate.expression)})"
+
+
+def _window_function(function: plan_pb2.WindowFunction) -> str:
+    name = WINDOW_FUNCTION_NAMES.get(function.kind, f"window{function.kind}")
+    args = []
+    if function.HasField("argument"):
+        args.append(scalar_text(function.argument))
+    elif function.kind == plan_pb2.WindowFunction.KIND_COUNT:
+        args.append("*")
+    if function.HasField("offset") or function.HasField("default"):
+        args.append(str(function.offset if function.HasField("offset") else 1))
+    if function.HasField("default"):
+        args.append(scalar_text(function.default))
+    text = f"{name}({', '.join(args)})"
+    if function.HasField("frame"):
+        text += f" {_frame(function.frame)}"
+    return text
+
+
+def _frame(frame: plan_pb2.WindowFrame) -> str:
+    mode = "rows" if frame.mode == plan_pb2.WindowFrame.MODE_ROWS else "range"
+    return f"{mode} between {_bound(frame.start)} and {_bound(frame.end)}"
+
+
+def _bound(bound: plan_pb2.WindowFrameBound) -> str:
+    name = BOUND_NAMES.get(bound.kind, f"bound{bound.kind}")
+    if bound.kind in (
+        plan_pb2.WindowFrameBound.KIND_PRECEDING,
+        plan_pb2.WindowFrameBound.KIND_FOLLOWING,
+    ):
+        return f"{bound.offset} {name}"
+    return name
 
 
 def _sort_key(key: plan_pb2.SortKey) -> str:

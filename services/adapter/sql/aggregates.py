@@ -50,15 +50,36 @@ def aggregate_key(node: exp.Expr) -> str:
     return node.sql(dialect="postgres")
 
 
+def aggregates_inside(window: exp.Window) -> list[exp.Expr]:
+    """The parts of a window call lowered over the grouped frame, where aggregate calls may
+    appear: the function's arguments, PARTITION BY and ORDER BY."""
+    function = window.this
+    if isinstance(function, exp.Filter):
+        parts = [*function.this.iter_expressions(), function.expression]
+    else:
+        parts = list(function.iter_expressions()) if isinstance(function, exp.Expr) else []
+    parts += list(window.args.get("partition_by") or [])
+    order = window.args.get("order")
+    if order is not None:
+        parts += [entry.this for entry in order.expressions]
+    return parts
+
+
 def collect_aggregates(nodes: Sequence[exp.Expr | None]) -> list[exp.Expr]:
     """The aggregate calls in ``nodes`` outside subqueries, each once, in order."""
     found: dict[str, exp.Expr] = {}
 
     def visit(node: exp.Expr) -> None:
+        if isinstance(node, exp.Window):
+            # The window function itself is not a grouping aggregate, but its arguments,
+            # PARTITION BY and ORDER BY are lowered after grouping and may hold aggregates.
+            for part in aggregates_inside(node):
+                visit(part)
+            return
         if is_aggregate(node):
             found.setdefault(aggregate_key(node), node)
             return
-        if isinstance(node, exp.Subquery | exp.Exists | exp.Query | exp.Window):
+        if isinstance(node, exp.Subquery | exp.Exists | exp.Query):
             return
         for child in node.iter_expressions():
             visit(child)
@@ -139,8 +160,12 @@ def _aggregate_argument(node: exp.Expr) -> tuple[exp.Expr | None, bool]:
     return argument, False
 
 
-def lower_aggregate(node: exp.Expr, lowerer: Lowerer) -> tuple[plan_pb2.Aggregate, bool]:
-    """One aggregate call over the input frame; also whether it is a COUNT."""
+def lower_aggregate(
+    node: exp.Expr, lowerer: Lowerer, *, nested: bool = False
+) -> tuple[plan_pb2.Aggregate, bool]:
+    """One aggregate call over the input frame; also whether it is a COUNT. ``nested``
+    allows aggregate calls in the argument (a window aggregate over grouped rows, whose
+    inner aggregates the lowerer's substitution reads)."""
     where = position(node)
     condition: Typed | None = None
     if isinstance(node, exp.Filter):
@@ -153,7 +178,7 @@ def lower_aggregate(node: exp.Expr, lowerer: Lowerer) -> tuple[plan_pb2.Aggregat
         raise not_supported(f"aggregate function {node.key}()", where)
     name = str(node.key)
     argument, distinct = _aggregate_argument(node)
-    if argument is not None and contains_aggregate(argument):
+    if argument is not None and not nested and contains_aggregate(argument):
         raise SqlError(GROUPING_ERROR, "aggregate function calls cannot be nested", where)
     if argument is None:
         if not isinstance(node, exp.Count):

@@ -31,6 +31,8 @@ from services.adapter.sql.names import QualifiedName, identifier, position
 from services.adapter.sql.planned import Planned
 from services.adapter.sql.scope import Frame, Scope, ScopeColumn
 from services.adapter.sql.typed import Typed
+from services.adapter.sql.windows import collect_windows, named_windows, plan_windows
+from services.adapter.sql.windows import output_name as window_output_name
 from tidemark.columnar import ColumnType
 from tidemark.plan import builders as pb
 from tidemark.plan.scalar_types import ScalarType
@@ -38,7 +40,6 @@ from tidemark.v1 import plan_pb2
 
 INVALID_ROW_COUNT = "2201W"
 _UNSUPPORTED_SELECT_PARTS = {
-    "windows": "WINDOW",
     "qualify": "QUALIFY",
     "laterals": "LATERAL",
     "locks": "FOR UPDATE/SHARE",
@@ -250,6 +251,9 @@ class QueryPlanner:
                     having.this, "HAVING"
                 )
                 frame.rel = r.filter_(frame.rel, [condition])
+        windows = collect_windows([*outputs, *(o.this for o in ordered)])
+        if windows:
+            substitution = plan_windows(frame, self, windows, named_windows(select), substitution)
         lowerer = Lowerer(frame, self, "SELECT", substitution)
         items, names = self._select_list(outputs, lowerer, star_scope, grouped)
         order_keys, hidden = self._order_by(ordered, items, names, lowerer)
@@ -450,6 +454,8 @@ def output_name(node: exp.Expr) -> str:
         node = node.this
     if isinstance(node, exp.Column):
         return identifier(node.this)
+    if isinstance(node, exp.Window):
+        return window_output_name(node)
     if isinstance(node, exp.Cast):
         inner = output_name(node.this)
         if inner != "?column?":

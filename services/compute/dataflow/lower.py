@@ -30,12 +30,18 @@ from services.compute.dataflow.operators.linear import (
 )
 from services.compute.dataflow.operators.reduce import AggregateSpec, ReduceOperator
 from services.compute.dataflow.operators.topk import TopKOperator
-from services.compute.dataflow.ordering import compile_sort_key
+from services.compute.dataflow.operators.window import (
+    DEFAULT_FRAME,
+    WindowFunctionSpec,
+    WindowOperator,
+)
+from services.compute.dataflow.ordering import compile_order_key, compile_sort_key
 from services.compute.dataflow.scalar import CompiledScalar, compile_scalar, promoted
 from services.compute.dataflow.types import computed_decimal, from_schema
 from tidemark.columnar.schema import MAX_DECIMAL_PRECISION, ColumnType
 from tidemark.errors import Internal, InvalidArgument
 from tidemark.plan import check_plan, derive_schema
+from tidemark.plan.derive import WINDOW_AGGREGATES, check_frame, window_aggregate
 from tidemark.plan.scalar_types import ScalarType, comparable, widest_numeric_kind
 from tidemark.v1 import plan_pb2
 
@@ -321,6 +327,30 @@ class _Lowering:
         spec = TopKOperator(columns_key(list(top_k.group_key)), sort_key, top_k.offset, limit)
         return self.graph.add("top_k", (source.id,), list(source.types), spec)
 
+    def lower_window(self, window: plan_pb2.Window) -> Node:
+        source = self.relation(window.input)
+        where = self.where("window")
+        width = len(source.types)
+        for column in [*window.partition_key, *(key.column for key in window.order)]:
+            if column >= width:
+                raise InvalidArgument(
+                    f"{where}: column {column} is out of range (the input has {width} columns)"
+                )
+        order = [(k.column, k.descending, k.descending != k.nulls_flipped) for k in window.order]
+        types = list(source.types)
+        specs = []
+        for i, function in enumerate(window.functions):
+            spec, result_type = _window_function(function, source.types, f"{where} function {i}")
+            specs.append(spec)
+            types.append(result_type)
+        operator_ = WindowOperator(
+            columns_key(list(window.partition_key)),
+            compile_sort_key(order, source.types),
+            compile_order_key(order, source.types),
+            specs,
+        )
+        return self.graph.add("window", (source.id,), types, operator_)
+
     # -- sharing ---------------------------------------------------------------------------
 
     def lower_let(self, let: plan_pb2.Let) -> Node:
@@ -409,6 +439,56 @@ def _aggregate(
             return aggregates.Distinct(plain())
 
     return AggregateSpec(value.evaluate, make), result
+
+
+_Window = plan_pb2.WindowFunction
+_RANKING = (_Window.KIND_ROW_NUMBER, _Window.KIND_RANK, _Window.KIND_DENSE_RANK)
+_VALUE_KINDS = (
+    _Window.KIND_LAG,
+    _Window.KIND_LEAD,
+    _Window.KIND_FIRST_VALUE,
+    _Window.KIND_LAST_VALUE,
+)
+
+
+def _window_function(
+    function: plan_pb2.WindowFunction, input_types: Sequence[ScalarType], where: str
+) -> tuple[WindowFunctionSpec, ScalarType]:
+    kind = function.kind
+    frame = function.frame if function.HasField("frame") else DEFAULT_FRAME
+    try:
+        check_frame(frame)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"{where}: {exc.message}") from None
+    if kind in _RANKING:
+        if function.HasField("argument"):
+            raise InvalidArgument(f"{where}: a ranking function takes no argument")
+        return WindowFunctionSpec(kind), ScalarType(ColumnType.INT64, False)
+    if kind in WINDOW_AGGREGATES:
+        aggregate_spec, result = _aggregate(window_aggregate(function), input_types, where)
+        if kind != _Window.KIND_COUNT:
+            result = result.with_nullable(True)  # an empty frame gives NULL
+        spec = WindowFunctionSpec(
+            kind, argument=aggregate_spec.value, frame=frame, new_aggregate=aggregate_spec.new_state
+        )
+        return spec, result
+    if kind not in _VALUE_KINDS:
+        raise InvalidArgument(f"{where}: unknown window function kind {kind}")
+    if not function.HasField("argument"):
+        raise InvalidArgument(f"{where}: the function needs an argument")
+    argument = compile_scalar(function.argument, input_types, where)
+    default = None
+    if function.HasField("default"):
+        compiled = compile_scalar(function.default, input_types, where)
+        if not compiled.type.same_type(argument.type):
+            raise InvalidArgument(
+                f"{where}: the default is {compiled.type.describe()}, the argument "
+                f"{argument.type.describe()}"
+            )
+        default = compiled.evaluate
+    offset = function.offset if function.HasField("offset") else 1
+    spec = WindowFunctionSpec(kind, argument.evaluate, default, offset, frame)
+    return spec, argument.type.with_nullable(True)
 
 
 def _numeric_aggregate(

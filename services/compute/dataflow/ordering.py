@@ -98,13 +98,27 @@ def compile_sort_key(
     """A key for rows (with columns of ``types``) sorted by ``order`` (``(column, descending,
     nulls_first)`` each), ties broken by the whole row ascending with NULLs last. Two rows get
     equal keys only if they are equal, so the order is total and deterministic."""
+    order_key = compile_order_key(order, types)
+
+    def key(row: Row) -> tuple[Any, ...]:
+        return (*order_key(row), *row_key(row))
+
+    return key
+
+
+def compile_order_key(
+    order: Sequence[tuple[int, bool, bool]], types: Sequence[ScalarType]
+) -> SortKey:
+    """A key for rows sorted by ``order`` alone, without the tie-break: rows get equal keys
+    exactly when they are equal on every order column (NULL equal to NULL), that is, when
+    they are peers for window functions."""
     parts = [
         _component(column, types[column].kind, descending, nulls_first)
         for column, descending, nulls_first in order
     ]
 
     def key(row: Row) -> tuple[Any, ...]:
-        return (*(part(row) for part in parts), *row_key(row))
+        return tuple([part(row) for part in parts])
 
     return key
 

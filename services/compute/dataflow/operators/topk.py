@@ -9,14 +9,10 @@ That walk covers offset + limit positions, not the group.
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Callable
-from typing import Any
-
 from services.compute.dataflow.batch import Key, KeyFunction, Row, Update
 from services.compute.dataflow.operators.base import GroupedState, StatefulOperator
-
-SortKey = Callable[[Row], tuple[Any, ...]]
+from services.compute.dataflow.operators.ordered import OrderedRows
+from services.compute.dataflow.ordering import SortKey
 
 
 class TopKOperator(StatefulOperator):
@@ -34,12 +30,10 @@ class TopKOperator(StatefulOperator):
 
 
 class TopKGroup:
-    __slots__ = ("counts", "ordered", "output")
+    __slots__ = ("output", "rows")
 
     def __init__(self) -> None:
-        self.counts: dict[Row, int] = {}
-        # (sort key, row) for every row with a positive multiplicity, in order.
-        self.ordered: list[tuple[tuple[Any, ...], Row]] = []
+        self.rows = OrderedRows()
         self.output: dict[Row, int] = {}
 
 
@@ -60,21 +54,9 @@ class TopKState(GroupedState):
         group = self.groups.get(key)
         if group is None:
             group = self.groups[key] = TopKGroup()
-        counts, ordered = group.counts, group.ordered
         sort_key = self.spec.sort_key
         for row, diff in changes:
-            if not diff:
-                continue
-            before = counts.get(row, 0)
-            after = before + diff
-            if after:
-                counts[row] = after
-            else:
-                del counts[row]
-            if before <= 0 < after:
-                bisect.insort(ordered, (sort_key(row), row))
-            elif after <= 0 < before:
-                del ordered[bisect.bisect_left(ordered, (sort_key(row), row))]
+            group.rows.update(row, diff, sort_key)
         window = self._window(group)
         previous = group.output
         for row, count in window.items():
@@ -85,7 +67,7 @@ class TopKState(GroupedState):
             if row not in window:
                 out.append((row, time, -count))
         group.output = window
-        if not counts:
+        if not group.rows:
             del self.groups[key]
 
     def _window(self, group: TopKGroup) -> dict[Row, int]:
@@ -93,8 +75,8 @@ class TopKState(GroupedState):
         high = None if self.spec.limit is None else low + self.spec.limit
         window: dict[Row, int] = {}
         position = 0
-        counts = group.counts
-        for _, row in group.ordered:
+        counts = group.rows.counts
+        for _, row in group.rows.ordered:
             if high is not None and position >= high:
                 break
             self.work.rows_visited += 1
