@@ -72,6 +72,23 @@ class ComputeConfig(ServiceConfig):
         "older history is compacted away and peeks before it are refused",
         metavar="MS",
     )
+    one_shot_workers: int = setting(
+        2,
+        help="one-shot queries evaluated at once (each on its own thread); more wait in line, "
+        "and index peeks never do",
+    )
+    statement_memory_mb: int = setting(
+        1024,
+        help="memory budget of one one-shot query, estimated from the rows it holds; a query "
+        "over it fails with RESOURCE_EXHAUSTED (SQLSTATE 53200) (0: no budget)",
+        metavar="MIB",
+    )
+    dataflow_memory_mb: int = setting(
+        4096,
+        help="memory budget of one dataflow held in this process (--engine local); a dataflow "
+        "over it reports failed, the others go on (0: no budget)",
+        metavar="MIB",
+    )
     peek_wait: float = setting(
         30.0,
         help="how long a peek waits for a frontier when it names no wait of its own",
@@ -85,11 +102,13 @@ class ComputeConfig(ServiceConfig):
             hold_interval_s=self.hold_interval,
             default_wait_s=self.peek_wait,
             index_history_ms=self.index_history_ms,
+            one_shot_workers=self.one_shot_workers,
+            statement_budget_bytes=self.statement_memory_mb << 20,
         )
 
     def make_engine(self) -> Engine:
         if self.engine == "local":
-            return LocalEngine()
+            return LocalEngine(self.dataflow_memory_mb << 20)
         return SparkEngine(
             self.spark_master,
             self.shards,

@@ -29,7 +29,7 @@ from typing import Protocol
 import pyarrow as pa
 
 from services.compute.engines import Engine
-from services.compute.oneshot import evaluate_at, result_table
+from services.compute.oneshot import OneShotPool, result_table
 from services.compute.output import OutputWriter
 from services.compute.planning import checked_plan
 from services.compute.running import FAILED, RUNNING, RunningDataflow, RunSettings
@@ -74,6 +74,10 @@ class HostSettings:
     restart_initial_s: float = 1.0
     """Wait before restarting a failed dataflow; doubles with each failed attempt."""
     restart_max_s: float = 30.0
+    one_shot_workers: int = 2
+    """One-shot peeks evaluated at once; more wait in line (``oneshot.OneShotPool``)."""
+    statement_budget_bytes: int = 1 << 30
+    """The memory budget of each one-shot peek (0: none)."""
 
     @property
     def holder(self) -> str:
@@ -112,6 +116,7 @@ class DataflowManager:
         self._installing: set[str] = set()
         self._failed = asyncio.Event()  # set when a dataflow fails: the supervisor looks
         self._restarts: dict[str, tuple[int, float]] = {}  # id: attempts, next attempt due
+        self.one_shots = OneShotPool(settings.one_shot_workers, settings.statement_budget_bytes)
         self._run_settings = RunSettings(
             settings.holder,
             settings.renew_interval_s,
@@ -434,7 +439,7 @@ class DataflowManager:
         for index_id, running in indexes.items():
             contents_by_index[index_id] = await running.peek(timestamp, deadline)
         read = collections_read(plan)
-        result = await evaluate_at(
+        result = await self.one_shots.evaluate_finishing(
             plan, timestamp, {i: c for i, c in contents_by_index.items() if i in read}
         )
         return PeekAnswer(result_table(schema, result, timestamp), schema, timestamp)
@@ -472,7 +477,9 @@ class DataflowManager:
             return snapshot.version()
 
         loaded = await asyncio.gather(*(contents(spec) for spec in inputs))
-        result = await evaluate_at(checked, timestamp, dict(zip(input_ids, loaded, strict=True)))
+        result = await self.one_shots.evaluate(
+            checked, timestamp, dict(zip(input_ids, loaded, strict=True))
+        )
         return PeekAnswer(result_table(schema, result, timestamp), schema, timestamp)
 
     async def subscribe(
@@ -499,6 +506,7 @@ class DataflowManager:
     async def close(self) -> None:
         """Stops every dataflow without releasing its holds: a restarted process continues
         from them."""
+        self.one_shots.close()
         for running in list(self._dataflows.values()):
             await running.stop(release=False)
         self._dataflows.clear()
