@@ -120,6 +120,15 @@ class Adapter:
             "adapter_started", catalog_frontier=self.cache.frontier, holder=self.settings.holder
         )
 
+    def readiness(self) -> str | None:
+        """Why the adapter cannot serve right now, or ``None`` when it can: its copy of the
+        catalog is current (``start`` loaded it before the server started, and it keeps
+        following the catalog)."""
+        failure = self.cache.failure
+        if failure is not None:
+            return f"the adapter's copy of the catalog is not current: {failure.message}"
+        return None
+
     async def close(self) -> None:
         for task in list(self._background):
             task.cancel()

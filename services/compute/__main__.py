@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from services.compute.controller import CatalogController
 from services.compute.engines import Engine, LocalEngine, SparkEngine
 from services.compute.host import DataflowManager, HostSettings
+from services.compute.metrics import publish_dataflows
+from services.compute.readiness import ComputeReadiness
 from services.compute.service import compute_service
 from tidemark import timelines
 from tidemark.clients.catalog import CatalogClient
@@ -152,6 +154,7 @@ async def main(config: ComputeConfig) -> None:
             config.listen,
             grace=config.shutdown_grace,
             on_started=announce_port,
+            readiness=ComputeReadiness(host, controller),
         ),
         name="serve",
     )
@@ -161,6 +164,7 @@ async def main(config: ComputeConfig) -> None:
         else None
     )
     supervising = asyncio.create_task(host.supervise(), name="dataflow-supervisor")
+    publishing = asyncio.create_task(publish_dataflows(host), name="dataflow-metrics")
     tasks = [task for task in (serving, following, supervising) if task is not None]
     try:
         # A controller or supervisor that stops (neither ever should) takes the process down
@@ -174,7 +178,7 @@ async def main(config: ComputeConfig) -> None:
         if supervising in done:
             raise RuntimeError("the dataflow supervisor stopped")
     finally:
-        await cancel_and_wait(*tasks)
+        await cancel_and_wait(*tasks, publishing)
         await host.close()
         await engine.close()
         if catalog is not None:

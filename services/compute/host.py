@@ -140,6 +140,10 @@ class DataflowManager:
         self._get(dataflow_id)
         await self.drop(dataflow_id)
 
+    def running(self) -> list[RunningDataflow]:
+        """The installed dataflows (not those still being installed)."""
+        return list(self._dataflows.values())
+
     def dataflow_ids(self) -> set[str]:
         return set(self._dataflows) | set(self._installing)
 

@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from services.compute.dataflow import Dataflow, Row
 from services.compute.dataflow.guard import Guard
+from services.compute.metrics import ONE_SHOTS
 from tidemark.columnar import RelationSchema, table_from_updates
 from tidemark.errors import ResourceExhausted
 from tidemark.logging import get_logger
@@ -94,15 +95,25 @@ class OneShotPool:
         guard = Guard(self.budget_bytes, "the query")
         loop = asyncio.get_running_loop()
         self._guards.add(guard)
+        outcome = "failed"
         try:
-            return await _guarded(
+            result = await _guarded(
                 lambda: loop.run_in_executor(
                     self._executor, _evaluate, plan, timestamp, inputs, guard
                 ),
                 guard,
             )
+            outcome = "ok"
+            return result
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        except ResourceExhausted:
+            outcome = "over_budget"
+            raise
         finally:
             self._guards.discard(guard)
+            ONE_SHOTS.labels(outcome).inc()
 
     async def evaluate_finishing(
         self, plan: plan_pb2.Plan, timestamp: int, inputs: Mapping[str, Mapping[Row, int]]
