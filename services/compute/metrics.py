@@ -39,10 +39,12 @@ ONE_SHOTS_IN_FLIGHT = Gauge(
 
 _LABELS = ["dataflow"]
 HYDRATED_ROWS = Gauge(
-    "tidemark_compute_hydration_rows", "input rows a dataflow has received for hydration", _LABELS
+    "tidemark_compute_hydration_input_rows",
+    "input rows a dataflow has received for its hydration (progress: divide by the expected)",
+    _LABELS,
 )
 HYDRATION_ROWS_TOTAL = Gauge(
-    "tidemark_compute_hydration_rows_total_expected",
+    "tidemark_compute_hydration_input_rows_expected",
     "input rows a dataflow's hydration reads in all (an estimate until it is done)",
     _LABELS,
 )
