@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
+import time
 from collections.abc import Callable, Mapping
 
 import pyarrow as pa
@@ -51,6 +53,20 @@ def _evaluate(
     }
     output, _ = dataflow.hydrate(snapshots)
     return {row: diff for row, _, diff in output}
+
+
+def _log_end(guard: Guard, future: concurrent.futures.Future[dict[Row, int]]) -> None:
+    """Logs how a cancelled evaluation's thread ended (it runs on that thread): the proof that
+    the work stopped, and how long after the cancel."""
+    if guard.cancelled_at is None or future.cancelled():
+        return
+    error = future.exception()
+    log.info(
+        "one_shot_stopped",
+        outcome=type(error).__name__ if error is not None else "finished",
+        seconds_after_cancel=round(time.monotonic() - guard.cancelled_at, 3),
+        peak_bytes=guard.peak_bytes,
+    )
 
 
 async def _guarded(
@@ -96,13 +112,10 @@ class OneShotPool:
         loop = asyncio.get_running_loop()
         self._guards.add(guard)
         outcome = "failed"
+        work = self._executor.submit(_evaluate, plan, timestamp, inputs, guard)
+        work.add_done_callback(functools.partial(_log_end, guard))
         try:
-            result = await _guarded(
-                lambda: loop.run_in_executor(
-                    self._executor, _evaluate, plan, timestamp, inputs, guard
-                ),
-                guard,
-            )
+            result = await _guarded(lambda: asyncio.wrap_future(work, loop=loop), guard)
             outcome = "ok"
             return result
         except asyncio.CancelledError:

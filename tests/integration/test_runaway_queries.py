@@ -7,8 +7,11 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +25,7 @@ RUNAWAY = "SELECT count(*) FROM a CROSS JOIN b"  # 9M pairs, far more than the b
 WIDE_RUNAWAY = "SELECT count(*) FROM w AS x CROSS JOIN w AS y"
 BUDGET_MB = 512
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -84,15 +88,40 @@ async def wait_until_idle(pid: int, within: float = 5.0, window: float = 0.5) ->
     raise AssertionError(f"compute process {pid} still busy {within} s after the cancel")
 
 
-def cancelled_one_shots(stack: SqlStack) -> list[dict[str, object]]:
-    return [r for r in stack.compute.compute().records() if r.get("event") == "one_shot_cancelled"]
+async def wait_until_busy(pid: int, within: float = 30.0) -> None:
+    """Waits until the process uses most of a core (it works on the runaway query)."""
+    started = time.monotonic()
+    while time.monotonic() - started < within:
+        before = cpu_seconds(pid)
+        await asyncio.sleep(0.3)
+        if cpu_seconds(pid) - before > 0.2:
+            return
+    raise AssertionError("the compute process never got busy with the query")
+
+
+def stopped_after_cancel(stack: SqlStack, seen: int) -> dict[str, object]:
+    """The log record of the evaluation thread ending after a cancel (the ``seen``-th or
+    later); it must have stopped at a check (Cancelled) within a second of the cancel."""
+    compute = stack.compute.compute()
+    compute.wait_for_record(lambda r: stopped_count(stack) > seen)
+    record = [r for r in compute.records() if r.get("event") == "one_shot_stopped"][seen]
+    assert record["outcome"] == "Cancelled", record
+    assert isinstance(record["seconds_after_cancel"], float)
+    assert record["seconds_after_cancel"] < 1.0, record
+    return record
+
+
+def stopped_count(stack: SqlStack) -> int:
+    return len(
+        [r for r in stack.compute.compute().records() if r.get("event") == "one_shot_stopped"]
+    )
 
 
 async def test_statement_timeout_stops_a_runaway_cross_join(
     loaded: SqlStack, client: AdapterClient
 ) -> None:
     pid = loaded.compute.compute().process.pid
-    seen = len(cancelled_one_shots(loaded))
+    seen = stopped_count(loaded)
     cpu_before = cpu_seconds(pid)
     result = await client.execute(f"SET statement_timeout = 1500; {RUNAWAY}")
     assert result.error is not None
@@ -101,33 +130,44 @@ async def test_statement_timeout_stops_a_runaway_cross_join(
     # The compute process worked on it (the join was running), and stopped.
     assert cpu_seconds(pid) - cpu_before > 0.2
     await wait_until_idle(pid)
-    record = loaded.compute.compute().wait_for_record(
-        lambda r: r.get("event") == "one_shot_cancelled" and len(cancelled_one_shots(loaded)) > seen
-    )
-    assert isinstance(record["peak_bytes"], int) and record["peak_bytes"] > 0
+    record = stopped_after_cancel(loaded, seen)
+    # It was well into the join when it stopped.
+    assert isinstance(record["peak_bytes"], int) and record["peak_bytes"] > 1 << 20
     await client.execute("SET statement_timeout = 0")
 
 
 async def test_a_cancelled_execute_stops_the_work(loaded: SqlStack, client: AdapterClient) -> None:
     pid = loaded.compute.compute().process.pid
-    seen = len(cancelled_one_shots(loaded))
+    seen = stopped_count(loaded)
     running = asyncio.create_task(client.execute(RUNAWAY))
     # Wait until compute is busy with it, then cancel the gRPC call.
-    started = time.monotonic()
-    while time.monotonic() - started < 30:
-        before = cpu_seconds(pid)
-        await asyncio.sleep(0.3)
-        if cpu_seconds(pid) - before > 0.2:
-            break
-    else:
-        raise AssertionError("the compute process never got busy with the query")
+    await wait_until_busy(pid)
     running.cancel()
     with pytest.raises(asyncio.CancelledError):
         await running
     await wait_until_idle(pid)
-    loaded.compute.compute().wait_for_record(
-        lambda r: r.get("event") == "one_shot_cancelled" and len(cancelled_one_shots(loaded)) > seen
+    stopped_after_cancel(loaded, seen)
+
+
+async def test_a_dropped_connection_stops_the_work(loaded: SqlStack) -> None:
+    """The client process dies mid-query (kill -9): its connection drops, and the adapter's
+    call and compute's evaluation end with it."""
+    pid = loaded.compute.compute().process.pid
+    seen = stopped_count(loaded)
+    client = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "tidemark.cli", "sql", "--address", loaded.adapter(0)),
+        *("-c", f"{RUNAWAY};"),
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
+    try:
+        await wait_until_busy(pid)
+    finally:
+        client.kill()
+        await client.wait()
+    await wait_until_idle(pid)
+    stopped_after_cancel(loaded, seen)
 
 
 async def test_a_query_over_its_memory_budget_fails_with_53200(client: AdapterClient) -> None:

@@ -18,6 +18,8 @@ not to account for every byte.
 
 from __future__ import annotations
 
+import time
+
 from tidemark.errors import Cancelled, ResourceExhausted
 
 CHECK_EVERY = 4096
@@ -48,7 +50,7 @@ class Guard:
     """The cancellation flag and memory budget of one evaluation (a one-shot peek, or one
     dataflow). ``budget_bytes`` 0 means no budget; ``what`` names the evaluation in errors."""
 
-    __slots__ = ("_reason", "budget_bytes", "held_bytes", "peak_bytes", "what")
+    __slots__ = ("_reason", "budget_bytes", "cancelled_at", "held_bytes", "peak_bytes", "what")
 
     def __init__(self, budget_bytes: int = 0, what: str = "the evaluation") -> None:
         self.budget_bytes = budget_bytes
@@ -59,6 +61,8 @@ class Guard:
         self.peak_bytes = 0
         """The largest estimate any check saw."""
         self._reason: str | None = None
+        self.cancelled_at: float | None = None
+        """When :meth:`cancel` was first called (``time.monotonic``)."""
 
     @property
     def cancelled(self) -> bool:
@@ -67,6 +71,7 @@ class Guard:
     def cancel(self, reason: str) -> None:
         """Makes the next check raise ``Cancelled(reason)``; callable from any thread."""
         if self._reason is None:
+            self.cancelled_at = time.monotonic()
             self._reason = reason
 
     def check(self, extra_bytes: int = 0) -> None:
