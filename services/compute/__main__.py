@@ -87,7 +87,8 @@ class ComputeConfig(ServiceConfig):
     )
     dataflow_memory_mb: int = setting(
         4096,
-        help="memory budget of one dataflow held in this process (--engine local); a dataflow "
+        help="memory budget of one dataflow, estimated from the rows it holds in this process "
+        "(with --engine spark: the batches its driver passes between operators); a dataflow "
         "over it reports failed, the others go on (0: no budget)",
         metavar="MIB",
     )
@@ -116,6 +117,7 @@ class ComputeConfig(ServiceConfig):
             self.shards,
             {"spark.driver.memory": self.spark_driver_memory},
             app_name=f"tidemark-compute-{self.cluster}",
+            budget_bytes=self.dataflow_memory_mb << 20,
         )
 
 

@@ -193,6 +193,10 @@ class LocalEngine:
 
 
 class SparkEngineDataflow:
+    """A dataflow held by resident Spark tasks. Its guard holds the batches the driver
+    passes between nodes to the dataflow's memory budget, and stops the driver's walk of a
+    hydration or step whose runner was stopped."""
+
     def __init__(self, dataflow: SparkDataflow) -> None:
         self._dataflow = dataflow
 
@@ -201,10 +205,19 @@ class SparkEngineDataflow:
         return self._dataflow.cluster.failure
 
     async def hydrate(self, snapshots: Batches) -> tuple[list[Update], int]:
-        return await self._dataflow.ahydrate(snapshots)
+        return await self._guarded(self._dataflow.ahydrate(snapshots))
 
     async def step(self, batches: Batches, input_upper: int) -> tuple[list[Update], int]:
-        return await self._dataflow.astep(batches, input_upper)
+        return await self._guarded(self._dataflow.astep(batches, input_upper))
+
+    async def _guarded(
+        self, work: Coroutine[object, object, tuple[list[Update], int]]
+    ) -> tuple[list[Update], int]:
+        try:
+            return await work
+        except asyncio.CancelledError:
+            self._dataflow.guard.cancel("the dataflow was stopped")
+            raise
 
     async def peek(self, time: int) -> dict[Row, int]:
         return await asyncio.to_thread(self._dataflow.peek, time)
@@ -216,6 +229,7 @@ class SparkEngineDataflow:
         return await asyncio.to_thread(self._dataflow.key_count)
 
     async def drop(self) -> None:
+        self._dataflow.guard.cancel("the dataflow was dropped")
         if self._dataflow.cluster.failure is None:
             await asyncio.to_thread(self._dataflow.drop)
 
@@ -238,7 +252,11 @@ class SparkEngine:
         settings: dict[str, str],
         *,
         app_name: str = "tidemark-compute",
+        budget_bytes: int = 0,
     ) -> None:
+        """``budget_bytes``: each dataflow's memory budget for what its driver holds
+        (0: none)."""
+        self.budget_bytes = budget_bytes
         self.master = master
         self.app_name = app_name
         self.shards = shards
@@ -328,6 +346,7 @@ class SparkEngine:
                 cluster=cluster,
                 dataflow_id=dataflow_id,
                 index_key_columns=index_key_columns,
+                guard=Guard(self.budget_bytes, f"dataflow {dataflow_id}"),
             )
 
         return SparkEngineDataflow(await asyncio.to_thread(make))

@@ -17,6 +17,7 @@ import pytest
 
 from tests.support.sql_stack import SqlStack, sql_stack
 from tidemark.clients.adapter import AdapterClient
+from tidemark.clients.compute import ComputeClient
 
 ROWS = 3000
 WIDE_ROWS = 2000
@@ -24,6 +25,7 @@ RUNAWAY = "SELECT count(*) FROM a CROSS JOIN b"  # 9M pairs, far more than the b
 # Each pair has 16 columns: the budget (512 MiB, below) is reached after well under 1M pairs.
 WIDE_RUNAWAY = "SELECT count(*) FROM w AS x CROSS JOIN w AS y"
 BUDGET_MB = 512
+DATAFLOW_BUDGET_MB = 64
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,7 +36,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SqlStack]:
         tmp_path_factory.mktemp("runaway"),
         adapters=1,
         engine="local",
-        compute_extra={"default": ("--statement-memory-mb", str(BUDGET_MB))},
+        compute_extra={
+            "default": (
+                *("--statement-memory-mb", str(BUDGET_MB)),
+                *("--dataflow-memory-mb", str(DATAFLOW_BUDGET_MB)),
+            )
+        },
     ) as running:
         yield running
 
@@ -213,3 +220,40 @@ async def test_point_queries_answer_while_a_runaway_query_runs(
         with pytest.raises(asyncio.CancelledError):
             await background
     await wait_until_idle(pid)
+
+
+async def test_a_dataflow_over_its_budget_fails_alone(
+    loaded: SqlStack, client: AdapterClient
+) -> None:
+    """A materialized view whose hydration needs more than the dataflow budget reports failed
+    (Status, log), while the other dataflows (the index kv_k) go on answering."""
+    created = await client.execute(
+        "CREATE MATERIALIZED VIEW pairs AS SELECT count(*) AS n FROM a CROSS JOIN b"
+    )
+    assert created.error is None, created.error
+    budget = f"memory budget of {DATAFLOW_BUDGET_MB} MiB"
+    try:
+        async with ComputeClient(loaded.compute.compute().address) as compute:
+            deadline = time.monotonic() + 60
+            while True:
+                status = await compute.status()
+                reported = [
+                    d for d in status.dataflows if budget in d.error or budget in d.last_failure
+                ]
+                if reported:
+                    break
+                assert time.monotonic() < deadline, status.dataflows
+                await asyncio.sleep(0.5)
+            (pairs,) = reported
+            assert pairs.output_collection_ids and not pairs.has_index
+            others = [d for d in status.dataflows if d.dataflow_id != pairs.dataflow_id]
+            assert others and all(d.state == "running" for d in others), others
+        record = loaded.compute.compute().wait_for_record(
+            lambda r: r.get("event") == "dataflow_failed" and budget in str(r.get("error"))
+        )
+        assert record["dataflow"] == pairs.dataflow_id
+        point = await client.execute("SELECT v FROM kv WHERE k = 3")
+        assert point.error is None and point.results[-1].rows == [("v3",)]
+    finally:
+        dropped = await client.execute("DROP MATERIALIZED VIEW pairs")
+        assert dropped.error is None, dropped.error
