@@ -125,7 +125,14 @@ class DmlRunner:
         inputs = [plan_inputs(q.plan, state) for q in queries]
         results = await asyncio.gather(
             *(
-                self.reader.read(q.plan, state, timestamp, settings.cluster, inputs=i)
+                self.reader.read(
+                    q.plan,
+                    state,
+                    timestamp,
+                    settings.cluster,
+                    inputs=i,
+                    memory_budget_bytes=settings.statement_memory_bytes,
+                )
                 for q, i in zip(queries, inputs, strict=True)
             )
         )

@@ -216,7 +216,12 @@ class StatementExecutor:
         )
         inputs = plan_inputs(planned.plan, state)
         result = await self.reader.read(
-            planned.plan, state, timestamp, session.settings.cluster, inputs=inputs
+            planned.plan,
+            state,
+            timestamp,
+            session.settings.cluster,
+            inputs=inputs,
+            memory_budget_bytes=session.settings.statement_memory_bytes,
         )
         transaction = session.transaction
         if transaction is not None:

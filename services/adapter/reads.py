@@ -128,8 +128,10 @@ class QueryReader:
         cluster: str,
         *,
         inputs: PlanInputs | None = None,
+        memory_budget_bytes: int = 0,
     ) -> ReadResult:
-        """The plan's answer at ``timestamp`` (``(row, multiplicity)`` pairs)."""
+        """The plan's answer at ``timestamp`` (``(row, multiplicity)`` pairs).
+        ``memory_budget_bytes``: compute's budget for evaluating it (0: the cluster's)."""
         inputs = inputs or plan_inputs(plan, state)
         await self.timestamps.make_readable(inputs.tables, timestamp)
         chosen = self.choose_index(plan, state, cluster)
@@ -142,12 +144,13 @@ class QueryReader:
                     catalog_ts=state.time,
                     finishing=peek.finishing,
                     wait_ms=self.wait_ms,
+                    memory_budget_bytes=memory_budget_bytes,
                 )
                 return ReadResult(result.rows, timestamp, f"index {peek.dataflow_id}")
             except (NotFound, FailedPrecondition) as exc:
                 log.info("index_peek_fell_back", index=peek.dataflow_id, error=exc.message)
         compute = self.compute_for(state, cluster)
-        result = await self._one_shot(compute, plan, inputs, state, timestamp)
+        result = await self._one_shot(compute, plan, inputs, state, timestamp, memory_budget_bytes)
         return ReadResult(result.rows, timestamp, "one-shot")
 
     def compute_for(self, state: CatalogState, cluster: str) -> ComputeClient:
@@ -166,6 +169,7 @@ class QueryReader:
         inputs: PlanInputs,
         state: CatalogState,
         timestamp: int,
+        memory_budget_bytes: int,
     ) -> PeekResult:
         try:
             capabilities = [await self.holds.read(c) for c in sorted(inputs.collections)]
@@ -174,5 +178,9 @@ class QueryReader:
         # A one-shot plan names everything it reads and comes with its capabilities: nothing
         # of the cluster's catalog state is involved, so it need not wait for the controller.
         return await compute.peek(
-            one_shot(plan, capabilities), timestamp, catalog_ts=0, wait_ms=self.wait_ms
+            one_shot(plan, capabilities),
+            timestamp,
+            catalog_ts=0,
+            wait_ms=self.wait_ms,
+            memory_budget_bytes=memory_budget_bytes,
         )

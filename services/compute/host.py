@@ -421,7 +421,9 @@ class DataflowManager:
         timestamp: int,
         finishing: plan_pb2.Plan | None,
         deadline: float,
+        budget_bytes: int = 0,
     ) -> PeekAnswer:
+        """``budget_bytes``: the finishing plan's memory budget (0: the cluster's)."""
         target = self._get(dataflow_id)
         if finishing is None:
             contents = await target.peek(timestamp, deadline)
@@ -444,7 +446,10 @@ class DataflowManager:
             contents_by_index[index_id] = await running.peek(timestamp, deadline)
         read = collections_read(plan)
         result = await self.one_shots.evaluate_finishing(
-            plan, timestamp, {i: c for i, c in contents_by_index.items() if i in read}
+            plan,
+            timestamp,
+            {i: c for i, c in contents_by_index.items() if i in read},
+            budget_bytes,
         )
         return PeekAnswer(result_table(schema, result, timestamp), schema, timestamp)
 
@@ -454,7 +459,9 @@ class DataflowManager:
         inputs: Sequence[DataflowInputSpec],
         timestamp: int,
         deadline: float,
+        budget_bytes: int = 0,
     ) -> PeekAnswer:
+        """``budget_bytes``: the evaluation's memory budget (0: the cluster's)."""
         input_ids = [i.collection_id for i in inputs]
         read = collections_read(plan)
         if set(input_ids) != read or len(set(input_ids)) != len(input_ids):
@@ -482,7 +489,7 @@ class DataflowManager:
 
         loaded = await asyncio.gather(*(contents(spec) for spec in inputs))
         result = await self.one_shots.evaluate(
-            checked, timestamp, dict(zip(input_ids, loaded, strict=True))
+            checked, timestamp, dict(zip(input_ids, loaded, strict=True)), budget_bytes
         )
         return PeekAnswer(result_table(schema, result, timestamp), schema, timestamp)
 

@@ -103,12 +103,25 @@ class OneShotPool:
         """Evaluations in line or running."""
         return len(self._guards)
 
+    def budget_for(self, requested_bytes: int) -> int:
+        """The budget of an evaluation that asked for ``requested_bytes`` (0: the pool's own):
+        a request may lower the pool's budget, never raise it."""
+        if not requested_bytes:
+            return self.budget_bytes
+        if not self.budget_bytes:
+            return requested_bytes
+        return min(requested_bytes, self.budget_bytes)
+
     async def evaluate(
-        self, plan: plan_pb2.Plan, timestamp: int, inputs: Mapping[str, Mapping[Row, int]]
+        self,
+        plan: plan_pb2.Plan,
+        timestamp: int,
+        inputs: Mapping[str, Mapping[Row, int]],
+        budget_bytes: int = 0,
     ) -> dict[Row, int]:
         """The plan's output over ``inputs`` (each input's contents at ``timestamp``), computed
-        on the pool."""
-        guard = Guard(self.budget_bytes, "the query")
+        on the pool; ``budget_bytes`` as :meth:`budget_for` says."""
+        guard = Guard(self.budget_for(budget_bytes), "the query")
         loop = asyncio.get_running_loop()
         self._guards.add(guard)
         outcome = "failed"
@@ -129,10 +142,14 @@ class OneShotPool:
             ONE_SHOTS.labels(outcome).inc()
 
     async def evaluate_finishing(
-        self, plan: plan_pb2.Plan, timestamp: int, inputs: Mapping[str, Mapping[Row, int]]
+        self,
+        plan: plan_pb2.Plan,
+        timestamp: int,
+        inputs: Mapping[str, Mapping[Row, int]],
+        budget_bytes: int = 0,
     ) -> dict[Row, int]:
         """Like :meth:`evaluate`, for a finishing plan over index contents: beside the pool."""
-        guard = Guard(self.budget_bytes, "the query")
+        guard = Guard(self.budget_for(budget_bytes), "the query")
         return await _guarded(
             lambda: asyncio.ensure_future(
                 asyncio.to_thread(_evaluate, plan, timestamp, inputs, guard)

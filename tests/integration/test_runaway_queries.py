@@ -187,6 +187,21 @@ async def test_a_query_over_its_memory_budget_fails_with_53200(client: AdapterCl
     assert answer.error is None and answer.results[-1].rows == [(ROWS,)]
 
 
+async def test_a_session_can_lower_its_memory_budget_but_not_raise_it(
+    loaded: SqlStack,
+) -> None:
+    async with AdapterClient(loaded.adapter(0), timeout=120.0) as session:
+        lowered = await session.execute(f"SET statement_memory_limit = 16; {RUNAWAY}")
+        assert lowered.error is not None and lowered.error.code == "53200", lowered.error
+        assert "memory budget of 16 MiB" in lowered.error.message
+        raised = await session.execute(f"SET statement_memory_limit = 100000; {WIDE_RUNAWAY}")
+        assert raised.error is not None and raised.error.code == "53200", raised.error
+        assert f"memory budget of {BUDGET_MB} MiB" in raised.error.message
+        # Small queries are not affected.
+        small = await session.execute("SET statement_memory_limit = 16; SELECT count(*) FROM b")
+        assert small.error is None and small.results[-1].rows == [(ROWS,)]
+
+
 async def test_point_queries_answer_while_a_runaway_query_runs(
     loaded: SqlStack, client: AdapterClient
 ) -> None:
