@@ -158,6 +158,7 @@ async def test_every_service_serves_rpc_metrics(deployment: Deployment) -> None:
 async def test_metrics_move_with_appends_and_peeks(deployment: Deployment) -> None:
     for name in NAMES:
         await eventually_serving(deployment.address(name))
+    adapter_before = deployment.scrape("adapter")
     storage_before = deployment.scrape("storage")
     compute_before = deployment.scrape("compute")
     oracle_before = deployment.scrape("oracle")
@@ -174,6 +175,16 @@ async def test_metrics_move_with_appends_and_peeks(deployment: Deployment) -> No
             "SELECT count(*) FROM n AS x, n AS y"
         )
         assert joined.error is None and joined.results[-1].rows == [(4,)]
+        failed = await client.execute("SELECT * FROM no_such_table")
+        assert failed.error is not None and failed.error.code == "42P01"
+    adapter_after = deployment.scrape("adapter")
+    statements = "tidemark_adapter_statements_total"
+    assert value(adapter_after, statements, sqlstate="00000") >= (
+        value(adapter_before, statements, sqlstate="00000") + 7
+    )
+    assert value(adapter_after, statements, sqlstate="42P01") == (
+        value(adapter_before, statements, sqlstate="42P01") + 1
+    )
     storage_after = deployment.scrape("storage")
     # The insert wrote one batch; its bytes and rows count.
     assert value(storage_after, "tidemark_storage_appended_batches_total") > value(

@@ -686,6 +686,7 @@ METRIC_MODULES = (
     "services.storage.metrics",
     "services.oracle.oracle",
     "services.compute.metrics",
+    "services.adapter.service",
 )
 
 
