@@ -22,12 +22,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 import pyarrow as pa
 
+from services.compute.dataflow import Row
 from services.compute.engines import Engine
 from services.compute.oneshot import OneShotPool, result_table
 from services.compute.output import OutputWriter
@@ -472,7 +473,7 @@ class DataflowManager:
         schemas = {cid: await self._schema(cid, "input") for cid in input_ids}
         checked, schema = checked_plan(plan, schemas)
 
-        async def contents(spec: DataflowInputSpec) -> dict[tuple[object, ...], int]:
+        async def contents(spec: DataflowInputSpec) -> Callable[[], dict[Row, int]]:
             if spec.read_capability is None:
                 raise InvalidArgument(f"input {spec.collection_id!r} has no read capability")
             if spec.read_capability.collection_id != spec.collection_id:
@@ -485,7 +486,7 @@ class DataflowManager:
                 timestamp,
                 timeout=max(0.01, deadline - time.monotonic()),
             )
-            return snapshot.version()
+            return snapshot.version  # decoded into rows on the evaluation's thread
 
         loaded = await asyncio.gather(*(contents(spec) for spec in inputs))
         result = await self.one_shots.evaluate(

@@ -36,21 +36,26 @@ from tidemark.v1 import plan_pb2
 
 log = get_logger("compute.oneshot")
 
+Contents = Mapping[Row, int] | Callable[[], Mapping[Row, int]]
+"""An input's contents, or how to get them on the evaluation's thread (decoding a large
+snapshot into rows is work the event loop should not do)."""
+
 CANCELLED_REASON = "the statement was cancelled: its deadline passed or its client went away"
 
 
 def _evaluate(
     plan: plan_pb2.Plan,
     timestamp: int,
-    inputs: Mapping[str, Mapping[Row, int]],
+    inputs: Mapping[str, Contents],
     guard: Guard,
 ) -> dict[Row, int]:
     guard.check()  # cancelled while it waited in line
     dataflow = Dataflow(plan, as_of=timestamp, guard=guard)
-    snapshots = {
-        collection_id: [(row, timestamp, count) for row, count in contents.items()]
-        for collection_id, contents in inputs.items()
-    }
+    snapshots = {}
+    for collection_id, contents in inputs.items():
+        loaded = contents() if callable(contents) else contents
+        snapshots[collection_id] = [(row, timestamp, count) for row, count in loaded.items()]
+        guard.check()
     output, _ = dataflow.hydrate(snapshots)
     return {row: diff for row, _, diff in output}
 
@@ -116,7 +121,7 @@ class OneShotPool:
         self,
         plan: plan_pb2.Plan,
         timestamp: int,
-        inputs: Mapping[str, Mapping[Row, int]],
+        inputs: Mapping[str, Contents],
         budget_bytes: int = 0,
     ) -> dict[Row, int]:
         """The plan's output over ``inputs`` (each input's contents at ``timestamp``), computed
@@ -145,7 +150,7 @@ class OneShotPool:
         self,
         plan: plan_pb2.Plan,
         timestamp: int,
-        inputs: Mapping[str, Mapping[Row, int]],
+        inputs: Mapping[str, Contents],
         budget_bytes: int = 0,
     ) -> dict[Row, int]:
         """Like :meth:`evaluate`, for a finishing plan over index contents: beside the pool."""

@@ -303,6 +303,11 @@ class RunningDataflow:
     async def _compact_index(self) -> None:
         """Moves the index's since up to ``upper - 1 - index_history_ms`` when that is later."""
         assert self.upper is not None
+        if self.upper >= MAX_TIME:
+            # Every input is closed (a plan of constants reads none): the output never
+            # changes again, so no history accumulates, and a window measured back from the
+            # end of time would refuse every real time.
+            return
         target = self.upper - 1 - self.settings.index_history_ms
         if not self.has_index or target <= self.index_since or self.state == FAILED:
             return
