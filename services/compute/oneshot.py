@@ -22,7 +22,7 @@ import asyncio
 import concurrent.futures
 import functools
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import pyarrow as pa
 
@@ -74,13 +74,10 @@ def _log_end(guard: Guard, future: concurrent.futures.Future[dict[Row, int]]) ->
     )
 
 
-async def _guarded(
-    run: Callable[[], asyncio.Future[dict[Row, int]]], guard: Guard
-) -> dict[Row, int]:
-    """Awaits ``run()``; if the wait is cancelled, the evaluation is cancelled too."""
-    future = run()
+async def _guarded(work: Awaitable[dict[Row, int]], guard: Guard) -> dict[Row, int]:
+    """Awaits ``work``; if the wait is cancelled, the evaluation is cancelled too."""
     try:
-        return await future
+        return await work
     except asyncio.CancelledError:
         guard.cancel(CANCELLED_REASON)
         log.info("one_shot_cancelled", peak_bytes=guard.peak_bytes)
@@ -130,10 +127,10 @@ class OneShotPool:
         loop = asyncio.get_running_loop()
         self._guards.add(guard)
         outcome = "failed"
-        work = self._executor.submit(_evaluate, plan, timestamp, inputs, guard)
-        work.add_done_callback(functools.partial(_log_end, guard))
         try:
-            result = await _guarded(lambda: asyncio.wrap_future(work, loop=loop), guard)
+            work = self._executor.submit(_evaluate, plan, timestamp, inputs, guard)
+            work.add_done_callback(functools.partial(_log_end, guard))
+            result = await _guarded(asyncio.wrap_future(work, loop=loop), guard)
             outcome = "ok"
             return result
         except asyncio.CancelledError:
@@ -155,12 +152,7 @@ class OneShotPool:
     ) -> dict[Row, int]:
         """Like :meth:`evaluate`, for a finishing plan over index contents: beside the pool."""
         guard = Guard(self.budget_for(budget_bytes), "the query")
-        return await _guarded(
-            lambda: asyncio.ensure_future(
-                asyncio.to_thread(_evaluate, plan, timestamp, inputs, guard)
-            ),
-            guard,
-        )
+        return await _guarded(asyncio.to_thread(_evaluate, plan, timestamp, inputs, guard), guard)
 
     def close(self) -> None:
         """Stops every evaluation (the process is stopping): none holds up the exit."""
