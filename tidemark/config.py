@@ -108,6 +108,11 @@ class ServiceConfig:
         help="seconds calls in flight get to finish after SIGTERM before they are cancelled",
         metavar="SECONDS",
     )
+    metrics_port: int = setting(
+        0,
+        help="port of the Prometheus /metrics endpoint, on the host of --listen (0: none)",
+        metavar="PORT",
+    )
 
 
 def _parse_bool(text: str) -> bool:

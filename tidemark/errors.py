@@ -80,6 +80,13 @@ class Cancelled(TidemarkError):
     code = grpc.StatusCode.CANCELLED
 
 
+class ResourceExhausted(TidemarkError):
+    """A request needs more than its budget (memory, rows) allows; it was stopped and
+    changed nothing."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 class Internal(TidemarkError):
     code = grpc.StatusCode.INTERNAL
 
@@ -97,6 +104,7 @@ _BY_CODE: dict[grpc.StatusCode, type[TidemarkError]] = {
         Unavailable,
         DeadlineExceeded,
         Cancelled,
+        ResourceExhausted,
         Internal,
     )
 }

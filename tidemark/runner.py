@@ -24,6 +24,7 @@ from typing import NoReturn, TypeVar, cast
 
 from tidemark.config import ServiceConfig, load_config
 from tidemark.logging import LogFormat, configure_logging, get_logger
+from tidemark.metrics import serve_metrics
 
 C = TypeVar("C", bound=ServiceConfig)
 
@@ -74,5 +75,11 @@ def run_service(
     """Parse the settings, configure logging, run ``main(config)``, exit with its status."""
     config = load_config(config_type, argv, prog=prog, description=description)
     configure_logging(cast(LogFormat, config.log_format), config.log_level)
+    if config.metrics_port:
+        try:
+            serve_metrics(config.listen, config.metrics_port)
+        except OSError as exc:
+            log.error("metrics_port_unavailable", port=config.metrics_port, error=str(exc))
+            sys.exit(1)
     status = asyncio.run(run_until_signalled(lambda: main(config)))
     sys.exit(status)

@@ -81,6 +81,7 @@ async def main(config: AdapterConfig) -> None:
             config.listen,
             grace=config.shutdown_grace,
             on_started=announce_port,
+            readiness=adapter.readiness,
         )
     finally:
         await adapter.close()

@@ -140,6 +140,11 @@ class CatalogCache:
         """Every catalog time below this is complete in the copy."""
         return self._frontier
 
+    @property
+    def failure(self) -> TidemarkError | None:
+        """Why following the catalog fails right now (``None`` while it works)."""
+        return self._failure
+
     def latest(self) -> CatalogState:
         """The copy's newest state, at ``frontier - 1``."""
         return self._current

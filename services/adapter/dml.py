@@ -126,7 +126,13 @@ class DmlRunner:
         results = await asyncio.gather(
             *(
                 self.reader.read(
-                    q.plan, state, timestamp, settings.cluster, inputs=i, match=q.unoptimized
+                    q.plan,
+                    state,
+                    timestamp,
+                    settings.cluster,
+                    inputs=i,
+                    match=q.unoptimized,
+                    memory_budget_bytes=settings.statement_memory_bytes,
                 )
                 for q, i in zip(queries, inputs, strict=True)
             )

@@ -224,6 +224,7 @@ class StatementExecutor:
             session.settings.cluster,
             inputs=inputs,
             match=planned.unoptimized,
+            memory_budget_bytes=session.settings.statement_memory_bytes,
         )
         transaction = session.transaction
         if transaction is not None:

@@ -130,10 +130,12 @@ class QueryReader:
         *,
         inputs: PlanInputs | None = None,
         match: plan_pb2.Plan | None = None,
+        memory_budget_bytes: int = 0,
     ) -> ReadResult:
         """The plan's answer at ``timestamp`` (``(row, multiplicity)`` pairs). ``match`` is
         the same query before optimization, which indexes are matched against (views keep
-        their plans unoptimized)."""
+        their plans unoptimized). ``memory_budget_bytes``: compute's budget for evaluating it
+        (0: the cluster's)."""
         inputs = inputs or plan_inputs(plan, state)
         await self.timestamps.make_readable(inputs.tables, timestamp)
         chosen = self.choose_index(match or plan, state, cluster)
@@ -146,12 +148,13 @@ class QueryReader:
                     catalog_ts=state.time,
                     finishing=peek.finishing,
                     wait_ms=self.wait_ms,
+                    memory_budget_bytes=memory_budget_bytes,
                 )
                 return ReadResult(result.rows, timestamp, f"index {peek.dataflow_id}")
             except (NotFound, FailedPrecondition) as exc:
                 log.info("index_peek_fell_back", index=peek.dataflow_id, error=exc.message)
         compute = self.compute_for(state, cluster)
-        result = await self._one_shot(compute, plan, inputs, state, timestamp)
+        result = await self._one_shot(compute, plan, inputs, state, timestamp, memory_budget_bytes)
         return ReadResult(result.rows, timestamp, "one-shot")
 
     def compute_for(self, state: CatalogState, cluster: str) -> ComputeClient:
@@ -170,6 +173,7 @@ class QueryReader:
         inputs: PlanInputs,
         state: CatalogState,
         timestamp: int,
+        memory_budget_bytes: int,
     ) -> PeekResult:
         for attempt in (1, 2):
             try:
@@ -181,7 +185,11 @@ class QueryReader:
             # controller.
             try:
                 return await compute.peek(
-                    one_shot(plan, capabilities), timestamp, catalog_ts=0, wait_ms=self.wait_ms
+                    one_shot(plan, capabilities),
+                    timestamp,
+                    catalog_ts=0,
+                    wait_ms=self.wait_ms,
+                    memory_budget_bytes=memory_budget_bytes,
                 )
             except PermissionDenied:
                 if attempt == 2:

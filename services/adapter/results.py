@@ -27,6 +27,7 @@ from tidemark.errors import (
     InvalidArgument,
     NotFound,
     PermissionDenied,
+    ResourceExhausted,
     TidemarkError,
     Unavailable,
 )
@@ -38,6 +39,7 @@ DEPENDENT_OBJECTS_STILL_EXIST = "2BP01"
 CONNECTION_FAILURE = "08006"
 ADMIN_SHUTDOWN = "57P01"
 QUERY_CANCELED = "57014"
+OUT_OF_MEMORY = "53200"
 INTERNAL_ERROR = "XX000"
 IN_FAILED_TRANSACTION = "25P02"
 ACTIVE_TRANSACTION = "25001"
@@ -146,6 +148,13 @@ def error_from_backend(exc: TidemarkError, what: str = "") -> SqlError:
         return SqlError(QUERY_CANCELED, f"{prefix}timed out: {exc.message}")
     if isinstance(exc, Cancelled):
         return SqlError(QUERY_CANCELED, f"{prefix}cancelled: {exc.message}")
+    if isinstance(exc, ResourceExhausted):
+        return SqlError(
+            OUT_OF_MEMORY,
+            f"{prefix}out of memory: {exc.message}",
+            hint="narrow the query (filters, join keys), or raise the compute cluster's "
+            "--statement-memory-mb",
+        )
     if isinstance(exc, Aborted):
         return SqlError(SERIALIZATION_FAILURE, f"{prefix}{exc.message}")
     if isinstance(exc, NotFound):

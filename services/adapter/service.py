@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import grpc.aio
+from prometheus_client import Counter
 
 from services.adapter.backends import Backends
 from services.adapter.catalog_cache import CatalogCache
@@ -52,6 +53,14 @@ from tidemark.v1 import adapter_pb2, adapter_pb2_grpc
 log = get_logger("services.adapter")
 
 Context = grpc.aio.ServicerContext[object, object]
+
+SUCCESSFUL = "00000"
+STATEMENTS = Counter(
+    "tidemark_adapter_statements",
+    "SQL statements run, by SQLSTATE (00000: succeeded; 57014: cancelled or timed out; "
+    "53200: over its memory budget; ...)",
+    ["sqlstate"],
+)
 
 
 @dataclass(frozen=True)
@@ -121,6 +130,15 @@ class Adapter:
             "adapter_started", catalog_frontier=self.cache.frontier, holder=self.settings.holder
         )
 
+    def readiness(self) -> str | None:
+        """Why the adapter cannot serve right now, or ``None`` when it can: its copy of the
+        catalog is current (``start`` loaded it before the server started, and it keeps
+        following the catalog)."""
+        failure = self.cache.failure
+        if failure is not None:
+            return f"the adapter's copy of the catalog is not current: {failure.message}"
+        return None
+
     async def close(self) -> None:
         for task in list(self._background):
             task.cancel()
@@ -181,6 +199,15 @@ class Adapter:
         )
 
     async def _run_one(self, statement: ast.AnyStatement, session: SessionState) -> Outcome:
+        try:
+            outcome = await self._run_guarded(statement, session)
+        except SqlError as exc:
+            STATEMENTS.labels(exc.code).inc()
+            raise
+        STATEMENTS.labels(SUCCESSFUL).inc()
+        return outcome
+
+    async def _run_guarded(self, statement: ast.AnyStatement, session: SessionState) -> Outcome:
         timeout_ms = session.settings.statement_timeout_ms
         try:
             if timeout_ms:

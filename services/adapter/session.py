@@ -39,6 +39,12 @@ SETTINGS: dict[str, Setting] = {
     "statement_timeout": Setting(
         "0", "milliseconds a statement may run before it is cancelled (0: no limit)", integer=True
     ),
+    "statement_memory_limit": Setting(
+        "0",
+        "MiB a query's evaluation may hold in compute before it fails with 53200 (0: the "
+        "cluster's budget; a larger value is lowered to it)",
+        integer=True,
+    ),
     "application_name": Setting("", "the client's name, for logs"),
     "client_encoding": Setting("UTF8", "the client's character set", ("UTF8",)),
     "datestyle": Setting("ISO, MDY", "how dates are shown", ("ISO, MDY",)),
@@ -146,6 +152,14 @@ class Settings:
     @property
     def search_path(self) -> list[str]:
         return search_path(self.values)
+
+    @property
+    def statement_memory_bytes(self) -> int:
+        """The ``statement_memory_limit`` in bytes (0: the cluster's budget)."""
+        try:
+            return max(0, int(self.get("statement_memory_limit"))) << 20
+        except ValueError:
+            return 0
 
     @property
     def statement_timeout_ms(self) -> int:

@@ -55,6 +55,7 @@ async def main(config: CatalogConfig) -> None:
             config.listen,
             grace=config.shutdown_grace,
             on_started=announce_port,
+            readiness=catalog.readiness,
         )
     finally:
         await catalog.close()

@@ -152,6 +152,7 @@ class Catalog:
         self._log_since = 0
         # A published write the oracle has not acknowledged yet.
         self._unpublished: int | None = None
+        self._follow_error: str | None = None
 
     # -- life cycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -173,6 +174,16 @@ class Catalog:
             upper=self.history.upper,
             items=len(self.history.index),
         )
+
+    def readiness(self) -> str | None:
+        """Why the catalog cannot serve right now, or ``None`` when it can: it has caught up
+        with its log (``start`` did that before the server started), keeps following it, and
+        has told the oracle about every write it committed."""
+        if self._follow_error is not None:
+            return f"following the catalog log fails: {self._follow_error}"
+        if self._unpublished is not None:
+            return f"catalog time {self._unpublished} is not yet published to the oracle"
+        return None
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -329,12 +340,14 @@ class Catalog:
             try:
                 async for report in self.log.follow(as_of, snapshot=fresh):
                     failures = 0
+                    self._follow_error = None
                     history.add_interval(steps_from_updates(report.updates), report.upper)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 failures += 1
                 message = exc.message if isinstance(exc, TidemarkError) else repr(exc)
+                self._follow_error = message
                 logger.warning("catalog_follow_failed", error=message, attempt=failures)
             await asyncio.sleep(min(0.05 * 2 ** min(failures, 6), 2.0))
 

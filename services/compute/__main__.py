@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from services.compute.controller import CatalogController
 from services.compute.engines import Engine, LocalEngine, SparkEngine
 from services.compute.host import DataflowManager, HostSettings
+from services.compute.metrics import publish_dataflows
+from services.compute.readiness import ComputeReadiness
 from services.compute.service import compute_service
 from tidemark import timelines
 from tidemark.clients.catalog import CatalogClient
@@ -72,6 +74,24 @@ class ComputeConfig(ServiceConfig):
         "older history is compacted away and peeks before it are refused",
         metavar="MS",
     )
+    one_shot_workers: int = setting(
+        2,
+        help="one-shot queries evaluated at once (each on its own thread); more wait in line, "
+        "and index peeks never do",
+    )
+    statement_memory_mb: int = setting(
+        1024,
+        help="memory budget of one one-shot query, estimated from the rows it holds; a query "
+        "over it fails with RESOURCE_EXHAUSTED (SQLSTATE 53200) (0: no budget)",
+        metavar="MIB",
+    )
+    dataflow_memory_mb: int = setting(
+        4096,
+        help="memory budget of one dataflow, estimated from the rows it holds in this process "
+        "(with --engine spark: the batches its driver passes between operators); a dataflow "
+        "over it reports failed, the others go on (0: no budget)",
+        metavar="MIB",
+    )
     peek_wait: float = setting(
         30.0,
         help="how long a peek waits for a frontier when it names no wait of its own",
@@ -85,16 +105,19 @@ class ComputeConfig(ServiceConfig):
             hold_interval_s=self.hold_interval,
             default_wait_s=self.peek_wait,
             index_history_ms=self.index_history_ms,
+            one_shot_workers=self.one_shot_workers,
+            statement_budget_bytes=self.statement_memory_mb << 20,
         )
 
     def make_engine(self) -> Engine:
         if self.engine == "local":
-            return LocalEngine()
+            return LocalEngine(self.dataflow_memory_mb << 20)
         return SparkEngine(
             self.spark_master,
             self.shards,
             {"spark.driver.memory": self.spark_driver_memory},
             app_name=f"tidemark-compute-{self.cluster}",
+            budget_bytes=self.dataflow_memory_mb << 20,
         )
 
 
@@ -133,6 +156,7 @@ async def main(config: ComputeConfig) -> None:
             config.listen,
             grace=config.shutdown_grace,
             on_started=announce_port,
+            readiness=ComputeReadiness(host, controller),
         ),
         name="serve",
     )
@@ -142,6 +166,7 @@ async def main(config: ComputeConfig) -> None:
         else None
     )
     supervising = asyncio.create_task(host.supervise(), name="dataflow-supervisor")
+    publishing = asyncio.create_task(publish_dataflows(host), name="dataflow-metrics")
     tasks = [task for task in (serving, following, supervising) if task is not None]
     try:
         # A controller or supervisor that stops (neither ever should) takes the process down
@@ -155,7 +180,7 @@ async def main(config: ComputeConfig) -> None:
         if supervising in done:
             raise RuntimeError("the dataflow supervisor stopped")
     finally:
-        await cancel_and_wait(*tasks)
+        await cancel_and_wait(*tasks, publishing)
         await host.close()
         await engine.close()
         if catalog is not None:

@@ -109,6 +109,10 @@ class CatalogController:
         self._installed: dict[str, DataflowSpec] = {}
         self._failures: dict[str, _Failure] = {}
         self._invalid: dict[str, str] = {}
+        self.started_at: int | None = None
+        """The catalog time the first subscription started at (``None`` before it did)."""
+        self.follow_error: str | None = None
+        """Why following the catalog fails right now (``None`` while it works)."""
 
     @property
     def _log(self) -> FilteringBoundLogger:
@@ -127,6 +131,12 @@ class CatalogController:
     def applied_upper(self) -> int:
         """Every catalog change at a time below this has been applied (see the module docs)."""
         return self._applied_upper
+
+    @property
+    def caught_up(self) -> bool:
+        """Whether every catalog change up to the time the controller started at has been
+        applied: the cluster runs (or is installing) what the catalog held then."""
+        return self.started_at is not None and self._applied_upper > self.started_at
 
     def installed(self) -> dict[str, DataflowSpec]:
         """The dataflows this controller installed and has not dropped, by id."""
@@ -171,12 +181,15 @@ class CatalogController:
         while True:
             try:
                 start = await self._start_time() if fresh else self._contents.frontier - 1
+                if self.started_at is None:
+                    self.started_at = start
                 self._log.info("compute_catalog_subscribing", at=start)
                 first = True
                 async for progress in self.catalog.subscribe_at(start):
                     self._contents.apply(progress, snapshot=first)
                     first = False
                     failures = 0
+                    self.follow_error = None
                     self._contents_changed.set()
                 fresh = self._contents.frontier == 0
                 self._log.warning("compute_catalog_subscription_ended")
@@ -187,10 +200,12 @@ class CatalogController:
                 # current time (its snapshot replaces the contents all the same).
                 failures += 1
                 fresh = True
+                self.follow_error = exc.message
                 self._log.warning("compute_catalog_resume_failed", error=exc.message)
             except Exception as exc:
                 failures += 1
                 fresh = self._contents.frontier == 0
+                self.follow_error = _message(exc)
                 self._log.warning(
                     "compute_catalog_subscription_failed", error=_message(exc), attempt=failures
                 )

@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Protocol
 
 from pyspark.sql import SparkSession
 
 from services.compute.dataflow import Dataflow, Index, Row, Update
 from services.compute.dataflow.dataflow import Batches
+from services.compute.dataflow.guard import Guard
 from services.compute.spark import ResidentCluster, SparkDataflow, spark_session
 from tidemark.errors import FailedPrecondition, Unavailable
 from tidemark.logging import get_logger
@@ -79,10 +80,19 @@ class Engine(Protocol):
 
 
 class LocalDataflow:
+    """A dataflow whose state lives in this process. Its guard holds it to its memory budget
+    (over it, hydration or a step fails with ``ResourceExhausted`` and the dataflow reports
+    failed; others go on) and stops a hydration or step whose runner was stopped (a drop)."""
+
     def __init__(
-        self, plan: plan_pb2.Plan, as_of: int, index_key_columns: Sequence[int] | None
+        self,
+        plan: plan_pb2.Plan,
+        as_of: int,
+        index_key_columns: Sequence[int] | None,
+        guard: Guard | None = None,
     ) -> None:
-        self._dataflow = Dataflow(plan, as_of=as_of)
+        self.guard = guard or Guard()
+        self._dataflow = Dataflow(plan, as_of=as_of, guard=self.guard)
         self._index = None if index_key_columns is None else Index(index_key_columns, since=as_of)
         # Peeks read the index from other threads while a step may be adding to it.
         self._lock = threading.Lock()
@@ -120,10 +130,21 @@ class LocalDataflow:
             self._index.compact(since)
 
     async def hydrate(self, snapshots: Batches) -> tuple[list[Update], int]:
-        return await asyncio.to_thread(self._hydrate, snapshots)
+        return await self._guarded(asyncio.to_thread(self._hydrate, snapshots))
 
     async def step(self, batches: Batches, input_upper: int) -> tuple[list[Update], int]:
-        return await asyncio.to_thread(self._step, batches, input_upper)
+        return await self._guarded(asyncio.to_thread(self._step, batches, input_upper))
+
+    async def _guarded(
+        self, work: Coroutine[object, object, tuple[list[Update], int]]
+    ) -> tuple[list[Update], int]:
+        try:
+            return await work
+        except asyncio.CancelledError:
+            # The runner stopped (a drop, a shutdown): the thread stops at its next check.
+            # The state is half-updated from then on; nothing uses this dataflow again.
+            self.guard.cancel("the dataflow was stopped")
+            raise
 
     async def peek(self, time: int) -> dict[Row, int]:
         return await asyncio.to_thread(self._peek, time)
@@ -134,12 +155,21 @@ class LocalDataflow:
     async def key_count(self) -> int:
         return self._dataflow.key_count()
 
+    def held_bytes(self) -> int:
+        """The estimated memory of the operator state (``dataflow/guard.py``)."""
+        return self._dataflow.held_bytes()
+
     async def drop(self) -> None:
-        return None
+        self.guard.cancel("the dataflow was dropped")
 
 
 class LocalEngine:
+    """``budget_bytes``: each dataflow's memory budget (0: none)."""
+
     name = "local"
+
+    def __init__(self, budget_bytes: int = 0) -> None:
+        self.budget_bytes = budget_bytes
 
     async def build(
         self,
@@ -148,7 +178,9 @@ class LocalEngine:
         as_of: int,
         index_key_columns: Sequence[int] | None,
     ) -> EngineDataflow:
-        return LocalDataflow(plan, as_of, index_key_columns)
+        return LocalDataflow(
+            plan, as_of, index_key_columns, Guard(self.budget_bytes, f"dataflow {dataflow_id}")
+        )
 
     def describe(self) -> tuple[str, str]:
         return "", ""
@@ -161,6 +193,10 @@ class LocalEngine:
 
 
 class SparkEngineDataflow:
+    """A dataflow held by resident Spark tasks. Its guard holds the batches the driver
+    passes between nodes to the dataflow's memory budget, and stops the driver's walk of a
+    hydration or step whose runner was stopped."""
+
     def __init__(self, dataflow: SparkDataflow) -> None:
         self._dataflow = dataflow
 
@@ -169,10 +205,19 @@ class SparkEngineDataflow:
         return self._dataflow.cluster.failure
 
     async def hydrate(self, snapshots: Batches) -> tuple[list[Update], int]:
-        return await self._dataflow.ahydrate(snapshots)
+        return await self._guarded(self._dataflow.ahydrate(snapshots))
 
     async def step(self, batches: Batches, input_upper: int) -> tuple[list[Update], int]:
-        return await self._dataflow.astep(batches, input_upper)
+        return await self._guarded(self._dataflow.astep(batches, input_upper))
+
+    async def _guarded(
+        self, work: Coroutine[object, object, tuple[list[Update], int]]
+    ) -> tuple[list[Update], int]:
+        try:
+            return await work
+        except asyncio.CancelledError:
+            self._dataflow.guard.cancel("the dataflow was stopped")
+            raise
 
     async def peek(self, time: int) -> dict[Row, int]:
         return await asyncio.to_thread(self._dataflow.peek, time)
@@ -184,6 +229,7 @@ class SparkEngineDataflow:
         return await asyncio.to_thread(self._dataflow.key_count)
 
     async def drop(self) -> None:
+        self._dataflow.guard.cancel("the dataflow was dropped")
         if self._dataflow.cluster.failure is None:
             await asyncio.to_thread(self._dataflow.drop)
 
@@ -206,7 +252,11 @@ class SparkEngine:
         settings: dict[str, str],
         *,
         app_name: str = "tidemark-compute",
+        budget_bytes: int = 0,
     ) -> None:
+        """``budget_bytes``: each dataflow's memory budget for what its driver holds
+        (0: none)."""
+        self.budget_bytes = budget_bytes
         self.master = master
         self.app_name = app_name
         self.shards = shards
@@ -296,6 +346,7 @@ class SparkEngine:
                 cluster=cluster,
                 dataflow_id=dataflow_id,
                 index_key_columns=index_key_columns,
+                guard=Guard(self.budget_bytes, f"dataflow {dataflow_id}"),
             )
 
         return SparkEngineDataflow(await asyncio.to_thread(make))

@@ -22,14 +22,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 import pyarrow as pa
 
+from services.compute.dataflow import Row
 from services.compute.engines import Engine
-from services.compute.oneshot import evaluate_at, result_table
+from services.compute.oneshot import OneShotPool, result_table
 from services.compute.output import OutputWriter
 from services.compute.planning import checked_plan
 from services.compute.running import FAILED, RUNNING, RunningDataflow, RunSettings
@@ -74,6 +75,10 @@ class HostSettings:
     restart_initial_s: float = 1.0
     """Wait before restarting a failed dataflow; doubles with each failed attempt."""
     restart_max_s: float = 30.0
+    one_shot_workers: int = 2
+    """One-shot peeks evaluated at once; more wait in line (``oneshot.OneShotPool``)."""
+    statement_budget_bytes: int = 1 << 30
+    """The memory budget of each one-shot peek (0: none)."""
 
     @property
     def holder(self) -> str:
@@ -112,6 +117,7 @@ class DataflowManager:
         self._installing: set[str] = set()
         self._failed = asyncio.Event()  # set when a dataflow fails: the supervisor looks
         self._restarts: dict[str, tuple[int, float]] = {}  # id: attempts, next attempt due
+        self.one_shots = OneShotPool(settings.one_shot_workers, settings.statement_budget_bytes)
         self._run_settings = RunSettings(
             settings.holder,
             settings.renew_interval_s,
@@ -134,6 +140,10 @@ class DataflowManager:
         """``drop`` for a client: an unknown id is ``NotFound``."""
         self._get(dataflow_id)
         await self.drop(dataflow_id)
+
+    def running(self) -> list[RunningDataflow]:
+        """The installed dataflows (not those still being installed)."""
+        return list(self._dataflows.values())
 
     def dataflow_ids(self) -> set[str]:
         return set(self._dataflows) | set(self._installing)
@@ -412,7 +422,9 @@ class DataflowManager:
         timestamp: int,
         finishing: plan_pb2.Plan | None,
         deadline: float,
+        budget_bytes: int = 0,
     ) -> PeekAnswer:
+        """``budget_bytes``: the finishing plan's memory budget (0: the cluster's)."""
         target = self._get(dataflow_id)
         if finishing is None:
             contents = await target.peek(timestamp, deadline)
@@ -434,8 +446,11 @@ class DataflowManager:
         for index_id, running in indexes.items():
             contents_by_index[index_id] = await running.peek(timestamp, deadline)
         read = collections_read(plan)
-        result = await evaluate_at(
-            plan, timestamp, {i: c for i, c in contents_by_index.items() if i in read}
+        result = await self.one_shots.evaluate_finishing(
+            plan,
+            timestamp,
+            {i: c for i, c in contents_by_index.items() if i in read},
+            budget_bytes,
         )
         return PeekAnswer(result_table(schema, result, timestamp), schema, timestamp)
 
@@ -445,7 +460,9 @@ class DataflowManager:
         inputs: Sequence[DataflowInputSpec],
         timestamp: int,
         deadline: float,
+        budget_bytes: int = 0,
     ) -> PeekAnswer:
+        """``budget_bytes``: the evaluation's memory budget (0: the cluster's)."""
         input_ids = [i.collection_id for i in inputs]
         read = collections_read(plan)
         if set(input_ids) != read or len(set(input_ids)) != len(input_ids):
@@ -456,7 +473,7 @@ class DataflowManager:
         schemas = {cid: await self._schema(cid, "input") for cid in input_ids}
         checked, schema = checked_plan(plan, schemas)
 
-        async def contents(spec: DataflowInputSpec) -> dict[tuple[object, ...], int]:
+        async def contents(spec: DataflowInputSpec) -> Callable[[], dict[Row, int]]:
             if spec.read_capability is None:
                 raise InvalidArgument(f"input {spec.collection_id!r} has no read capability")
             if spec.read_capability.collection_id != spec.collection_id:
@@ -469,10 +486,12 @@ class DataflowManager:
                 timestamp,
                 timeout=max(0.01, deadline - time.monotonic()),
             )
-            return snapshot.version()
+            return snapshot.version  # decoded into rows on the evaluation's thread
 
         loaded = await asyncio.gather(*(contents(spec) for spec in inputs))
-        result = await evaluate_at(checked, timestamp, dict(zip(input_ids, loaded, strict=True)))
+        result = await self.one_shots.evaluate(
+            checked, timestamp, dict(zip(input_ids, loaded, strict=True)), budget_bytes
+        )
         return PeekAnswer(result_table(schema, result, timestamp), schema, timestamp)
 
     async def subscribe(
@@ -499,6 +518,7 @@ class DataflowManager:
     async def close(self) -> None:
         """Stops every dataflow without releasing its holds: a restarted process continues
         from them."""
+        self.one_shots.close()
         for running in list(self._dataflows.values()):
             await running.stop(release=False)
         self._dataflows.clear()

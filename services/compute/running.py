@@ -26,6 +26,7 @@ from services.compute.changes import ChangeFeed, Step
 from services.compute.dataflow import Row, Update
 from services.compute.engines import EngineDataflow
 from services.compute.inputs import MAX_TIME, InputFollower
+from services.compute.metrics import STEP_SECONDS
 from services.compute.output import OutputWriter
 from services.compute.spec import DataflowSpec
 from tidemark.clients.storage import Capability, StorageClient
@@ -226,7 +227,9 @@ class RunningDataflow:
             await self._wait_inputs()
         snapshots = {f.collection_id: f.take(as_of + 1) for f in self.followers}
         loaded = sum(len(updates) for updates in snapshots.values())
+        started = time.perf_counter()
         output, upper = await self.engine.hydrate(snapshots)
+        STEP_SECONDS.labels("hydrate").observe(time.perf_counter() - started)
         if self.writer is not None and as_of >= self.writer.upper:
             written = output
             if self.output_has_data:
@@ -259,7 +262,9 @@ class RunningDataflow:
                 if updates:
                     batches[follower.collection_id] = updates
             lower = self.upper
+            started = time.perf_counter()
             output, upper = await self.engine.step(batches, target)
+            STEP_SECONDS.labels("step").observe(time.perf_counter() - started)
             if self.writer is not None:
                 await self.writer.write(output, upper)
             self.output_rows += sum(diff for _, _, diff in output)
@@ -298,6 +303,11 @@ class RunningDataflow:
     async def _compact_index(self) -> None:
         """Moves the index's since up to ``upper - 1 - index_history_ms`` when that is later."""
         assert self.upper is not None
+        if self.upper >= MAX_TIME:
+            # Every input is closed (a plan of constants reads none): the output never
+            # changes again, so no history accumulates, and a window measured back from the
+            # end of time would refuse every real time.
+            return
         target = self.upper - 1 - self.settings.index_history_ms
         if not self.has_index or target <= self.index_since or self.state == FAILED:
             return

@@ -90,7 +90,11 @@ class ComputeServicer(compute_pb2_grpc.ComputeServicer):
         if target == "dataflow_id":
             finishing = request.finishing if request.HasField("finishing") else None
             answer = await self.host.peek_index(
-                request.dataflow_id, request.timestamp, finishing, deadline
+                request.dataflow_id,
+                request.timestamp,
+                finishing,
+                deadline,
+                request.memory_budget_bytes,
             )
         elif target == "one_shot":
             if request.HasField("finishing"):
@@ -100,6 +104,7 @@ class ComputeServicer(compute_pb2_grpc.ComputeServicer):
                 _inputs(list(request.one_shot.inputs)),
                 request.timestamp,
                 deadline,
+                request.memory_budget_bytes,
             )
         else:
             raise InvalidArgument("a peek names an index or a one-shot plan")

@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from prometheus_client import Histogram
+
 from tidemark.batching import GroupCommit
 from tidemark.consensus import Committed, Consensus, VersionedData
 from tidemark.errors import FailedPrecondition, InvalidArgument
@@ -75,6 +77,14 @@ class _WriteRequest:
     count: int = 1
 
 
+BATCH_SIZE = Histogram(
+    "tidemark_oracle_batch_size",
+    "calls answered by one consensus round trip: ReadTs calls (read), or WriteTs and "
+    "ApplyWrite calls (write)",
+    ["kind"],
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+)
+
 # The most write timestamps one call may take at once (a client batching its callers).
 MAX_WRITE_RUN = 1 << 20
 
@@ -93,6 +103,7 @@ class _Timeline:
         )
 
     async def _flush_reads(self, requests: Sequence[None]) -> list[TimelineState]:
+        BATCH_SIZE.labels("read").observe(len(requests))
         current = await retry_unavailable(
             lambda: self.oracle.consensus.head(self.key), self.oracle.retry, "consensus"
         )
@@ -101,6 +112,7 @@ class _Timeline:
         return [state] * len(requests)
 
     async def _flush_writes(self, requests: Sequence[_WriteRequest]) -> list[int]:
+        BATCH_SIZE.labels("write").observe(len(requests))
         applied = [r.apply for r in requests if r.apply is not None]
         allocations = sum(r.count for r in requests if r.apply is None)
         # The first attempt trusts the version hint (the compare-and-set checks it); a retry

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from services.storage import operations
+from services.storage import metrics, operations
 from services.storage.batches import BatchStore, EncodedBatch
 from services.storage.compaction import Compactor
 from services.storage.garbage import GarbageCollector
@@ -171,6 +171,7 @@ class StorageCore:
 
     def _committed(self, collection_id: str, versioned: Versioned) -> None:
         self.watch.offer(collection_id, versioned)
+        metrics.COLLECTIONS.record(versioned.state)
 
     async def _current(self, collection_id: str) -> ShardState:
         """The collection's current state, with expired capabilities already left out."""
@@ -206,14 +207,18 @@ class StorageCore:
         """The current state (expired capabilities left out, as the next change will)."""
         versioned = await self.shards.require(validate_global_id(collection_id))
         state = expire_leases(versioned.state, self.clock())
+        metrics.COLLECTIONS.record(state)
         return Versioned(versioned.version, state, versioned.data)
 
     async def list_collections(self) -> list[Versioned]:
         now = self.clock()
-        return [
+        found = [
             Versioned(v.version, expire_leases(v.state, now), v.data)
             for v in await self.shards.scan()
         ]
+        for versioned in found:
+            metrics.COLLECTIONS.record(versioned.state)
+        return found
 
     # -- appends ----------------------------------------------------------------------------
 
@@ -281,6 +286,11 @@ class StorageCore:
             await self._discard(written.key if written else None)
         else:
             self.compactor.request(collection_id)
+            metrics.APPENDS.inc()
+            if written is not None:
+                metrics.APPENDED_BATCHES.inc()
+                metrics.APPENDED_ROWS.inc(written.rows)
+                metrics.APPENDED_BYTES.inc(written.bytes)
         return outcome
 
     async def _store_preparing(

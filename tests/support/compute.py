@@ -78,9 +78,10 @@ class Stack:
             args += ["--catalog", self.catalog.address, "--oracle", self.oracle.address]
         return args
 
-    def start_compute(self, cluster: str = "default") -> ServiceProcess:
-        """Starts (or restarts, after a kill) the compute process of ``cluster``."""
-        process = ServiceProcess("services.compute", self.compute_args(cluster))
+    def start_compute(self, cluster: str = "default", extra: Sequence[str] = ()) -> ServiceProcess:
+        """Starts (or restarts, after a kill) the compute process of ``cluster``; ``extra``:
+        flags for this process only."""
+        process = ServiceProcess("services.compute", [*self.compute_args(cluster), *extra])
         self.computes[cluster] = process
         return process
 

@@ -13,7 +13,7 @@ Spark takes seconds to start, so share one stack per test module.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,16 +105,17 @@ def sql_stack(
     spark_master: str = SPARK_MASTER,
     adapter_extra: Sequence[str] = ADAPTER_EXTRA,
     warm_up: bool = True,
+    compute_extra: Mapping[str, Sequence[str]] | None = None,
 ) -> Iterator[SqlStack]:
     """The processes, started; with ``warm_up`` each cluster has run one index dataflow
-    (Spark's start is paid before the tests)."""
+    (Spark's start is paid before the tests). ``compute_extra``: flags per cluster."""
     storage = start_storage(embedded_backends(directory), extra=FAST_SETTINGS)
     compute = Stack(directory, storage, engine=engine, spark_master=spark_master)
     stack = SqlStack(compute, adapter_extra=tuple(adapter_extra))
     try:
         compute.start_oracle_and_catalog()
         for cluster in clusters:
-            compute.start_compute(cluster)
+            compute.start_compute(cluster, (compute_extra or {}).get(cluster, ()))
         for _ in range(adapters):
             stack.start_adapter()
         if warm_up:

@@ -50,7 +50,7 @@ async def test_a_lapsed_read_capability_is_acquired_afresh_once(
     monkeypatch.setattr("services.adapter.reads.one_shot", lambda plan, caps: list(caps))
     holds = Holds()
     compute = Compute(failures=1)
-    answer = await reader(holds)._one_shot(compute, None, INPUTS, None, 5)  # type: ignore[arg-type]
+    answer = await reader(holds)._one_shot(compute, None, INPUTS, None, 5, 0)  # type: ignore[arg-type]
     assert answer == "answer"
     assert sorted(holds.forgotten) == ["u1", "u2"]
     assert compute.seen == [["u1#0", "u2#0"], ["u1#2", "u2#2"]]
@@ -60,5 +60,5 @@ async def test_a_capability_refused_twice_is_an_error(monkeypatch: pytest.Monkey
     monkeypatch.setattr("services.adapter.reads.one_shot", lambda plan, caps: list(caps))
     compute = Compute(failures=2)
     with pytest.raises(PermissionDenied):
-        await reader(Holds())._one_shot(compute, None, INPUTS, None, 5)  # type: ignore[arg-type]
+        await reader(Holds())._one_shot(compute, None, INPUTS, None, 5, 0)  # type: ignore[arg-type]
     assert len(compute.seen) == 2

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ast
 import copy
+import importlib
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import fields
@@ -20,10 +22,12 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import kubernetes_validate
+import prometheus_client
 import pytest
 
 from tests.support.kustomize import KustomizeError, Resource, all_containers, render
 from tidemark.config import ServiceConfig, env_var
+from tidemark.rpc.server import LIVENESS_SERVICE
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -43,6 +47,12 @@ REQUIRED_SETTINGS = {
     "services.compute": {"cluster", "storage", "catalog", "spark_master"},
     "services.adapter": {"oracle", "storage", "catalog", "compute"},
 }
+MONITORING = K8S / "monitoring"
+DASHBOARD = MONITORING / "tidemark-dashboard.json"
+# API groups of custom resources (the Prometheus Operator's), which kubernetes-validate has no
+# schemas for.
+CUSTOM_RESOURCE_GROUPS = frozenset({"monitoring.coreos.com"})
+
 # Read by the S3 blob store from the environment rather than declared as settings.
 S3_CREDENTIAL_VARIABLES = {"TIDEMARK_S3_ACCESS_KEY", "TIDEMARK_S3_SECRET_KEY"}
 
@@ -299,6 +309,8 @@ def test_every_kustomization_renders_to_valid_objects(directory: Path) -> None:
     rendered = render(directory)
     assert rendered
     for obj in rendered:
+        if obj["apiVersion"].split("/")[0] in CUSTOM_RESOURCE_GROUPS:
+            continue  # no schema offline; test_service_monitor_* checks their shape
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
 
 
@@ -453,17 +465,24 @@ def test_tidemark_processes_listen_where_probes_and_services_look(
 ) -> None:
     for workload, container, module in tidemark_containers(objects):
         grpc_port = container_port(container, "grpc")
+        metrics_port = container_port(container, "metrics")
         settings = effective_settings(objects, container)
         assert settings["listen"] == f"0.0.0.0:{grpc_port}", module
-        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            assert container[probe]["grpc"] == {"port": grpc_port}, f"{module} {probe}"
+        assert int(settings["metrics_port"]) == metrics_port, module
+        # Readiness is the overall health status, which waits for the process's
+        # dependencies; liveness and startup ask only whether the process answers.
+        assert container["readinessProbe"]["grpc"] == {"port": grpc_port}, module
+        for probe in ("startupProbe", "livenessProbe"):
+            expected = {"port": grpc_port, "service": LIVENESS_SERVICE}
+            assert container[probe]["grpc"] == expected, f"{module} {probe}"
         services = [
             service
             for service in of_kind(objects, "Service")
             if selects(service["spec"]["selector"], pod_labels(workload))
         ]
         assert len(services) == 1, module
-        assert [entry["port"] for entry in services[0]["spec"]["ports"]] == [grpc_port]
+        ports = {entry["name"]: entry["port"] for entry in services[0]["spec"]["ports"]}
+        assert ports == {"grpc": grpc_port, "metrics": metrics_port}, module
 
 
 def test_other_probes_use_declared_ports(objects: list[Resource]) -> None:
@@ -605,6 +624,107 @@ def test_tenant_cluster_is_its_own_spark_application(objects: list[Resource]) ->
     for obj in objects:
         is_tenants = obj["metadata"].get("labels", {}).get("tidemark.dev/tenant") == "example"
         assert obj["metadata"]["name"].startswith(TENANT_PREFIX) == is_tenants
+
+
+# Monitoring ---------------------------------------------------------------------------------
+
+
+def tidemark_services(objects: list[Resource]) -> list[Resource]:
+    """The Services in front of Tidemark processes."""
+    found = []
+    for service in of_kind(objects, "Service"):
+        workloads = selected_workloads(objects, service["spec"]["selector"])
+        containers = [c for w in workloads for c in w["spec"]["template"]["spec"]["containers"]]
+        if any(tidemark_module(c) is not None for c in containers):
+            found.append(service)
+    return found
+
+
+def label_selector_matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A Kubernetes label selector (``matchLabels`` and ``matchExpressions``) against labels."""
+    for key, wanted in selector.get("matchLabels", {}).items():
+        if labels.get(key) != wanted:
+            return False
+    for expression in selector.get("matchExpressions", []):
+        key, operator, values = expression["key"], expression["operator"], expression["values"]
+        assert operator in ("In", "NotIn"), operator
+        if (labels.get(key) in values) != (operator == "In"):
+            return False
+    return True
+
+
+def test_service_monitor_scrapes_every_tidemark_service_and_nothing_else(
+    objects: list[Resource],
+) -> None:
+    (monitor,) = render(MONITORING)
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["kind"] == "ServiceMonitor"
+    assert monitor["metadata"]["namespace"] == "tidemark"
+    spec = monitor["spec"]
+    assert set(spec) == {"selector", "endpoints"}
+    (endpoint,) = spec["endpoints"]
+    assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
+    assert quantity(endpoint["scrapeTimeout"].rstrip("s")) < quantity(
+        endpoint["interval"].rstrip("s")
+    )
+    selected = {
+        service["metadata"]["name"]
+        for service in of_kind(objects, "Service")
+        if label_selector_matches(spec["selector"], service["metadata"].get("labels", {}))
+    }
+    expected = {service["metadata"]["name"] for service in tidemark_services(objects)}
+    assert expected >= {"oracle", "storage", "catalog", "adapter", "default-compute"}
+    assert TENANT_PREFIX + "compute" in expected
+    assert selected == expected
+    for service in tidemark_services(objects):
+        names = [entry["name"] for entry in service["spec"]["ports"]]
+        assert "metrics" in names, service["metadata"]["name"]
+
+
+METRIC_MODULES = (
+    "tidemark.rpc.metrics",
+    "services.storage.metrics",
+    "services.oracle.oracle",
+    "services.compute.metrics",
+    "services.adapter.service",
+)
+
+
+def exported_metric_names() -> set[str]:
+    """The names of every metric the services export, from the modules that declare them."""
+    for module in METRIC_MODULES:
+        importlib.import_module(module)
+    return {family.name for family in prometheus_client.REGISTRY.collect()}
+
+
+def test_dashboard_panels_query_metrics_the_services_export() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    panels = dashboard["panels"]
+    assert len({panel["id"] for panel in panels}) == len(panels)
+    exported = exported_metric_names()
+    queried = set()
+    for panel in panels:
+        assert panel["targets"], panel["title"]
+        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+        for target in panel["targets"]:
+            for name in re.findall(r"tidemark_[a-z_]+", target["expr"]):
+                family = re.sub(r"_(bucket|sum|count|total)$", "", name)
+                assert family in exported, f"{panel['title']}: {name} is not exported"
+                queried.add(family)
+    # What the issue asks to watch is on the dashboard.
+    assert {
+        "tidemark_rpc_requests",
+        "tidemark_rpc_duration_seconds",
+        "tidemark_storage_upper_lag_seconds",
+        "tidemark_compute_step_seconds",
+        "tidemark_compute_hydration_input_rows",
+        "tidemark_compute_arrangement_keys",
+        "tidemark_oracle_batch_size",
+        "tidemark_storage_appended_bytes",
+        "tidemark_storage_appended_batches",
+    } <= queried
+    (variable,) = dashboard["templating"]["list"]
+    assert variable["type"] == "datasource" and variable["query"] == "prometheus"
 
 
 # The image ----------------------------------------------------------------------------------

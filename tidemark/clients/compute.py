@@ -210,11 +210,16 @@ class ComputeClient(GrpcClient):
         catalog_ts: int = 0,
         finishing: plan_pb2.Plan | None = None,
         wait_ms: int = 0,
+        memory_budget_bytes: int = 0,
     ) -> PeekArrowResult:
         """The contents of an index (through ``finishing`` if given) or of a one-shot plan at
-        ``timestamp``, as an Arrow table."""
+        ``timestamp``, as an Arrow table. ``memory_budget_bytes``: the evaluation's budget
+        (0: the cluster's; never above it)."""
         request = compute_pb2.PeekRequest(
-            timestamp=timestamp, catalog_ts=catalog_ts, wait_ms=wait_ms
+            timestamp=timestamp,
+            catalog_ts=catalog_ts,
+            wait_ms=wait_ms,
+            memory_budget_bytes=memory_budget_bytes,
         )
         if isinstance(target, str):
             request.dataflow_id = target
@@ -237,10 +242,16 @@ class ComputeClient(GrpcClient):
         catalog_ts: int = 0,
         finishing: plan_pb2.Plan | None = None,
         wait_ms: int = 0,
+        memory_budget_bytes: int = 0,
     ) -> PeekResult:
         """:meth:`peek_arrow` with the rows as ``(row tuple, multiplicity)``."""
         result = await self.peek_arrow(
-            target, timestamp, catalog_ts=catalog_ts, finishing=finishing, wait_ms=wait_ms
+            target,
+            timestamp,
+            catalog_ts=catalog_ts,
+            finishing=finishing,
+            wait_ms=wait_ms,
+            memory_budget_bytes=memory_budget_bytes,
         )
         rows = [(row, diff) for row, _, diff in updates_from_table(result.table)]
         return PeekResult(rows, result.schema, result.timestamp)

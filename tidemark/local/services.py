@@ -2,17 +2,20 @@
 
 Ports follow the adapter's: with the default base port 6875 the adapter listens on 6875, the
 oracle on 6876, storage on 6877, the catalog on 6878 and the ``default`` compute cluster on 6879.
+Each serves its Prometheus metrics 100 ports above its gRPC port (6975 to 6979 by default).
 """
 
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 DEFAULT_BASE_PORT = 6875
 DEFAULT_SPARK_MASTER = "local[*]"
 DEFAULT_CLUSTER = "default"
+METRICS_PORT_OFFSET = 100
+"""A service's metrics port is its gRPC port plus this."""
 
 
 @dataclass(frozen=True)
@@ -23,10 +26,28 @@ class ServiceSpec:
     args: tuple[str, ...]
     note: str = ""
     """Shown next to the endpoint (e.g. the compute cluster's name)."""
+    metrics_port: int = 0
+    """Where the service serves Prometheus metrics (0: nowhere)."""
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics" if self.metrics_port else ""
+
+    def banner(self) -> str:
+        """The service's line in ``tidemark up``'s list of endpoints."""
+        metrics = f"  metrics {self.metrics_url}" if self.metrics_port else ""
+        note = f"  ({self.note})" if self.note else ""
+        return f"  {self.name:<8} grpc://{self.address}{metrics}{note}"
+
+
+def with_metrics(spec: ServiceSpec) -> ServiceSpec:
+    """``spec`` serving its metrics on its gRPC port plus ``METRICS_PORT_OFFSET``."""
+    port = spec.port + METRICS_PORT_OFFSET
+    return replace(spec, metrics_port=port, args=(*spec.args, "--metrics-port", str(port)))
 
 
 def planned_services(
@@ -42,7 +63,7 @@ def planned_services(
     storage = f"127.0.0.1:{base_port + 2}"
     catalog = f"127.0.0.1:{base_port + 3}"
     compute = f"127.0.0.1:{base_port + 4}"
-    return [
+    specs = [
         ServiceSpec("oracle", "services.oracle", base_port + 1, ("--consensus-url", consensus)),
         ServiceSpec(
             "storage",
@@ -88,6 +109,7 @@ def planned_services(
             note=f"SQL: tidemark sql --address {adapter}",
         ),
     ]
+    return [with_metrics(spec) for spec in specs]
 
 
 def is_built(spec: ServiceSpec) -> bool:

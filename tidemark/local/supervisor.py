@@ -132,8 +132,7 @@ def up(
                 service.wait_serving(start_timeout)
             finally:
                 interruptible.clear()
-            note = f"  ({spec.note})" if spec.note else ""
-            print(f"  {spec.name:<8} grpc://{spec.address}{note}", flush=True)
+            print(spec.banner(), flush=True)
         if pending:
             print(f"  not built yet: {', '.join(pending)}", flush=True)
         print("tidemark: ready; Ctrl-C stops everything", flush=True)

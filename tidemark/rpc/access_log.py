@@ -45,6 +45,20 @@ def _cancellation_status(context: Context) -> grpc.StatusCode:
     return grpc.StatusCode.CANCELLED
 
 
+def call_status(context: Context, exc: BaseException) -> grpc.StatusCode | None:
+    """The status of a call that ended with ``exc`` escaping to an interceptor outside the
+    error-mapping one: ``None`` when the call chose its status (``context.code()`` has it),
+    CANCELLED or DEADLINE_EXCEEDED when it was cut short, UNKNOWN for any other exception
+    (gRPC's answer when nothing mapped it)."""
+    if isinstance(exc, grpc.aio.AbortError):
+        return None
+    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+        return _cancellation_status(context)
+    if isinstance(exc, Exception):
+        return grpc.StatusCode.UNKNOWN
+    return None
+
+
 class AccessLogInterceptor(CallInterceptor):
     """Logs every call once it finished (see the module docs). ``hot_methods``: full method
     names (``/package.Service/Method``) whose successful calls are logged at debug."""
@@ -65,14 +79,8 @@ class AccessLogInterceptor(CallInterceptor):
         status: grpc.StatusCode | None = None
         try:
             yield
-        except grpc.aio.AbortError:
-            raise
-        except (asyncio.CancelledError, GeneratorExit):
-            status = _cancellation_status(context)
-            raise
-        except Exception:
-            # No error-mapping interceptor inside this one: gRPC reports UNKNOWN.
-            status = grpc.StatusCode.UNKNOWN
+        except BaseException as exc:
+            status = call_status(context, exc)
             raise
         finally:
             status = status or context.code() or grpc.StatusCode.OK

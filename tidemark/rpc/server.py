@@ -5,6 +5,13 @@ with the access-log and error-mapping interceptors in front of every call. Stopp
 health turns NOT_SERVING, the listener closes, and calls in flight get a grace period to finish
 before they are cancelled.
 
+Health has two sides. *Liveness* (the health service ``liveness``) is SERVING from start to
+stop: the process answers. *Readiness* (the overall status ``""`` and each service's name) is
+SERVING only while the process's ``readiness`` check says it can do its job, that is, while
+its dependencies let it (the catalog caught up, compute caught up with the catalog and its
+dataflows hydrated, ...); the check is polled every ``readiness_interval`` seconds and each
+change is logged with its reason. Load balancers and ``tidemark up`` wait for readiness.
+
 Processes run :func:`serve` from their async main under :func:`tidemark.runner.run_service`,
 which turns SIGTERM/SIGINT into a cancellation of that main; ``serve`` answers it with the
 graceful stop above.
@@ -30,6 +37,7 @@ from tidemark.logging import get_logger
 from tidemark.rpc.access_log import AccessLogInterceptor
 from tidemark.rpc.errors import ErrorMappingInterceptor
 from tidemark.rpc.interceptor import InterceptorChain
+from tidemark.rpc.metrics import RpcMetricsInterceptor
 
 S = TypeVar("S")
 
@@ -53,6 +61,15 @@ SERVER_OPTIONS: tuple[tuple[str, Any], ...] = (
 )
 
 DEFAULT_GRACE_SECONDS = 10.0
+
+LIVENESS_SERVICE = "liveness"
+"""The health service name of liveness: SERVING whenever the process answers."""
+
+Readiness = Callable[[], str | None]
+"""A readiness check: ``None`` when ready, otherwise why not (logged, and shown as the
+reason of NOT_SERVING)."""
+
+READINESS_INTERVAL_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -101,10 +118,13 @@ class Server:
         drain: float = 0.0,
         interceptors: Sequence[grpc.aio.ServerInterceptor[Any, Any]] = (),
         options: Sequence[tuple[str, Any]] = (),
+        readiness: Readiness | None = None,
+        readiness_interval: float = READINESS_INTERVAL_SECONDS,
     ) -> None:
         """``grace``: seconds calls in flight get to finish when stopping. ``drain``: seconds
         between reporting NOT_SERVING and closing the listener, so load balancers that poll
-        health stop routing here first. ``interceptors`` run inside the built-in ones."""
+        health stop routing here first. ``interceptors`` run inside the built-in ones.
+        ``readiness``: the readiness check (see the module docs; none: always ready)."""
         split_listen_address(listen)
         self.services = list(services)
         self.listen = listen
@@ -113,8 +133,12 @@ class Server:
         self._port: int | None = None
         self._health = health_aio.HealthServicer()
         hot_methods = [name for service in services if service.hot for name in service.method_names]
+        self.readiness = readiness
+        self.readiness_interval = readiness_interval
+        self._ready: bool | None = None
+        self._watching: asyncio.Task[None] | None = None
         built_in = InterceptorChain(
-            [AccessLogInterceptor(hot_methods), ErrorMappingInterceptor()],
+            [AccessLogInterceptor(hot_methods), RpcMetricsInterceptor(), ErrorMappingInterceptor()],
             innermost=not interceptors,
         )
         self._server = grpc.aio.server(
@@ -150,10 +174,43 @@ class Server:
             raise OSError(f"cannot listen on {self.listen}")
         self._port = port
         await self._server.start()
-        for name in ["", *self.service_names]:
-            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await self._health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+        await self._check_readiness()
+        if self.readiness is not None:
+            self._watching = asyncio.create_task(self._watch_readiness(), name="readiness")
         log.info("server_started", listen=self.listen, port=port, services=self.service_names)
         return port
+
+    @property
+    def ready(self) -> bool:
+        """Whether health reports SERVING (readiness) right now."""
+        return bool(self._ready)
+
+    async def _check_readiness(self) -> None:
+        reason = None
+        if self.readiness is not None:
+            try:
+                reason = self.readiness()
+            except Exception as exc:  # a broken check must not stop the server; it says why
+                log.exception("readiness_check_failed")
+                reason = f"the readiness check failed: {exc!r}"
+        ready = reason is None
+        if ready == self._ready:
+            return
+        self._ready = ready
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if ready
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ["", *self.service_names]:
+            await self._health.set(name, status)
+        log.info("readiness_changed", ready=ready, reason=reason or "", port=self._port)
+
+    async def _watch_readiness(self) -> None:
+        while True:
+            await asyncio.sleep(self.readiness_interval)
+            await self._check_readiness()
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop gracefully (see the class docs). Concurrent and repeated calls share one stop."""
@@ -167,6 +224,8 @@ class Server:
 
     async def _stop(self, grace: float) -> None:
         log.info("server_stopping", port=self._port, grace_seconds=grace)
+        if self._watching is not None:
+            self._watching.cancel()
         await self._health.enter_graceful_shutdown()
         if self.drain > 0:
             await asyncio.sleep(self.drain)
@@ -209,9 +268,11 @@ async def serve(
     grace: float = DEFAULT_GRACE_SECONDS,
     drain: float = 0.0,
     on_started: Callable[[Server], None] | None = None,
+    readiness: Readiness | None = None,
 ) -> None:
-    """Serve until cancelled (the runner cancels on SIGTERM/SIGINT), then stop gracefully."""
-    async with Server(services, listen, grace=grace, drain=drain) as server:
+    """Serve until cancelled (the runner cancels on SIGTERM/SIGINT), then stop gracefully.
+    ``readiness``: when health reports SERVING (see the module docs; none: always)."""
+    async with Server(services, listen, grace=grace, drain=drain, readiness=readiness) as server:
         if on_started is not None:
             on_started(server)
         await server.wait_for_termination()

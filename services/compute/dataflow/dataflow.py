@@ -22,6 +22,11 @@ business of an ``Index`` over the output.
 With ``shards = P > 1`` the stateful operators' state is split across P workers by a stable
 hash of the key, and updates are exchanged between workers before each stateful operator,
 exactly as the Spark runtime will do across resident tasks. The output does not depend on P.
+
+A ``guard`` (``guard.py``) stops an evaluation part-way: it is checked between operators,
+between chunks of a linear operator's input and inside the loops of stateful operators, against
+its cancellation flag and its memory budget. An evaluation it stopped leaves the dataflow
+unusable (its state is half-updated); its owner drops it.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from services.compute.dataflow.batch import Update, consolidate
 from services.compute.dataflow.exchange import exchange
 from services.compute.dataflow.graph import ConstantSource, GetSource, Graph, Node
+from services.compute.dataflow.guard import UNGUARDED, Guard, row_bytes
 from services.compute.dataflow.lower import lower
 from services.compute.dataflow.operators.base import LinearOperator, StatefulOperator
 from services.compute.dataflow.work import Work
@@ -41,12 +47,20 @@ from tidemark.v1 import plan_pb2
 
 MAX_TIME = 2**64 - 1
 
+LINEAR_CHUNK = 65_536
+"""Updates a linear operator maps between two guard checks."""
+
 Batches = Mapping[str, Iterable[Update]]
 
 
 class Dataflow:
     def __init__(
-        self, plan: plan_pb2.Plan | plan_pb2.Relation, *, as_of: int, shards: int = 1
+        self,
+        plan: plan_pb2.Plan | plan_pb2.Relation,
+        *,
+        as_of: int,
+        shards: int = 1,
+        guard: Guard = UNGUARDED,
     ) -> None:
         if not 0 <= as_of < MAX_TIME:
             raise InvalidArgument(f"as_of {as_of} is not a time before 2**64 - 1")
@@ -55,7 +69,8 @@ class Dataflow:
         self.graph: Graph = lower(plan)
         self.as_of = as_of
         self.shards = shards
-        self.workers = [ShardWorker(self.graph, shard) for shard in range(shards)]
+        self.guard = guard
+        self.workers = [ShardWorker(self.graph, shard, guard) for shard in range(shards)]
         self._upper: int | None = None
 
     # -- description -----------------------------------------------------------------------
@@ -88,6 +103,10 @@ class Dataflow:
     def key_count(self) -> int:
         """Keys held in all arrangements, over all shards."""
         return sum(worker.key_count() for worker in self.workers)
+
+    def held_bytes(self) -> int:
+        """The estimated memory of the operator state, over all shards (``guard.py``)."""
+        return sum(worker.held_bytes() for worker in self.workers)
 
     # -- driving ---------------------------------------------------------------------------
 
@@ -158,12 +177,31 @@ class Dataflow:
         """Pushes one step's input through the graph, node by node in topological order.
         Each node's output is held per shard until its last consumer has run."""
         shards = self.shards
+        guard = self.guard
         held: dict[int, list[list[Update]]] = {}
         pending = {node.id: node.consumers for node in self.graph.nodes}
-        for node in self.graph.nodes:
+        nodes = self.graph.nodes
+        source_bytes = sum(
+            len(updates) * row_bytes(len(nodes[i].types)) for i, updates in sources.items()
+        )
+        for node in nodes:
             op = node.operator
+            # What the step holds while this node runs: its input, its operators' state, and
+            # the batches of the nodes whose consumers have not all run yet.
+            guard.held_bytes = (
+                source_bytes
+                + self.held_bytes()
+                + sum(
+                    len(part) * row_bytes(len(nodes[i].types))
+                    for i, parts in held.items()
+                    for part in parts
+                )
+            )
+            guard.check()
             if isinstance(op, GetSource):
-                parts = _spread(op.normalize.apply([sources.get(node.id, [])]), shards)
+                parts = _spread(
+                    _apply_linear(op.normalize, [sources.get(node.id, [])], guard), shards
+                )
             elif isinstance(op, ConstantSource):
                 rows = (
                     [(row, constants_at, diff) for row, diff in op.rows]
@@ -172,7 +210,10 @@ class Dataflow:
                 )
                 parts = _spread(rows, shards)
             elif isinstance(op, LinearOperator):
-                parts = [op.apply([held[i][shard] for i in node.inputs]) for shard in range(shards)]
+                parts = [
+                    _apply_linear(op, [held[i][shard] for i in node.inputs], guard)
+                    for shard in range(shards)
+                ]
             else:
                 assert isinstance(op, StatefulOperator)
                 routed = [
@@ -190,6 +231,23 @@ class Dataflow:
                     del held[i]
         root_parts = held[self.graph.root]
         return consolidate(update for part in root_parts for update in part)
+
+
+def _apply_linear(op: LinearOperator, inputs: Sequence[list[Update]], guard: Guard) -> list[Update]:
+    """``op.apply(inputs)``, a chunk at a time with a guard check before each: a linear
+    operator's output for a batch is the sum of its outputs for any split of it."""
+    if sum(len(updates) for updates in inputs) <= LINEAR_CHUNK:
+        return op.apply(inputs)
+    out: list[Update] = []
+    for position, updates in enumerate(inputs):
+        for start in range(0, len(updates), LINEAR_CHUNK):
+            guard.check()
+            chunk = [
+                updates[start : start + LINEAR_CHUNK] if i == position else []
+                for i in range(len(inputs))
+            ]
+            out.extend(op.apply(chunk))
+    return out
 
 
 def _spread(updates: Sequence[Update], shards: int) -> list[list[Update]]:

@@ -10,17 +10,20 @@ from collections.abc import Sequence
 
 from services.compute.dataflow.batch import Update
 from services.compute.dataflow.graph import Graph
+from services.compute.dataflow.guard import UNGUARDED, Guard
 from services.compute.dataflow.operators.base import OperatorState, StatefulOperator
 from services.compute.dataflow.work import Work
 
 
 class ShardWorker:
-    def __init__(self, graph: Graph, shard: int) -> None:
+    def __init__(self, graph: Graph, shard: int, guard: Guard = UNGUARDED) -> None:
         self.shard = shard
         self.states: dict[int, OperatorState] = {}
         for node in graph.stateful_nodes():
             assert isinstance(node.operator, StatefulOperator)
-            self.states[node.id] = node.operator.new_state()
+            state = node.operator.new_state()
+            state.guard = guard
+            self.states[node.id] = state
 
     def process(self, node_id: int, inputs: Sequence[list[Update]]) -> list[Update]:
         """Runs stateful node ``node_id`` on this shard's share of the step's input."""
@@ -34,3 +37,7 @@ class ShardWorker:
 
     def key_count(self) -> int:
         return sum(state.key_count() for state in self.states.values())
+
+    def held_bytes(self) -> int:
+        """The estimated memory of this shard's operator state (for budgets)."""
+        return sum(state.held_bytes() for state in self.states.values())

@@ -21,6 +21,7 @@ from services.compute.dataflow.batch import Row, Update, consolidate
 from services.compute.dataflow.dataflow import Batches, Dataflow
 from services.compute.dataflow.exchange import partition
 from services.compute.dataflow.graph import ConstantSource, GetSource
+from services.compute.dataflow.guard import UNGUARDED, Guard, row_bytes
 from services.compute.dataflow.keys import shard_of
 from services.compute.dataflow.operators.base import LinearOperator, StatefulOperator
 from services.compute.dataflow.work import Work
@@ -39,8 +40,9 @@ class SparkDataflow(Dataflow):
         cluster: ResidentCluster,
         dataflow_id: str | None = None,
         index_key_columns: Sequence[int] | None = None,
+        guard: Guard = UNGUARDED,
     ) -> None:
-        super().__init__(plan, as_of=as_of, shards=cluster.shards)
+        super().__init__(plan, as_of=as_of, shards=cluster.shards, guard=guard)
         self.workers = []  # the shards' state is in the cluster's tasks
         self.cluster = cluster
         self.dataflow_id = dataflow_id or f"dataflow-{secrets.token_hex(8)}"
@@ -106,8 +108,19 @@ class SparkDataflow(Dataflow):
             raise FailedPrecondition(f"dataflow {self.dataflow_id!r} was dropped")
         held: dict[int, list[Update]] = {}
         pending = {node.id: node.consumers for node in self.graph.nodes}
-        for node in self.graph.nodes:
+        nodes = self.graph.nodes
+        guard = self.guard
+        source_bytes = sum(
+            len(updates) * row_bytes(len(nodes[i].types)) for i, updates in sources.items()
+        )
+        for node in nodes:
             op = node.operator
+            # The driver's share of the budget: the batches it holds between nodes (the
+            # tasks' arrangements are theirs).
+            guard.held_bytes = source_bytes + sum(
+                len(updates) * row_bytes(len(nodes[i].types)) for i, updates in held.items()
+            )
+            guard.check()
             if isinstance(op, GetSource):
                 output = op.normalize.apply([sources.get(node.id, [])])
             elif isinstance(op, ConstantSource):

@@ -14,10 +14,12 @@ from services.compute.dataflow.batch import Key, Row
 
 
 class Arrangement:
-    __slots__ = ("rows",)
+    __slots__ = ("row_count", "rows")
 
     def __init__(self) -> None:
         self.rows: dict[Key, dict[Row, int]] = {}
+        self.row_count = 0
+        """Distinct rows held over all keys (kept as changes apply, for memory budgets)."""
 
     def get(self, key: Key) -> dict[Row, int] | None:
         """The rows under ``key`` (a live view: do not modify), or None when there are none."""
@@ -29,12 +31,14 @@ class Arrangement:
         rows = self.rows.get(key)
         if rows is None:
             rows = self.rows[key] = {}
+        before = len(rows)
         for row, diff in changes:
             total = rows.get(row, 0) + diff
             if total:
                 rows[row] = total
             else:
                 rows.pop(row, None)
+        self.row_count += len(rows) - before
         if not rows:
             del self.rows[key]
 

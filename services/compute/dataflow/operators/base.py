@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 from services.compute.dataflow.batch import Key, KeyFunction, Row, Update, keyed_by_time
+from services.compute.dataflow.guard import CHECK_EVERY, UNGUARDED, Guard, row_bytes
 from services.compute.dataflow.work import Work
 
 
@@ -24,10 +25,15 @@ class OperatorState(ABC):
     in any order, all at or beyond the times seen before) and returns the output updates, each
     at the exact time its input changed. It handles the step's times in increasing order, so
     the output at time ``t`` depends only on input at times ``<= t``.
+
+    ``guard`` (set by the worker that owns the state) is checked in loops that can run long,
+    so that a cancelled or over-budget evaluation stops part-way
+    (``services.compute.dataflow.guard``).
     """
 
     def __init__(self) -> None:
         self.work = Work()
+        self.guard: Guard = UNGUARDED
 
     @abstractmethod
     def process(self, inputs: Sequence[list[Update]]) -> list[Update]: ...
@@ -35,6 +41,11 @@ class OperatorState(ABC):
     @abstractmethod
     def key_count(self) -> int:
         """How many keys the arrangements hold (for diagnostics)."""
+
+    def held_bytes(self) -> int:
+        """The estimated memory of the state (for budgets): one narrow row per key unless
+        the operator knows better."""
+        return self.key_count() * row_bytes(1)
 
 
 class GroupedState(OperatorState):
@@ -47,8 +58,11 @@ class GroupedState(OperatorState):
         (updates,) = inputs
         out: list[Update] = []
         keyed = keyed_by_time(updates, self.group_key)
+        guard = self.guard
         for time in sorted(keyed):
-            for key, changes in keyed[time].items():
+            for position, (key, changes) in enumerate(keyed[time].items()):
+                if position % CHECK_EVERY == 0:
+                    guard.check(len(out) * row_bytes(len(key) + 1))
                 self._update_group(key, changes, time, out)
         return out
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from services.compute.dataflow.batch import Key, KeyFunction, Row, Update, keyed_by_time
+from services.compute.dataflow.guard import CHECK_EVERY, row_bytes
 from services.compute.dataflow.operators.arrangement import Arrangement
 from services.compute.dataflow.operators.base import OperatorState, StatefulOperator
 
@@ -59,6 +60,12 @@ class JoinState(OperatorState):
     def key_count(self) -> int:
         return len(self.left) + len(self.right)
 
+    def held_bytes(self) -> int:
+        spec = self.spec
+        return self.left.row_count * row_bytes(spec.left_width) + self.right.row_count * row_bytes(
+            spec.right_width
+        )
+
     def process(self, inputs: Sequence[list[Update]]) -> list[Update]:
         left_updates, right_updates = inputs
         spec = self.spec
@@ -99,6 +106,11 @@ class JoinState(OperatorState):
         spec = self.spec
         work = self.work
         left, right = self.left, self.right
+        # A key with many matches on both sides is where a join's output explodes (a cross
+        # join has one key): the guard is checked as that output grows, not only per key.
+        guard = self.guard
+        out_bytes = row_bytes(spec.left_width + spec.right_width)
+        next_check = len(out)
         outer = spec.keep_left or spec.keep_right
         touched = left_changes.keys() | right_changes.keys() if outer else ()
         # Which keys had rows on each side before this time (for the outer transitions).
@@ -111,6 +123,9 @@ class JoinState(OperatorState):
             if matches:
                 work.rows_visited += len(matches)
                 for r, r_mult in matches.items():
+                    if len(out) >= next_check:
+                        guard.check(len(out) * out_bytes)
+                        next_check = len(out) + CHECK_EVERY
                     for left_row, diff in changes:
                         out.append(((*left_row, *r), time, diff * r_mult))
             left.apply(key, changes)
@@ -121,6 +136,9 @@ class JoinState(OperatorState):
             if matches:
                 work.rows_visited += len(matches)
                 for left_row, l_mult in matches.items():
+                    if len(out) >= next_check:
+                        guard.check(len(out) * out_bytes)
+                        next_check = len(out) + CHECK_EVERY
                     for r, diff in changes:
                         out.append(((*left_row, *r), time, l_mult * diff))
             right.apply(key, changes)
