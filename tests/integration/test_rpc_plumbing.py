@@ -366,6 +366,33 @@ async def test_a_call_to_a_server_that_is_not_up_yet_is_retried_until_it_is() ->
             late.kill()
 
 
+async def test_a_server_killed_with_a_call_in_flight_is_indeterminate_and_not_retried() -> None:
+    """The request reached the server, which may have acted on it before it died: retrying
+    on the restarted server could do it twice (an acknowledged INSERT doubled this way)."""
+    server = await asyncio.to_thread(EchoProcess)
+    try:
+        async with open_channel(server.address) as channel:
+            stub = testing_pb2_grpc.EchoStub(channel)
+            patient = RetryPolicy(total_seconds=30, initial_backoff=0.05, max_backoff=0.5)
+            key = uuid.uuid4().hex
+            pending = asyncio.ensure_future(
+                call(
+                    stub.Echo,
+                    testing_pb2.EchoRequest(text="slow", key=key, sleep_ms=5000),
+                    timeout=30,
+                    retry=patient,
+                )
+            )
+            await asyncio.to_thread(
+                server.wait_for_record, lambda r: r.get("event") == "echo_sleeping"
+            )
+            server.kill()
+            with pytest.raises(errors.Indeterminate):
+                await pending
+    finally:
+        server.kill()
+
+
 async def test_sigterm_finishes_calls_in_flight_reports_not_serving_and_exits_zero() -> None:
     server = EchoProcess(["--listen", "127.0.0.1:0", "--shutdown-grace", "20"])
     try:
