@@ -23,6 +23,7 @@ if str(REPO_ROOT) not in sys.path:
 
 from tests.support.chaos import Config, check_run, report, run_workload  # noqa: E402
 from tests.support.chaos_cluster import S3_ENV, chaos_cluster  # noqa: E402
+from tidemark.logging import configure_logging  # noqa: E402
 
 RESULTS = REPO_ROOT / "bench" / "results" / "chaos.json"
 
@@ -47,6 +48,7 @@ def main() -> int:
         seed=options.seed,
     )
     os.environ.update(S3_ENV)
+    configure_logging(level="warning")  # the clients' retries are expected here, not news
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tidemark-chaos-") as directory:
         with chaos_cluster(Path(directory), engine=options.engine) as cluster:

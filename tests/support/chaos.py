@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
+import re
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -30,7 +31,13 @@ from typing import Any
 from tests.support.chaos_cluster import ChaosCluster
 from tests.support.elle import Append, Read, Transaction
 from tests.support.elle import check as elle_check
-from tidemark.clients.adapter import AdapterClient, Changes, Progress, SubscribeError, SubscribeHeader
+from tidemark.clients.adapter import (
+    AdapterClient,
+    Changes,
+    Progress,
+    SubscribeError,
+    SubscribeHeader,
+)
 
 ACCOUNTS = 6
 START_BALANCE = 1000
@@ -41,8 +48,7 @@ CALL_TIMEOUT = 30.0
 
 SCHEMA = [
     "CREATE TABLE accounts (id bigint NOT NULL, balance bigint NOT NULL)",
-    "INSERT INTO accounts VALUES "
-    + ", ".join(f"({i}, {START_BALANCE})" for i in range(ACCOUNTS)),
+    "INSERT INTO accounts VALUES " + ", ".join(f"({i}, {START_BALANCE})" for i in range(ACCOUNTS)),
     "CREATE MATERIALIZED VIEW bank_total AS SELECT sum(balance) AS total, count(*) AS n "
     "FROM accounts",
     "CREATE TABLE lists (k bigint NOT NULL, v text NOT NULL)",
@@ -95,6 +101,7 @@ class Segment:
 @dataclass
 class Record:
     faults: Counter[str] = field(default_factory=Counter)
+    fault_log: list[tuple[float, str]] = field(default_factory=list)  # (unix time, process)
     ops: dict[str, Counter[str]] = field(default_factory=dict)
     inserts: dict[int, str] = field(default_factory=dict)  # id -> ok / failed / indeterminate
     transfer_times: list[int] = field(default_factory=list)
@@ -102,6 +109,10 @@ class Record:
     segments: list[Segment] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
     start_time: int = 0
+
+    def error(self, text: str) -> None:
+        """Counts an error by its kind (ids and times replaced by N)."""
+        self.errors[re.sub(r"\d+", "N", text)[:160]] += 1
 
     def count(self, kind: str, outcome: str) -> None:
         self.ops.setdefault(kind, Counter())[outcome] += 1
@@ -143,11 +154,23 @@ async def setup(addresses: Sequence[str]) -> int:
         return read.results[-1].timestamp
 
 
+def _outcome(code: str, message: str) -> str:
+    """How a statement's SQL error leaves a write: a conflict, or (when a backend stopped
+    answering mid-way) unknown, or else failed — and a failed write must change nothing."""
+    if code == "40001":
+        return "conflict"
+    if code.startswith("08") and "outcome is unknown" in message:
+        return "indeterminate"
+    return "failed"
+
+
 def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
 
 
-async def bank_worker(session: Session, rng: random.Random, record: Record, stop: asyncio.Event) -> None:
+async def bank_worker(
+    session: Session, rng: random.Random, record: Record, stop: asyncio.Event
+) -> None:
     while not stop.is_set():
         payer, payee = rng.sample(range(ACCOUNTS), 2)
         amount = rng.randrange(1, 200)
@@ -156,14 +179,14 @@ async def bank_worker(session: Session, rng: random.Random, record: Record, stop
             read = await client.execute(
                 f"BEGIN; SELECT id, balance FROM accounts WHERE id = {payer} OR id = {payee}"
             )
-        except Exception as exc:  # noqa: BLE001 (a transport failure: reconnect)
-            record.errors[_error_text(exc)] += 1
+        except Exception as exc:
+            record.error(_error_text(exc))
             record.count("transfer", "failed")
             await session.reset()
             await asyncio.sleep(0.2)
             continue
         if read.error is not None:
-            record.errors[f"{read.error.code}: {read.error.message[:120]}"] += 1
+            record.error(f"{read.error.code}: {read.error.message[:120]}")
             record.count("transfer", "failed")
             await _rollback(session)
             continue
@@ -176,8 +199,8 @@ async def bank_worker(session: Session, rng: random.Random, record: Record, stop
                 f"UPDATE accounts SET balance = balance + CASE WHEN id = {payer} THEN {-amount} "
                 f"ELSE {amount} END WHERE id = {payer} OR id = {payee}; COMMIT"
             )
-        except Exception as exc:  # noqa: BLE001
-            record.errors[_error_text(exc)] += 1
+        except Exception as exc:
+            record.error(_error_text(exc))
             record.count("transfer", "indeterminate")
             await session.reset()
             continue
@@ -185,8 +208,8 @@ async def bank_worker(session: Session, rng: random.Random, record: Record, stop
             record.count("transfer", "ok")
             record.transfer_times.append(written.results[-1].timestamp)
         else:
-            record.errors[f"{written.error.code}: {written.error.message[:120]}"] += 1
-            record.count("transfer", "retried" if written.error.code == "40001" else "failed")
+            record.error(f"{written.error.code}: {written.error.message[:120]}")
+            record.count("transfer", _outcome(written.error.code, written.error.message))
             await _rollback(session)
 
 
@@ -196,7 +219,7 @@ async def _rollback(session: Session) -> None:
         return
     try:
         await client.execute("ROLLBACK")
-    except Exception:  # noqa: BLE001
+    except Exception:
         await session.reset()
 
 
@@ -207,7 +230,9 @@ def _parse_list(text: str) -> tuple[int, ...]:
     return tuple(int(v) for v in text.split())
 
 
-async def list_worker(session: Session, rng: random.Random, record: Record, stop: asyncio.Event) -> None:
+async def list_worker(
+    session: Session, rng: random.Random, record: Record, stop: asyncio.Event
+) -> None:
     while not stop.is_set():
         tid = next(_txn_ids)
         read_keys = sorted(rng.sample(range(LIST_KEYS), rng.randint(1, 3)))
@@ -218,14 +243,14 @@ async def list_worker(session: Session, rng: random.Random, record: Record, stop
         try:
             client = session.connect()
             read = await client.execute(f"BEGIN; SELECT k, v FROM lists WHERE {keys}")
-        except Exception as exc:  # noqa: BLE001
-            record.errors[_error_text(exc)] += 1
+        except Exception as exc:
+            record.error(_error_text(exc))
             record.count("list_append", "failed")
             await session.reset()
             await asyncio.sleep(0.2)
             continue
         if read.error is not None:
-            record.errors[f"{read.error.code}: {read.error.message[:120]}"] += 1
+            record.error(f"{read.error.code}: {read.error.message[:120]}")
             record.count("list_append", "failed")
             await _rollback(session)
             continue
@@ -240,28 +265,34 @@ async def list_worker(session: Session, rng: random.Random, record: Record, stop
                 f"UPDATE lists SET v = v || CASE {case} END WHERE {where}; COMMIT"
             )
             if written.error is not None:
-                record.errors[f"{written.error.code}: {written.error.message[:120]}"] += 1
-                outcome = "fail"
+                record.error(f"{written.error.code}: {written.error.message[:120]}")
+                kind = _outcome(written.error.code, written.error.message)
+                outcome = "info" if kind == "indeterminate" else "fail"
                 await _rollback(session)
-        except Exception as exc:  # noqa: BLE001
-            record.errors[_error_text(exc)] += 1
+        except Exception as exc:
+            record.error(_error_text(exc))
             outcome = "info"
             await session.reset()
         record.history.append(Transaction(tid, tuple(ops), outcome, invoked, time.monotonic()))  # type: ignore[arg-type]
-        record.count("list_append", {"ok": "ok", "fail": "failed", "info": "indeterminate"}[outcome])
+        record.count(
+            "list_append",
+            {"ok": "ok", "fail": "failed/conflict", "info": "indeterminate"}[outcome],
+        )
 
 
 _event_ids = itertools.count(1)
 
 
-async def insert_worker(session: Session, rng: random.Random, record: Record, stop: asyncio.Event) -> None:
+async def insert_worker(
+    session: Session, rng: random.Random, record: Record, stop: asyncio.Event
+) -> None:
     while not stop.is_set():
         event = next(_event_ids)
         sql = f"INSERT INTO events VALUES ({event}, {rng.randrange(GROUPS)}, {rng.randint(1, 9)})"
         try:
             result = await session.connect().execute(sql)
-        except Exception as exc:  # noqa: BLE001
-            record.errors[_error_text(exc)] += 1
+        except Exception as exc:
+            record.error(_error_text(exc))
             record.inserts[event] = "indeterminate"
             record.count("insert", "indeterminate")
             await session.reset()
@@ -271,13 +302,16 @@ async def insert_worker(session: Session, rng: random.Random, record: Record, st
             record.inserts[event] = "ok"
             record.count("insert", "ok")
         else:
-            record.errors[f"{result.error.code}: {result.error.message[:120]}"] += 1
-            record.inserts[event] = "failed"
-            record.count("insert", "failed")
+            record.error(f"{result.error.code}: {result.error.message[:120]}")
+            outcome = _outcome(result.error.code, result.error.message)
+            record.inserts[event] = outcome
+            record.count("insert", outcome)
             await asyncio.sleep(0.1)
 
 
-async def subscriber(addresses: Sequence[str], index: int, record: Record, stop: asyncio.Event) -> None:
+async def subscriber(
+    addresses: Sequence[str], index: int, record: Record, stop: asyncio.Event
+) -> None:
     as_of = record.start_time
     while not stop.is_set():
         address = addresses[index % len(addresses)]
@@ -287,7 +321,7 @@ async def subscriber(addresses: Sequence[str], index: int, record: Record, stop:
             async with AdapterClient(address, timeout=CALL_TIMEOUT) as client:
                 async for event in client.subscribe(f"SUBSCRIBE events AS OF {as_of}"):
                     if isinstance(event, SubscribeError):
-                        record.errors[f"subscribe {event}"[:160]] += 1
+                        record.error(f"subscribe {event}"[:160])
                         break
                     if isinstance(event, SubscribeHeader):
                         segment = Segment(event.as_of)
@@ -300,14 +334,16 @@ async def subscriber(addresses: Sequence[str], index: int, record: Record, stop:
                             as_of = max(as_of, event.upper - 1)
                     if stop.is_set():
                         break
-        except Exception as exc:  # noqa: BLE001
-            record.errors[_error_text(exc)] += 1
+        except Exception as exc:
+            record.error(_error_text(exc))
         record.count("subscribe_stream", "ok" if segment and segment.upper else "failed")
         if not stop.is_set():
             await asyncio.sleep(0.3)
 
 
-async def inject_faults(cluster: ChaosCluster, config: Config, record: Record, stop: asyncio.Event) -> None:
+async def inject_faults(
+    cluster: ChaosCluster, config: Config, record: Record, stop: asyncio.Event
+) -> None:
     rng = random.Random(config.seed)
     while not stop.is_set():
         try:
@@ -324,6 +360,7 @@ async def inject_faults(cluster: ChaosCluster, config: Config, record: Record, s
             name = kind
         await asyncio.to_thread(cluster.kill, name)
         record.faults[kind] += 1
+        record.fault_log.append((round(time.time(), 3), name))
         await asyncio.sleep(config.fault_pause)
         await asyncio.to_thread(cluster.restart, name)
 
@@ -336,12 +373,24 @@ async def run_workload(cluster: ChaosCluster, config: Config) -> Record:
     stop = asyncio.Event()
     sessions = itertools.count()
     tasks = [
-        *(bank_worker(Session(addresses, next(sessions)), random.Random(rng.random()), record, stop)
-          for _ in range(config.bank_workers)),
-        *(list_worker(Session(addresses, next(sessions)), random.Random(rng.random()), record, stop)
-          for _ in range(config.list_workers)),
-        *(insert_worker(Session(addresses, next(sessions)), random.Random(rng.random()), record, stop)
-          for _ in range(config.insert_workers)),
+        *(
+            bank_worker(
+                Session(addresses, next(sessions)), random.Random(rng.random()), record, stop
+            )
+            for _ in range(config.bank_workers)
+        ),
+        *(
+            list_worker(
+                Session(addresses, next(sessions)), random.Random(rng.random()), record, stop
+            )
+            for _ in range(config.list_workers)
+        ),
+        *(
+            insert_worker(
+                Session(addresses, next(sessions)), random.Random(rng.random()), record, stop
+            )
+            for _ in range(config.insert_workers)
+        ),
         *(subscriber(addresses, i, record, stop) for i in range(config.subscribers)),
         inject_faults(cluster, config, record, stop),
     ]
@@ -381,7 +430,9 @@ async def _rows(client: AdapterClient, sql: str) -> tuple[list[tuple[Any, ...]],
     return result.results[-1].rows, result.results[-1].timestamp
 
 
-def _replay(changes: Sequence[tuple[int, int, tuple[Any, ...]]], t: int) -> Counter[tuple[Any, ...]]:
+def _replay(
+    changes: Sequence[tuple[int, int, tuple[Any, ...]]], t: int
+) -> Counter[tuple[Any, ...]]:
     contents: Counter[tuple[Any, ...]] = Counter()
     for at, diff, row in changes:
         if at <= t:
@@ -405,8 +456,10 @@ async def check_run(addresses: Sequence[str], record: Record, config: Config) ->
         present = Counter(int(r[0]) for r in rows)
         for event, outcome in record.inserts.items():
             n = present.get(event, 0)
-            if (outcome == "ok" and n != 1) or (outcome == "indeterminate" and n > 1) or (
-                outcome == "failed" and n != 0
+            if (
+                (outcome == "ok" and n != 1)
+                or (outcome == "indeterminate" and n > 1)
+                or (outcome in ("failed", "conflict") and n != 0)
             ):
                 anomalies.append(f"insert {event} ({outcome}) present {n} times")
         for event in set(present) - set(record.inserts):
@@ -417,10 +470,16 @@ async def check_run(addresses: Sequence[str], record: Record, config: Config) ->
         span = list(range(record.start_time, now + 1))
         times = sorted(
             set(rng.sample(span, min(config.sampled_times, len(span))))
-            | set(rng.sample(record.transfer_times, min(config.sampled_times, len(record.transfer_times))))
+            | set(
+                rng.sample(
+                    record.transfer_times, min(config.sampled_times, len(record.transfer_times))
+                )
+            )
         )
         for t in times:
-            total, _ = await _retrying(lambda t=t: _rows(client, f"SELECT sum(balance), count(*) FROM accounts AS OF {t}"))
+            total, _ = await _retrying(
+                lambda t=t: _rows(client, f"SELECT sum(balance), count(*) FROM accounts AS OF {t}")
+            )
             if [tuple(r) for r in total] != [(TOTAL, ACCOUNTS)]:
                 anomalies.append(f"bank total at {t}: {total}")
             checked["bank_total_times"] += 1
@@ -430,7 +489,7 @@ async def check_run(addresses: Sequence[str], record: Record, config: Config) ->
                     ours, _ = await _rows(client, f"{view} AS OF {t}")
                 except AssertionError as exc:
                     anomalies.append(f"view unreadable at {t}: {exc}")
-                    break
+                    continue
                 theirs, _ = await _retrying(lambda t=t, q=query: _rows(client, f"{q} AS OF {t}"))
                 if Counter(map(tuple, ours)) != Counter(map(tuple, theirs)):
                     anomalies.append(f"{view} AS OF {t}: {sorted(ours)} != {sorted(theirs)}")
@@ -440,8 +499,14 @@ async def check_run(addresses: Sequence[str], record: Record, config: Config) ->
         for segment in record.segments:
             if segment.upper is None or segment.upper <= segment.as_of:
                 continue
-            for t in {segment.as_of, segment.upper - 1, rng.randrange(segment.as_of, segment.upper)}:
-                rows_at, _ = await _retrying(lambda t=t: _rows(client, f"SELECT * FROM events AS OF {t}"))
+            for t in {
+                segment.as_of,
+                segment.upper - 1,
+                rng.randrange(segment.as_of, segment.upper),
+            }:
+                rows_at, _ = await _retrying(
+                    lambda t=t: _rows(client, f"SELECT * FROM events AS OF {t}")
+                )
                 expected = Counter(map(tuple, rows_at))
                 replayed = _replay(segment.changes, t)
                 if replayed != expected:
@@ -456,9 +521,7 @@ async def check_run(addresses: Sequence[str], record: Record, config: Config) ->
 
         # The final lists must contain what every acknowledged append wrote, in history order.
         lists, _ = await _retrying(lambda: _rows(client, "SELECT k, v FROM lists"))
-        final = [
-            Transaction(0, tuple(Read(int(k), _parse_list(str(v))) for k, v in lists), "ok")
-        ]
+        final = [Transaction(0, tuple(Read(int(k), _parse_list(str(v))) for k, v in lists), "ok")]
     elle = elle_check([*record.history, *final], realtime=True)
     for anomaly in elle.anomalies:
         anomalies.append(f"{anomaly.kind}: {anomaly.explanation}")
@@ -467,7 +530,9 @@ async def check_run(addresses: Sequence[str], record: Record, config: Config) ->
     return {"anomalies": anomalies, "checked": dict(checked)}
 
 
-def report(config: Config, record: Record, findings: dict[str, Any], seconds: float) -> dict[str, Any]:
+def report(
+    config: Config, record: Record, findings: dict[str, Any], seconds: float
+) -> dict[str, Any]:
     return {
         "config": {
             "seconds": config.seconds,
@@ -480,4 +545,5 @@ def report(config: Config, record: Record, findings: dict[str, Any], seconds: fl
         "checked": findings["checked"],
         "anomalies": findings["anomalies"],
         "client_errors": dict(record.errors.most_common(15)),
+        "fault_log": record.fault_log,
     }

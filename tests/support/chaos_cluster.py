@@ -113,7 +113,9 @@ class ChaosCluster:
     def start(self) -> None:
         for index in range(ETCD_MEMBERS):
             self.etcd.append(
-                EtcdMember(f"etcd{index}", self.directory / f"etcd{index}", free_port(), free_port())
+                EtcdMember(
+                    f"etcd{index}", self.directory / f"etcd{index}", free_port(), free_port()
+                )
             )
         initial = ",".join(f"{m.name}={m.peer_url}" for m in self.etcd)
         for member in self.etcd:

@@ -27,6 +27,7 @@ read shows they committed.
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -199,7 +200,7 @@ def _dependencies(
             unseen[key].add(w)
     for key, order in orders.items():
         writers = [writer.get((key, v)) for v in order]
-        for a, b in zip(writers, writers[1:], strict=False):
+        for a, b in itertools.pairwise(writers):
             if a is not None and b is not None:
                 _add(graph, a, b, "ww")
     for t in txns:

@@ -25,7 +25,9 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 
 async def serve(listen_port: int, target_host: str, target_port: int) -> None:
-    async def handle(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+    async def handle(
+        client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter
+    ) -> None:
         try:
             target_reader, target_writer = await asyncio.open_connection(target_host, target_port)
         except OSError:

@@ -8,7 +8,9 @@ import random
 from tests.support.elle import Append, Read, Transaction, check
 
 
-def txn(tid: int, *ops: Append | Read, outcome: str = "ok", at: tuple[float, float] | None = None) -> Transaction:
+def txn(
+    tid: int, *ops: Append | Read, outcome: str = "ok", at: tuple[float, float] | None = None
+) -> Transaction:
     invoked, completed = at if at is not None else (None, None)
     return Transaction(tid, tuple(ops), outcome, invoked, completed)  # type: ignore[arg-type]
 
