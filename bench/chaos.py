@@ -33,6 +33,12 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=180.0, help="how long faults go on")
     parser.add_argument("--fault-interval", type=float, default=4.0)
     parser.add_argument("--engine", default="local", help="compute engine: local or spark")
+    parser.add_argument(
+        "--backends",
+        default="production",
+        choices=["production", "embedded"],
+        help="3-member etcd + the S3 endpoint, or SQLite files + a local blob directory",
+    )
     parser.add_argument("--seed", type=int, default=19)
     parser.add_argument(
         "--faults",
@@ -51,7 +57,9 @@ def main() -> int:
     configure_logging(level="warning")  # the clients' retries are expected here, not news
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tidemark-chaos-") as directory:
-        with chaos_cluster(Path(directory), engine=options.engine) as cluster:
+        with chaos_cluster(
+            Path(directory), engine=options.engine, backends=options.backends
+        ) as cluster:
             record = asyncio.run(run_workload(cluster, config))
             findings = asyncio.run(check_run(cluster.adapters, record, config))
     result = report(config, record, findings, time.monotonic() - started)

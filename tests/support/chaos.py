@@ -351,7 +351,7 @@ async def inject_faults(
             return
         except TimeoutError:
             pass
-        kind = rng.choice(config.faults)
+        kind = rng.choice([k for k in config.faults if k in cluster.fault_kinds])
         if kind == "adapter":
             name = rng.choice(["adapter0", "adapter1"])
         elif kind == "etcd":
@@ -543,6 +543,9 @@ def report(
         "faults_injected": dict(record.faults),
         "operations": {kind: dict(c) for kind, c in record.ops.items()},
         "checked": findings["checked"],
+        "anomaly_kinds": dict(
+            Counter(a.split(" at ")[0].split(":")[0] for a in findings["anomalies"])
+        ),
         "anomalies": findings["anomalies"],
         "client_errors": dict(record.errors.most_common(15)),
         "fault_log": record.fault_log,

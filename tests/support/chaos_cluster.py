@@ -83,6 +83,7 @@ class EtcdMember:
 class ChaosCluster:
     directory: Path
     engine: str = "local"
+    backends: str = "production"  # or "embedded": SQLite files and a local blob directory
     spark_master: str = "local[2]"
     etcd: list[EtcdMember] = field(default_factory=list)
     s3: S3Server | None = None
@@ -99,9 +100,21 @@ class ChaosCluster:
     def adapters(self) -> list[str]:
         return [self.address("adapter0"), self.address("adapter1")]
 
-    @property
-    def consensus_url(self) -> str:
+    def consensus_url(self, user: str) -> str:
+        if self.backends == "embedded":
+            return f"sqlite://{self.directory / (user + '.db')}"
         return "etcd://" + ",".join(m.endpoint for m in self.etcd)
+
+    def blob_url(self) -> str:
+        if self.backends == "embedded":
+            return f"file://{self.directory / 'blobs'}"
+        return f"s3://{self.bucket}?endpoint={self.address('s3')}&secure=false"
+
+    @property
+    def fault_kinds(self) -> set[str]:
+        """The kinds of process this cluster runs (see ``Config.faults``)."""
+        kinds = {"oracle", "catalog", "storage", "compute", "adapter"}
+        return kinds | ({"etcd", "s3"} if self.backends == "production" else set())
 
     @property
     def killable(self) -> list[str]:
@@ -111,6 +124,16 @@ class ChaosCluster:
     # -- starting ----------------------------------------------------------------------------
 
     def start(self) -> None:
+        services = ["oracle", "storage", "catalog", "compute", "adapter0", "adapter1"]
+        if self.backends == "production":
+            self._start_backends()
+            services.insert(0, "s3")
+        for name in services:
+            self.ports[name] = free_port()
+        for name in services:
+            self.restart(name)
+
+    def _start_backends(self) -> None:
         for index in range(ETCD_MEMBERS):
             self.etcd.append(
                 EtcdMember(
@@ -123,11 +146,7 @@ class ChaosCluster:
             member.start()
         self.s3 = S3Server()
         self.s3.start()
-        for name in ("s3", "oracle", "storage", "catalog", "compute", "adapter0", "adapter1"):
-            self.ports[name] = free_port()
         _wait_for(self._etcd_healthy, "the etcd cluster to elect a leader")
-        for name in ("s3", "oracle", "storage", "catalog", "compute", "adapter0", "adapter1"):
-            self.restart(name)
 
     def _etcd_healthy(self) -> bool:
         """Every member answers /health with a leader elected."""
@@ -147,14 +166,14 @@ class ChaosCluster:
             assert self.s3 is not None
             return "tests.support.tcp_proxy", [str(self.ports["s3"]), self.s3.endpoint], {}
         if name == "oracle":
-            return "services.oracle", [*listen, "--consensus-url", self.consensus_url], {}
+            return "services.oracle", [*listen, "--consensus-url", self.consensus_url("oracle")], {}
         if name == "storage":
-            blob = f"s3://{self.bucket}?endpoint={self.address('s3')}&secure=false"
             return (
                 "services.storage",
                 [
                     *listen,
-                    *("--consensus-url", self.consensus_url, "--blob-url", blob),
+                    *("--consensus-url", self.consensus_url("storage")),
+                    *("--blob-url", self.blob_url()),
                     *("--key-prefix", "chaos/"),
                     *FAST_SETTINGS,
                 ],
@@ -243,8 +262,10 @@ def _wait_for(ready: Callable[[], bool], what: str) -> None:
 
 
 @contextmanager
-def chaos_cluster(directory: Path, *, engine: str = "local") -> Iterator[ChaosCluster]:
-    cluster = ChaosCluster(directory, engine=engine)
+def chaos_cluster(
+    directory: Path, *, engine: str = "local", backends: str = "production"
+) -> Iterator[ChaosCluster]:
+    cluster = ChaosCluster(directory, engine=engine, backends=backends)
     try:
         cluster.start()
         yield cluster
