@@ -393,6 +393,32 @@ async def test_a_server_killed_with_a_call_in_flight_is_indeterminate_and_not_re
         server.kill()
 
 
+async def test_a_repeatable_call_rides_out_a_server_killed_with_it_in_flight() -> None:
+    address = f"127.0.0.1:{free_port()}"
+    server = await asyncio.to_thread(EchoProcess, ("--listen", address))
+    try:
+        async with open_channel(address) as channel:
+            stub = testing_pb2_grpc.EchoStub(channel)
+            patient = RetryPolicy(total_seconds=30, initial_backoff=0.05, max_backoff=0.5)
+            pending = asyncio.ensure_future(
+                call(
+                    stub.Echo,
+                    testing_pb2.EchoRequest(text="again", sleep_ms=2000),
+                    timeout=30,
+                    retry=patient,
+                    repeatable=True,
+                )
+            )
+            await asyncio.to_thread(
+                server.wait_for_record, lambda r: r.get("event") == "echo_sleeping"
+            )
+            server.kill()
+            server = await asyncio.to_thread(EchoProcess, ("--listen", address))
+            assert (await pending).text == "again"
+    finally:
+        server.kill()
+
+
 async def test_sigterm_finishes_calls_in_flight_reports_not_serving_and_exits_zero() -> None:
     server = EchoProcess(["--listen", "127.0.0.1:0", "--shutdown-grace", "20"])
     try:

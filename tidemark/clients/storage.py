@@ -350,12 +350,14 @@ class StorageClient(GrpcClient):
 
     async def describe(self, collection_id: str) -> CollectionInfo:
         request = storage_pb2.DescribeRequest(collection_id=collection_id)
-        info = CollectionInfo.from_proto(await self._call(self.stub.Describe, request))
+        info = CollectionInfo.from_proto(
+            await self._call(self.stub.Describe, request, repeatable=True)
+        )
         self._schemas[collection_id] = info.schema
         return info
 
     async def list(self) -> list[CollectionInfo]:
-        response = await self._call(self.stub.List, storage_pb2.ListRequest())
+        response = await self._call(self.stub.List, storage_pb2.ListRequest(), repeatable=True)
         return [CollectionInfo.from_proto(d) for d in response.collections]
 
     async def schema(self, collection_id: str) -> RelationSchema:
@@ -529,7 +531,7 @@ class StorageClient(GrpcClient):
 
     async def renew(self, capabilities: Iterable[Capability]) -> RenewResult:
         request = storage_pb2.RenewLeasesRequest(capabilities=[c.ref for c in capabilities])
-        response = await self._call(self.stub.RenewLeases, request)
+        response = await self._call(self.stub.RenewLeases, request, repeatable=True)
         return RenewResult(
             [Capability.from_proto(c) for c in response.renewed],
             [(m.collection_id, m.id) for m in response.missing],
