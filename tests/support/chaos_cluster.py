@@ -113,7 +113,7 @@ class ChaosCluster:
     @property
     def fault_kinds(self) -> set[str]:
         """The kinds of process this cluster runs (see ``Config.faults``)."""
-        kinds = {"oracle", "catalog", "storage", "compute", "adapter"}
+        kinds = {"oracle", "catalog", "storage", "compute", "adapter", "adapter1"}
         return kinds | ({"etcd", "s3"} if self.backends == "production" else set())
 
     @property
