@@ -516,10 +516,15 @@ class StorageClient(GrpcClient):
 
     async def downgrade(self, capability: Capability, to: FrontierLike) -> Capability:
         """Move the capability forward to ``to`` (``CLOSED`` drops it)."""
+        target = frontier(to)
         request = storage_pb2.DowngradeCapabilityRequest(
-            capability=capability.ref, frontier=frontier_to_proto(frontier(to))
+            capability=capability.ref, frontier=frontier_to_proto(target)
         )
-        return Capability.from_proto(await self._call(self.stub.DowngradeCapability, request))
+        # Moving to the same frontier twice is harmless; dropping twice is not (NotFound).
+        response = await self._call(
+            self.stub.DowngradeCapability, request, repeatable=not target.is_empty()
+        )
+        return Capability.from_proto(response)
 
     async def drop(self, capability: Capability) -> None:
         request = storage_pb2.DropCapabilityRequest(capability=capability.ref)
