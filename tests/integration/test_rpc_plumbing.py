@@ -189,6 +189,24 @@ async def test_a_handler_calling_abort_keeps_its_own_status(
     assert raw.value.details() == "slow down"
 
 
+async def test_bytes_that_do_not_parse_are_invalid_argument_not_unknown(
+    channel: grpc.aio.Channel,
+) -> None:
+    for method in (
+        channel.unary_unary(ECHO_METHOD),
+        channel.unary_stream("/tidemark.v1.Echo/Count"),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as raw:
+            reply = method(b"\x00", timeout=5)
+            if hasattr(reply, "__aiter__"):
+                async for _ in reply:
+                    pass
+            else:
+                await reply
+        assert raw.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "malformed request" in (raw.value.details() or "")
+
+
 async def test_not_implemented_and_unknown_methods_are_unimplemented(
     stub: testing_pb2_grpc.EchoAsyncStub, channel: grpc.aio.Channel, echo: EchoProcess
 ) -> None:
