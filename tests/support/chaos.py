@@ -7,7 +7,8 @@ indeterminate — the connection was lost, so it may or may not have happened):
 - bank transfers: ``BEGIN; SELECT`` both balances, ``UPDATE ...; COMMIT`` (40001 retried);
 - list appends (Elle's list-append model): read some keys' lists, append unique values;
 - inserts of unique ids into ``events``, under a materialized view and an index;
-- SUBSCRIBE readers on ``events``, resubscribing from their last progress after a failure.
+- SUBSCRIBE readers on ``events``, resubscribing from their last progress after a failure;
+- CREATE TABLE with fresh names (catalog writes).
 
 Checks (:func:`check_run`): every acknowledged insert present once, an indeterminate one at
 most once, a failed one never; the bank total at every sampled ``AS OF`` time; each MV equals
@@ -85,6 +86,7 @@ class Config:
     list_workers: int = 2
     insert_workers: int = 2
     subscribers: int = 1
+    ddl_workers: int = 1
     sampled_times: int = 20
     seed: int = 19
 
@@ -104,6 +106,7 @@ class Record:
     fault_log: list[tuple[float, str]] = field(default_factory=list)  # (unix time, process)
     ops: dict[str, Counter[str]] = field(default_factory=dict)
     inserts: dict[int, str] = field(default_factory=dict)  # id -> ok / failed / indeterminate
+    creates: dict[str, str] = field(default_factory=dict)  # table name -> outcome
     transfer_times: list[int] = field(default_factory=list)
     history: list[Transaction] = field(default_factory=list)
     segments: list[Segment] = field(default_factory=list)
@@ -309,6 +312,33 @@ async def insert_worker(
             await asyncio.sleep(0.1)
 
 
+_ddl_ids = itertools.count(1)
+
+
+async def ddl_worker(session: Session, record: Record, stop: asyncio.Event) -> None:
+    """CREATE TABLE with fresh names: each acknowledged one must exist once, a failed one
+    never (catalog writes are compare-and-append on the catalog collection)."""
+    while not stop.is_set():
+        name = f"ddl_{next(_ddl_ids)}"
+        try:
+            result = await session.connect().execute(f"CREATE TABLE {name} (x bigint)")
+        except Exception as exc:
+            record.error(_error_text(exc))
+            record.creates[name] = "indeterminate"
+            record.count("create_table", "indeterminate")
+            await session.reset()
+            await asyncio.sleep(0.5)
+            continue
+        if result.error is None:
+            outcome = "ok"
+        else:
+            record.error(f"{result.error.code}: {result.error.message[:120]}")
+            outcome = _outcome(result.error.code, result.error.message)
+        record.creates[name] = outcome
+        record.count("create_table", outcome)
+        await asyncio.sleep(0.5)
+
+
 async def subscriber(
     addresses: Sequence[str], index: int, record: Record, stop: asyncio.Event
 ) -> None:
@@ -394,6 +424,10 @@ async def run_workload(cluster: ChaosCluster, config: Config) -> Record:
             for _ in range(config.insert_workers)
         ),
         *(subscriber(addresses, i, record, stop) for i in range(config.subscribers)),
+        *(
+            ddl_worker(Session(addresses, next(sessions)), record, stop)
+            for _ in range(config.ddl_workers)
+        ),
         inject_faults(cluster, config, record, stop),
     ]
     running = [asyncio.create_task(t) for t in tasks]
@@ -467,6 +501,15 @@ async def check_run(addresses: Sequence[str], record: Record, config: Config) ->
         for event in set(present) - set(record.inserts):
             anomalies.append(f"insert {event} never sent, present {present[event]} times")
         checked["inserts"] = len(record.inserts)
+
+        # Acknowledged CREATE TABLEs exist once; failed ones do not.
+        shown, _ = await _retrying(lambda: _rows(client, "SHOW TABLES"))
+        tables = Counter(str(r[0]) for r in shown)
+        for name, outcome in record.creates.items():
+            n = tables.get(name, 0)
+            if (outcome == "ok" and n != 1) or n > 1 or (outcome == "failed" and n != 0):
+                anomalies.append(f"create table {name} ({outcome}) present {n} times")
+        checked["creates"] = len(record.creates)
 
         # The bank total, and each MV against its recomputation, at sampled times.
         span = list(range(record.start_time, now + 1))
