@@ -7,7 +7,7 @@ INSTALLED := $(VENV)/.installed
 PROTOS    := $(wildcard protos/tidemark/v1/*.proto)
 GENERATED := tidemark/v1/.generated
 
-.PHONY: setup system-deps protos run test lint format bench bench-oracle bench-storage bench-catalog bench-compute bench-tpch clean
+.PHONY: setup system-deps protos run test chaos lint format bench bench-oracle bench-storage bench-catalog bench-compute bench-tpch clean
 
 setup: $(INSTALLED) $(GENERATED)
 
@@ -35,6 +35,12 @@ run: setup
 
 test: setup system-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# kill -9 a random process every few seconds under a bank/list-append/insert/SUBSCRIBE workload,
+# then check for lost or doubled writes and serializability anomalies; writes
+# bench/results/chaos.json (a reduced run is part of `make test`: tests/e2e/test_chaos.py).
+chaos: setup system-deps
+	$(BIN)/python bench/chaos.py $(CHAOS_ARGS)
 
 lint: setup
 	$(BIN)/ruff check .

@@ -189,6 +189,24 @@ async def test_a_handler_calling_abort_keeps_its_own_status(
     assert raw.value.details() == "slow down"
 
 
+async def test_bytes_that_do_not_parse_are_invalid_argument_not_unknown(
+    channel: grpc.aio.Channel,
+) -> None:
+    for method in (
+        channel.unary_unary(ECHO_METHOD),
+        channel.unary_stream("/tidemark.v1.Echo/Count"),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as raw:
+            reply = method(b"\x00", timeout=5)
+            if hasattr(reply, "__aiter__"):
+                async for _ in reply:
+                    pass
+            else:
+                await reply
+        assert raw.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "malformed request" in (raw.value.details() or "")
+
+
 async def test_not_implemented_and_unknown_methods_are_unimplemented(
     stub: testing_pb2_grpc.EchoAsyncStub, channel: grpc.aio.Channel, echo: EchoProcess
 ) -> None:
@@ -364,6 +382,59 @@ async def test_a_call_to_a_server_that_is_not_up_yet_is_retried_until_it_is() ->
             late.signal(signal.SIGTERM)
             assert late.wait() == 0
             late.kill()
+
+
+async def test_a_server_killed_with_a_call_in_flight_is_indeterminate_and_not_retried() -> None:
+    """The request reached the server, which may have acted on it before it died: retrying
+    on the restarted server could do it twice (an acknowledged INSERT doubled this way)."""
+    server = await asyncio.to_thread(EchoProcess)
+    try:
+        async with open_channel(server.address) as channel:
+            stub = testing_pb2_grpc.EchoStub(channel)
+            patient = RetryPolicy(total_seconds=30, initial_backoff=0.05, max_backoff=0.5)
+            key = uuid.uuid4().hex
+            pending = asyncio.ensure_future(
+                call(
+                    stub.Echo,
+                    testing_pb2.EchoRequest(text="slow", key=key, sleep_ms=5000),
+                    timeout=30,
+                    retry=patient,
+                )
+            )
+            await asyncio.to_thread(
+                server.wait_for_record, lambda r: r.get("event") == "echo_sleeping"
+            )
+            server.kill()
+            with pytest.raises(errors.Indeterminate):
+                await pending
+    finally:
+        server.kill()
+
+
+async def test_a_repeatable_call_rides_out_a_server_killed_with_it_in_flight() -> None:
+    address = f"127.0.0.1:{free_port()}"
+    server = await asyncio.to_thread(EchoProcess, ("--listen", address))
+    try:
+        async with open_channel(address) as channel:
+            stub = testing_pb2_grpc.EchoStub(channel)
+            patient = RetryPolicy(total_seconds=30, initial_backoff=0.05, max_backoff=0.5)
+            pending = asyncio.ensure_future(
+                call(
+                    stub.Echo,
+                    testing_pb2.EchoRequest(text="again", sleep_ms=2000),
+                    timeout=30,
+                    retry=patient,
+                    repeatable=True,
+                )
+            )
+            await asyncio.to_thread(
+                server.wait_for_record, lambda r: r.get("event") == "echo_sleeping"
+            )
+            server.kill()
+            server = await asyncio.to_thread(EchoProcess, ("--listen", address))
+            assert (await pending).text == "again"
+    finally:
+        server.kill()
 
 
 async def test_sigterm_finishes_calls_in_flight_reports_not_serving_and_exits_zero() -> None:

@@ -153,6 +153,7 @@ class CatalogClient(GrpcClient):
             request,
             timeout=self.timeout if timeout is None else timeout,
             retry=self.retry,
+            repeatable=True,
         )
         return CatalogSnapshot(response.as_of, response.since, response.upper, list(response.items))
 

@@ -227,7 +227,9 @@ class ComputeClient(GrpcClient):
             request.one_shot.CopyFrom(target)
         if finishing is not None:
             request.finishing.CopyFrom(finishing)
-        response = await self._call(self.stub.Peek, request, self._wait_deadline(wait_ms))
+        response = await self._call(
+            self.stub.Peek, request, self._wait_deadline(wait_ms), repeatable=True
+        )
         return PeekArrowResult(
             from_ipc(response.arrow_ipc),
             RelationSchema.from_proto(response.schema),
@@ -299,7 +301,7 @@ class ComputeClient(GrpcClient):
         return int(response.applied_upper)
 
     async def status(self) -> ComputeStatus:
-        response = await self._call(self.stub.Status, compute_pb2.StatusRequest())
+        response = await self._call(self.stub.Status, compute_pb2.StatusRequest(), repeatable=True)
         return ComputeStatus(
             response.cluster,
             response.cluster_id,

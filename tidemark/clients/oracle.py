@@ -27,18 +27,18 @@ class _TimelineCalls:
 
     async def _read(self, callers: Sequence[None]) -> list[int]:
         request = oracle_pb2.ReadTsRequest(timeline=self.timeline)
-        response = await self.client._call(self.client.stub.ReadTs, request)
+        response = await self.client._call(self.client.stub.ReadTs, request, repeatable=True)
         return [response.timestamp] * len(callers)
 
     async def _write(self, callers: Sequence[None]) -> list[int]:
         request = oracle_pb2.WriteTsRequest(timeline=self.timeline, count=len(callers))
-        response = await self.client._call(self.client.stub.WriteTs, request)
+        response = await self.client._call(self.client.stub.WriteTs, request, repeatable=True)
         return [response.timestamp + i for i in range(len(callers))]
 
     async def _apply(self, timestamps: Sequence[int]) -> list[None]:
         # Applying the largest applies every smaller one too.
         request = oracle_pb2.ApplyWriteRequest(timeline=self.timeline, timestamp=max(timestamps))
-        await self.client._call(self.client.stub.ApplyWrite, request)
+        await self.client._call(self.client.stub.ApplyWrite, request, repeatable=True)
         return [None] * len(timestamps)
 
     async def close(self) -> None:
@@ -75,7 +75,7 @@ class OracleClient(GrpcClient):
 
     async def peek_write_ts(self, timeline: str) -> int:
         request = oracle_pb2.PeekWriteTsRequest(timeline=timeline)
-        response = await self._call(self.stub.PeekWriteTs, request)
+        response = await self._call(self.stub.PeekWriteTs, request, repeatable=True)
         return response.timestamp
 
     async def close(self) -> None:

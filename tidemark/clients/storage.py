@@ -350,12 +350,14 @@ class StorageClient(GrpcClient):
 
     async def describe(self, collection_id: str) -> CollectionInfo:
         request = storage_pb2.DescribeRequest(collection_id=collection_id)
-        info = CollectionInfo.from_proto(await self._call(self.stub.Describe, request))
+        info = CollectionInfo.from_proto(
+            await self._call(self.stub.Describe, request, repeatable=True)
+        )
         self._schemas[collection_id] = info.schema
         return info
 
     async def list(self) -> list[CollectionInfo]:
-        response = await self._call(self.stub.List, storage_pb2.ListRequest())
+        response = await self._call(self.stub.List, storage_pb2.ListRequest(), repeatable=True)
         return [CollectionInfo.from_proto(d) for d in response.collections]
 
     async def schema(self, collection_id: str) -> RelationSchema:
@@ -514,10 +516,15 @@ class StorageClient(GrpcClient):
 
     async def downgrade(self, capability: Capability, to: FrontierLike) -> Capability:
         """Move the capability forward to ``to`` (``CLOSED`` drops it)."""
+        target = frontier(to)
         request = storage_pb2.DowngradeCapabilityRequest(
-            capability=capability.ref, frontier=frontier_to_proto(frontier(to))
+            capability=capability.ref, frontier=frontier_to_proto(target)
         )
-        return Capability.from_proto(await self._call(self.stub.DowngradeCapability, request))
+        # Moving to the same frontier twice is harmless; dropping twice is not (NotFound).
+        response = await self._call(
+            self.stub.DowngradeCapability, request, repeatable=not target.is_empty()
+        )
+        return Capability.from_proto(response)
 
     async def drop(self, capability: Capability) -> None:
         request = storage_pb2.DropCapabilityRequest(capability=capability.ref)
@@ -529,7 +536,7 @@ class StorageClient(GrpcClient):
 
     async def renew(self, capabilities: Iterable[Capability]) -> RenewResult:
         request = storage_pb2.RenewLeasesRequest(capabilities=[c.ref for c in capabilities])
-        response = await self._call(self.stub.RenewLeases, request)
+        response = await self._call(self.stub.RenewLeases, request, repeatable=True)
         return RenewResult(
             [Capability.from_proto(c) for c in response.renewed],
             [(m.collection_id, m.id) for m in response.missing],

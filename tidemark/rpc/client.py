@@ -73,9 +73,12 @@ async def call(
     retry: RetryPolicy = CLIENT_RETRY,
     request_id: str | None = None,
     metadata: Sequence[tuple[str, str]] = (),
+    repeatable: bool = False,
 ) -> Response:
     """``await call(stub.ReadTs, request)``: one unary call, finished within ``timeout`` seconds
-    in total (retries included), retried on UNAVAILABLE as ``retry`` allows."""
+    in total (retries included), retried on UNAVAILABLE as ``retry`` allows. A
+    ``repeatable`` call (a read, or a write whose repetition changes nothing) is retried on
+    an indeterminate outcome too, e.g. after the connection broke with the call in flight."""
     deadline = time.monotonic() + timeout
     outgoing = call_metadata(request_id, metadata)
     backoff = replace(retry, total_seconds=min(retry.total_seconds, timeout)).backoffs()
@@ -88,8 +91,12 @@ async def call(
             )
         except grpc.aio.AioRpcError as exc:
             error = error_from_rpc(exc)
-            # Exactly Unavailable: its subclass Indeterminate may have taken effect.
-            if type(error) is not Unavailable or backoff.expired():
+            # Exactly Unavailable: its subclass Indeterminate may have taken effect, which only
+            # a repeatable call may risk.
+            retriable = type(error) is Unavailable or (
+                repeatable and isinstance(error, Unavailable)
+            )
+            if not retriable or backoff.expired():
                 if attempts > 1:
                     error = type(error)(f"{error.message} (after {attempts} attempts)")
                 raise error from exc
@@ -136,9 +143,18 @@ class GrpcClient:
         method: grpc.aio.UnaryUnaryMultiCallable[Request, Response],
         request: Request,
         seconds: float | None = None,
+        *,
+        repeatable: bool = False,
     ) -> Response:
-        """One unary call, within ``seconds`` (default: the client's timeout)."""
-        return await call(method, request, timeout=seconds or self.timeout, retry=self.retry)
+        """One unary call, within ``seconds`` (default: the client's timeout); ``repeatable``
+        as for :func:`call`."""
+        return await call(
+            method,
+            request,
+            timeout=seconds or self.timeout,
+            retry=self.retry,
+            repeatable=repeatable,
+        )
 
     async def close(self) -> None:
         await self.channel.close(None)

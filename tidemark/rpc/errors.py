@@ -31,6 +31,19 @@ from tidemark.rpc.interceptor import CallInterceptor, Context
 from tidemark.rpc.request_id import current_request_id
 
 INDETERMINATE_KEY = "tidemark-indeterminate"
+# How gRPC's core describes a connection that broke while a call was in flight: the request
+# may have reached the server and taken effect before it died, so the outcome is unknown.
+# (A connection that could not be made at all says "failed to connect": nothing was sent.)
+_LOST_CONNECTION = (
+    "socket closed",
+    "connection reset",
+    "broken pipe",
+    "goaway",
+    "keepalive watchdog",
+    "end of tcp stream",
+    "stream removed",
+    "connection aborted",
+)
 
 log = get_logger("tidemark.rpc")
 
@@ -84,6 +97,9 @@ def error_from_rpc(error: grpc.aio.AioRpcError) -> TidemarkError:
     message = error.details() or code.name
     # grpc.aio hands back (key, value) pairs; grpc-stubs describes the sync API's type.
     trailing = cast("Iterable[tuple[str, Any]]", error.trailing_metadata() or ())
-    if code == grpc.StatusCode.UNAVAILABLE and any(key == INDETERMINATE_KEY for key, _ in trailing):
+    if code == grpc.StatusCode.UNAVAILABLE and (
+        any(key == INDETERMINATE_KEY for key, _ in trailing)
+        or any(sign in message.lower() for sign in _LOST_CONNECTION)
+    ):
         return Indeterminate(message)
     return error_for_status(code, message)

@@ -27,15 +27,54 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from tidemark.errors import InvalidArgument
+
 Context = grpc.aio.ServicerContext[Any, Any]
 CallScope = Callable[[Context], AbstractAsyncContextManager[None]]
 Behaviour = Callable[..., Any]
 
 
+class _Malformed:
+    """What a request that does not parse as its message type becomes, so that the call is
+    answered INVALID_ARGUMENT inside the interceptors (gRPC itself would answer UNKNOWN)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _lenient(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserializer is None:
+        return None
+    parse = deserializer
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except Exception as exc:
+            return _Malformed(exc)
+
+    return deserialize
+
+
+def _checked(request: Any) -> Any:
+    """``request``, or InvalidArgument if it did not parse; a request stream is checked item by
+    item as the service reads it."""
+    if isinstance(request, _Malformed):
+        raise InvalidArgument(f"malformed request: {request.error}")
+    if isinstance(request, AsyncIterator):
+        return _checked_stream(request)
+    return request
+
+
+async def _checked_stream(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async for request in requests:
+        yield _checked(request)
+
+
 def _run_single(behaviour: Behaviour, scope: CallScope) -> Behaviour:
     async def run(request: Any, context: Context) -> Any:
         async with scope(context):
-            result = behaviour(request, context)
+            result = behaviour(_checked(request), context)
             if inspect.isawaitable(result):
                 result = await result
             return result
@@ -57,7 +96,7 @@ async def _write_all(responses: AsyncIterator[Any], context: Context) -> None:
 def _run_streaming(behaviour: Behaviour, scope: CallScope) -> Behaviour:
     async def run(request: Any, context: Context) -> None:
         async with scope(context):
-            result = behaviour(request, context)
+            result = behaviour(_checked(request), context)
             if inspect.isawaitable(result):
                 # Reader/writer style: the handler wrote its responses itself.
                 await result
@@ -74,7 +113,7 @@ def wrap_handler(
     handler: grpc.RpcMethodHandler[Any, Any], scope: CallScope
 ) -> grpc.RpcMethodHandler[Any, Any]:
     """A handler that behaves like ``handler`` but runs each call inside ``scope(context)``."""
-    deserializer = handler.request_deserializer
+    deserializer = _lenient(handler.request_deserializer)
     serializer = handler.response_serializer
     if handler.request_streaming and handler.response_streaming:
         assert handler.stream_stream is not None
