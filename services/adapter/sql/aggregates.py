@@ -19,6 +19,7 @@ from sqlglot import exp
 
 from services.adapter.sql import relations as r
 from services.adapter.sql import typed as t
+from services.adapter.sql.correlation import Correlation, all_groups
 from services.adapter.sql.errors import (
     GROUPING_ERROR,
     UNDEFINED_FUNCTION,
@@ -271,15 +272,18 @@ def aggregate(
     key_nodes: Sequence[exp.Expr],
     aggregate_nodes: Sequence[exp.Expr],
     has_group_by: bool,
+    correlation: Correlation | None = None,
 ) -> GroupedQuery:
-    """Reduces ``frame`` by the keys, computing the aggregates."""
+    """Reduces ``frame`` by the keys, computing the aggregates. In a correlated subquery the
+    outer values (the frame's first columns) are keys too, and lead the output."""
     lowerer = Lowerer(frame, planner, "GROUP BY")
     key_values = [lowerer.lower(node) for node in key_nodes]
     key_values = [t.resolve(v) for v in key_values]
     computed = [v for v in key_values if v.scalar.WhichOneof("kind") != "column"]
     refs = iter(frame.add(computed))
-    positions: list[int] = []
-    scalar_keys: dict[bytes, int] = {}
+    width = correlation.width if correlation is not None else 0
+    positions: list[int] = list(range(width))
+    scalar_keys: dict[bytes, int] = {_scalar_key(frame.column(i)): i for i in range(width)}
     for value in key_values:
         column = value if value.scalar.WhichOneof("kind") == "column" else next(refs)
         index = column.scalar.column
@@ -294,7 +298,9 @@ def aggregate(
         # HAVING without aggregates: still one group, which Reduce needs a column for.
         lowered.append((pb.aggregate("count"), True))
     reduced = r.reduce(frame.rel, positions, [a for a, _ in lowered])
-    if not has_group_by:
+    if not has_group_by and correlation is not None and width:
+        reduced = all_groups(reduced, correlation, [is_count for _, is_count in lowered])
+    elif not has_group_by:
         reduced = _one_row_always(reduced, [is_count for _, is_count in lowered])
     grouping = Grouping(frame, planner, "SELECT")
     grouping.keys = scalar_keys
@@ -305,6 +311,8 @@ def aggregate(
         aggregate_key(node): len(positions) + i for i, node in enumerate(aggregate_nodes)
     }
     scope = Scope([ScopeColumn("") for _ in reduced.types], parent=frame.scope)
+    if width:
+        scope.correlation = correlation
     return GroupedQuery(Frame(reduced, scope), grouping)
 
 

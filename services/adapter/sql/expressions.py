@@ -18,6 +18,7 @@ from sqlglot import exp
 
 from services.adapter.sql import intervals, subqueries
 from services.adapter.sql import typed as t
+from services.adapter.sql.correlation import Correlation, OuterResolver
 from services.adapter.sql.errors import (
     DATATYPE_MISMATCH,
     GROUPING_ERROR,
@@ -47,6 +48,10 @@ class SubqueryPlanner(Protocol):
     """What lowering needs from the query planner: subqueries planned in an inner scope."""
 
     def plan_subquery(self, node: exp.Expr, outer: Scope) -> Planned: ...
+
+    def plan_correlated(
+        self, node: exp.Expr, frame: Frame, resolve_outer: OuterResolver
+    ) -> tuple[Planned, Correlation | None]: ...
 
     def new_binding(self) -> int: ...
 
@@ -127,8 +132,23 @@ class Lowerer:
     def condition(self, node: exp.Expr, what: str) -> Typed:
         return t.boolean(self.lower(node), what, position(node))
 
-    def subquery(self, node: exp.Expr) -> Planned:
-        return self.planner.plan_subquery(node, self.frame.scope)
+    def subquery(self, node: exp.Expr) -> tuple[Planned, Correlation | None]:
+        """A subquery over this frame, and its correlation if it reads outer columns."""
+        return self.planner.plan_correlated(node, self.frame, self.resolve_outer)
+
+    def resolve_outer(self, name: str, table: str | None, where: int) -> int:
+        """Where a subquery's reference to this frame's ``[table.]name`` reads: after GROUP
+        BY, the group key column it is (42803 if it is no key)."""
+        if self.substitution is not None:
+            column = exp.Column(
+                this=exp.Identifier(this=name, quoted=True),
+                table=exp.Identifier(this=table, quoted=True) if table else None,
+            )
+            column.this.meta["start"] = max(0, where - 1)
+            value = self.substitution.substitute(column, self)
+            if value is not None and value.scalar.WhichOneof("kind") == "column":
+                return value.scalar.column
+        return self.frame.scope.resolve(name, table, where)
 
 
 def _unsupported_expression(node: exp.Expr) -> SqlError:
@@ -296,22 +316,23 @@ def _in(lowerer: Lowerer, node: exp.In) -> Typed:
 
 
 def _in_query(lowerer: Lowerer, needle_node: exp.Expr, query: exp.Expr, where: int) -> Typed:
-    # A subquery's untyped literals are text by now, as PostgreSQL resolves them.
-    planned = lowerer.subquery(query)
+    # The needle first: lowering it may extend the frame, which a correlated subquery reads.
     needle = lowerer.lower(needle_node)
+    # A subquery's untyped literals are text by now, as PostgreSQL resolves them.
+    planned, correlation = lowerer.subquery(query)
     binding = lowerer.planner.new_binding()
-    return subqueries.in_subquery(lowerer.frame, needle, planned.rel, binding, where)
+    return subqueries.in_subquery(lowerer.frame, needle, planned.rel, binding, where, correlation)
 
 
 def _exists(lowerer: Lowerer, node: exp.Exists) -> Typed:
-    planned = lowerer.subquery(node.this)
-    return subqueries.exists(lowerer.frame, planned.rel, position(node))
+    planned, correlation = lowerer.subquery(node.this)
+    return subqueries.exists(lowerer.frame, planned.rel, position(node), correlation)
 
 
 def _subquery(lowerer: Lowerer, node: exp.Subquery) -> Typed:
-    planned = lowerer.subquery(node)
+    planned, correlation = lowerer.subquery(node)
     return subqueries.scalar_subquery(
-        lowerer.frame, planned.rel, planned.at_most_one_row, position(node)
+        lowerer.frame, planned.rel, planned.at_most_one_row, position(node), correlation
     )
 
 

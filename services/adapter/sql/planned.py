@@ -96,5 +96,9 @@ class Planned:
     order: list[plan_pb2.SortKey]
     limit: int | None = None
     offset: int = 0
-    # Known to have at most one row (a global aggregate, LIMIT 1, ...).
+    # Known to have at most one row (a global aggregate, LIMIT 1, ...); in a correlated
+    # subquery, at most one per row of outer values.
     at_most_one_row: bool = False
+    # A correlated subquery's leading columns: the outer values (see correlation.py), which
+    # LIMIT applies per combination of.
+    correlation_width: int = 0

@@ -3,7 +3,7 @@
 A :class:`Frame` is the relation a clause works on (FROM's output, then aggregation's) and
 the :class:`Scope` naming its columns, position by position. Lowering an expression may add
 columns to the frame (a subquery's result joined on); those are unnamed. A scope knows its
-enclosing query's scope only to tell a correlated reference (not supported) from a typo.
+enclosing query's scope to resolve correlated references (see correlation.py).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from services.adapter.sql.correlation import Correlation
 from services.adapter.sql.errors import (
     AMBIGUOUS_COLUMN,
     UNDEFINED_COLUMN,
@@ -41,6 +42,9 @@ class Scope:
     # column (USING joins put the merged columns first).
     star: list[int] | None = None
     tables: set[str] = field(default_factory=set)
+    # In a correlated subquery: where names not found here are looked up (the query around
+    # it), read through the subquery's first columns (see correlation.py).
+    correlation: Correlation | None = None
 
     def _matches(self, name: str, table: str | None) -> list[int]:
         found = []
@@ -71,6 +75,8 @@ class Scope:
                     position,
                 )
             outer = outer.parent
+        if self.correlation is not None:
+            return self.correlation.resolve(name, table, position)
         if table is not None and table not in self.tables:
             raise SqlError(
                 UNDEFINED_TABLE, f'missing FROM-clause entry for table "{table}"', position
@@ -96,6 +102,18 @@ class Scope:
             self.parent,
             self.star,
             set(self.tables),
+            self.correlation,
+        )
+
+    def behind(self, count: int, correlation: Correlation) -> Scope:
+        """This scope with ``count`` unnamed columns in front (a correlated subquery's D),
+        outer names resolved through ``correlation``."""
+        return Scope(
+            [*(ScopeColumn("") for _ in range(count)), *self.columns],
+            None,
+            None if self.star is None else [count + i for i in self.star],
+            set(self.tables),
+            correlation,
         )
 
 

@@ -19,6 +19,7 @@ from services.adapter.sql import relations as r
 from services.adapter.sql import typed as t
 from services.adapter.sql.aggregates import aggregate, collect_aggregates, group_key_nodes
 from services.adapter.sql.catalog_view import CatalogView
+from services.adapter.sql.correlation import Correlation, CorrelationGrew, OuterResolver
 from services.adapter.sql.errors import (
     AMBIGUOUS_COLUMN,
     SYNTAX_ERROR,
@@ -102,13 +103,36 @@ class QueryPlanner:
     def plan_subquery(self, node: exp.Expr, outer: Scope | None) -> Planned:
         return self.finish_inner(self.plan_node(node, outer))
 
+    def plan_correlated(
+        self, node: exp.Expr, frame: Frame, resolve_outer: OuterResolver
+    ) -> tuple[Planned, Correlation | None]:
+        """A subquery in an expression over ``frame``: planned over the distinct values of
+        the outer columns it reads, when it reads any (see correlation.py)."""
+        correlation = Correlation(resolve_outer, frame.rel.types, self.new_binding())
+        while True:
+            attempt = Correlation(
+                correlation.outer,
+                correlation.outer_types,
+                correlation.binding,
+                list(correlation.positions),
+            )
+            try:
+                planned = self.finish_inner(self.plan_node(node, None, attempt))
+            except CorrelationGrew as grown:
+                if grown.correlation is not attempt:
+                    raise
+                correlation = attempt
+                continue
+            return planned, (attempt if attempt.width else None)
+
     def finish_inner(self, planned: Planned) -> Planned:
         """Applies pending LIMIT/OFFSET with TopK and drops ORDER BY-only columns (a
         subquery's order means nothing else)."""
         rel = planned.rel
         one_row = planned.at_most_one_row
         if planned.limit is not None or planned.offset:
-            rel = r.top_k(rel, planned.order, planned.limit, planned.offset)
+            per = range(planned.correlation_width)
+            rel = r.top_k(rel, planned.order, planned.limit, planned.offset, per)
             one_row = one_row or (planned.limit is not None and planned.limit <= 1)
         rel = r.project(rel, range(planned.visible))
         return Planned(
@@ -118,13 +142,16 @@ class QueryPlanner:
             planned.unknowns,
             [],
             at_most_one_row=one_row,
+            correlation_width=planned.correlation_width,
         )
 
-    def plan_node(self, node: exp.Expr, outer: Scope | None) -> Planned:
+    def plan_node(
+        self, node: exp.Expr, outer: Scope | None, correlation: Correlation | None = None
+    ) -> Planned:
         """A query with its ORDER BY/LIMIT/OFFSET still pending."""
         with_clause = node.args.get("with_") or node.args.get("with")
         if with_clause is None:
-            return self._plan_body(node, outer)
+            return self._plan_body(node, outer, correlation)
         if with_clause.args.get("recursive"):
             raise not_supported("WITH RECURSIVE", position(with_clause))
         ctes: dict[str, CteBinding] = {}
@@ -144,7 +171,7 @@ class QueryPlanner:
                 binding = self.new_binding()
                 ctes[alias] = CteBinding(binding, planned.rel.types, names)
                 values.append((binding, planned.rel))
-            body = self._plan_body(node, outer)
+            body = self._plan_body(node, outer, correlation)
         finally:
             self._ctes.pop()
         rel = body.rel
@@ -153,15 +180,17 @@ class QueryPlanner:
         body.rel = rel
         return body
 
-    def _plan_body(self, node: exp.Expr, outer: Scope | None) -> Planned:
+    def _plan_body(
+        self, node: exp.Expr, outer: Scope | None, correlation: Correlation | None = None
+    ) -> Planned:
         if isinstance(node, exp.Select):
-            return self._plan_select(node, outer)
+            return self._plan_select(node, outer, correlation)
         if isinstance(node, exp.Union | exp.Except | exp.Intersect):
-            return self._plan_set_operation(node, outer)
+            return self._plan_set_operation(node, outer, correlation)
         if isinstance(node, exp.Values):
             return self._with_modifiers(self.plan_values(node, outer), node)
         if isinstance(node, exp.Subquery):
-            inner = self.plan_node(node.this, outer)
+            inner = self.plan_node(node.this, outer, correlation)
             if not any(node.args.get(k) for k in ("order", "limit", "offset")):
                 return inner
             return self._with_modifiers(self.finish_inner(inner), node)
@@ -217,7 +246,9 @@ class QueryPlanner:
 
     # SELECT -----------------------------------------------------------------------------
 
-    def _plan_select(self, select: exp.Select, outer: Scope | None) -> Planned:
+    def _plan_select(
+        self, select: exp.Select, outer: Scope | None, correlation: Correlation | None = None
+    ) -> Planned:
         for part, label in _UNSUPPORTED_SELECT_PARTS.items():
             value = select.args.get(part)
             if value:
@@ -227,7 +258,17 @@ class QueryPlanner:
         distinct = select.args.get("distinct")
         if distinct is not None and distinct.args.get("on") is not None:
             raise not_supported("DISTINCT ON", position(distinct.args["on"]))
-        frame = plan_from(self, select, outer)
+        frame = plan_from(self, select, outer if correlation is None else None)
+        width = 0
+        if correlation is not None:
+            # Outer names resolve through the correlation; once it has columns, they lead.
+            width = correlation.width
+            if width:
+                frame = Frame(
+                    correlation.with_values(frame.rel), frame.scope.behind(width, correlation)
+                )
+            else:
+                frame = Frame(frame.rel, frame.scope.behind(0, correlation))
         where_clause = select.args.get("where")
         if where_clause is not None:
             condition = Lowerer(frame, self, "WHERE").condition(where_clause.this, "WHERE")
@@ -244,7 +285,9 @@ class QueryPlanner:
         star_scope = frame.scope
         if grouped:
             keys = group_key_nodes(select, outputs, frame.scope)
-            result = aggregate(frame, self, keys, aggregates, bool(select.args.get("group")))
+            result = aggregate(
+                frame, self, keys, aggregates, bool(select.args.get("group")), correlation
+            )
             frame, substitution = result.frame, result.grouping
             if having is not None:
                 condition = Lowerer(frame, self, "HAVING", substitution).condition(
@@ -252,6 +295,8 @@ class QueryPlanner:
                 )
                 frame.rel = r.filter_(frame.rel, [condition])
         windows = collect_windows([*outputs, *(o.this for o in ordered)])
+        if windows and width:
+            raise not_supported("window functions in a correlated subquery", position(select))
         if windows:
             substitution = plan_windows(frame, self, windows, named_windows(select), substitution)
         lowerer = Lowerer(frame, self, "SELECT", substitution)
@@ -263,7 +308,13 @@ class QueryPlanner:
                 "for SELECT DISTINCT, ORDER BY expressions must appear in select list",
                 position(order),
             )
-        unknowns = [item if item.is_unknown else None for item in items]
+        unknowns: list[Typed | None] = [item if item.is_unknown else None for item in items]
+        if width:
+            # The outer values lead every row of a correlated subquery.
+            items = [frame.column(i) for i in range(width)] + items
+            names = [""] * width + names
+            unknowns = [*(None for _ in range(width)), *unknowns]
+            order_keys = [_shifted_key(key, width) for key in order_keys]
         rel = project_values(frame, [t.resolve(item) for item in [*items, *hidden]])
         if distinct is not None:
             rel = r.distinct(rel)
@@ -279,6 +330,7 @@ class QueryPlanner:
             limit,
             offset,
             at_most_one_row=global_aggregate or no_from,
+            correlation_width=width,
         )
 
     def _select_list(
@@ -347,11 +399,13 @@ class QueryPlanner:
 
     # Set operations ---------------------------------------------------------------------
 
-    def _plan_set_operation(self, node: exp.Expr, outer: Scope | None) -> Planned:
+    def _plan_set_operation(
+        self, node: exp.Expr, outer: Scope | None, correlation: Correlation | None = None
+    ) -> Planned:
         where = position(node)
         operator = node.key.upper()
-        left = self.plan_subquery(node.this, outer)
-        right = self.plan_subquery(node.expression, outer)
+        left = self.finish_inner(self.plan_node(node.this, outer, correlation))
+        right = self.finish_inner(self.plan_node(node.expression, outer, correlation))
         if left.visible != right.visible:
             raise SqlError(
                 SYNTAX_ERROR, f"each {operator} query must have the same number of columns", where
@@ -373,7 +427,16 @@ class QueryPlanner:
             rel = r.let(binding, lrel, r.union([shared, r.negate(only_left)]))
         if distinct and not isinstance(node, exp.Except):
             rel = r.distinct(rel)
-        planned = Planned(rel, left.names, left.visible, [None] * left.visible, [])
+        planned = Planned(
+            rel,
+            left.names,
+            left.visible,
+            [None] * left.visible,
+            [],
+            correlation_width=left.correlation_width,
+        )
+        if planned.correlation_width and node.args.get("order"):
+            raise not_supported("ORDER BY on a set operation in a correlated subquery", where)
         return self._with_modifiers(planned, node)
 
     def _with_modifiers(self, planned: Planned, node: exp.Expr) -> Planned:
@@ -512,6 +575,10 @@ def _output_reference(
         if matches:
             return matches[0]
     return None
+
+
+def _shifted_key(key: plan_pb2.SortKey, offset: int) -> plan_pb2.SortKey:
+    return pb.sort_key(key.column + offset, key.descending, key.nulls_flipped)
 
 
 def _sort_key(entry: exp.Expr, index: int) -> plan_pb2.SortKey:
