@@ -86,6 +86,11 @@ class Correlation:
         self.positions.append(outer_position)
         raise CorrelationGrew(self)
 
+    @property
+    def nullable(self) -> list[bool]:
+        """Per D column, whether the outer column it holds may be NULL."""
+        return [self.outer_types[p].nullable for p in self.positions]
+
     def outer_relation(self) -> r.Rel:
         return r.local_get(self.binding, self.outer_types)
 
@@ -98,11 +103,16 @@ class Correlation:
         return r.join(self.values(), rel)
 
 
-def null_safe_keys(rel: r.Rel, positions: list[int]) -> list[Typed]:
-    """Join keys on ``positions`` that match NULL with NULL (and a value with itself only)."""
+def null_safe_keys(rel: r.Rel, positions: list[int], nullable: list[bool]) -> list[Typed]:
+    """Join keys on ``positions`` that match NULL with NULL (and a value with itself only);
+    a column that cannot be NULL (``nullable`` false: decided by the outer column, so both
+    sides of a join get the same keys) is its own key."""
     keys: list[Typed] = []
-    for position in positions:
+    for position, may_be_null in zip(positions, nullable, strict=True):
         value = t.column(position, rel.types[position])
+        if not may_be_null:
+            keys.append(value)
+            continue
         filler = t.literal(_FILLER[value.type.kind], value.type.with_nullable(False))
         keys.append(t.call("is_null", value))
         keys.append(t.call("coalesce", value, filler))
@@ -115,8 +125,8 @@ def join_back(outer: r.Rel, correlation: Correlation, result: r.Rel) -> r.Rel:
     joined = r.join(
         correlation.outer_relation(),
         result,
-        null_safe_keys(outer, correlation.positions),
-        null_safe_keys(result, list(range(correlation.width))),
+        null_safe_keys(outer, correlation.positions, correlation.nullable),
+        null_safe_keys(result, list(range(correlation.width)), correlation.nullable),
         kind="left_outer",
     )
     return r.let(correlation.binding, outer, joined)
@@ -130,8 +140,8 @@ def all_groups(reduced: r.Rel, correlation: Correlation, counts: list[bool]) -> 
     joined = r.join(
         values,
         reduced,
-        null_safe_keys(values, list(range(width))),
-        null_safe_keys(reduced, list(range(width))),
+        null_safe_keys(values, list(range(width)), correlation.nullable),
+        null_safe_keys(reduced, list(range(width)), correlation.nullable),
         kind="left_outer",
     )
     fixed = [t.column(i, joined.types[i]) for i in range(width)]

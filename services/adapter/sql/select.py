@@ -26,7 +26,12 @@ from services.adapter.sql.errors import (
     SqlError,
     not_supported,
 )
-from services.adapter.sql.expressions import Lowerer, Substitution, is_aggregate
+from services.adapter.sql.expressions import (
+    Lowerer,
+    Substitution,
+    contains_subquery,
+    is_aggregate,
+)
 from services.adapter.sql.joins import INVALID_COLUMN_REFERENCE, plan_from
 from services.adapter.sql.names import QualifiedName, identifier, position
 from services.adapter.sql.planned import Planned
@@ -271,8 +276,16 @@ class QueryPlanner:
                 frame = Frame(frame.rel, frame.scope.behind(0, correlation))
         where_clause = select.args.get("where")
         if where_clause is not None:
-            condition = Lowerer(frame, self, "WHERE").condition(where_clause.this, "WHERE")
-            frame.rel = r.filter_(frame.rel, [condition])
+            # Conditions without subqueries filter first, so that a subquery's outer values
+            # (and its join back) come from the rows that pass them.
+            parts = _conjuncts(where_clause.this)
+            plain = [part for part in parts if not contains_subquery(part)]
+            nested = [part for part in parts if contains_subquery(part)]
+            for group in (plain, nested):
+                if group:
+                    lowerer = Lowerer(frame, self, "WHERE")
+                    conditions = [lowerer.condition(part, "WHERE") for part in group]
+                    frame.rel = r.filter_(frame.rel, conditions)
         outputs = list(select.expressions)
         having = select.args.get("having")
         order = select.args.get("order")
@@ -575,6 +588,16 @@ def _output_reference(
         if matches:
             return matches[0]
     return None
+
+
+def _conjuncts(node: exp.Expr) -> list[exp.Expr]:
+    """The parts of ``a AND b AND ...`` (through parentheses), or ``[node]``."""
+    inner = node
+    while isinstance(inner, exp.Paren):
+        inner = inner.this
+    if isinstance(inner, exp.And):
+        return [*_conjuncts(inner.this), *_conjuncts(inner.expression)]
+    return [node]
 
 
 def _shifted_key(key: plan_pb2.SortKey, offset: int) -> plan_pb2.SortKey:

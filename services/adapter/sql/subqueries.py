@@ -106,16 +106,21 @@ def in_subquery(
         frame.replace(r.let(binding, rel, joined))
     else:
         outer = correlation.outer_relation()
-        on_outer = null_safe_keys(frame.rel, correlation.positions)
+        nullable = correlation.nullable
+        on_outer = null_safe_keys(frame.rel, correlation.positions, nullable)
         joined = r.join(
             outer,
             values,
             [*on_outer, needle],
-            [*null_safe_keys(values, outer_keys), value],
+            [*null_safe_keys(values, outer_keys, nullable), value],
             kind="left_outer",
         )
         joined = r.join(
-            joined, counts, on_outer, null_safe_keys(counts, outer_keys), kind="left_outer"
+            joined,
+            counts,
+            on_outer,
+            null_safe_keys(counts, outer_keys, nullable),
+            kind="left_outer",
         )
         frame.replace(r.let(correlation.binding, frame.rel, r.let(binding, rel, joined)))
     matched = frame.column(start + width)

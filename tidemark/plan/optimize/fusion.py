@@ -6,6 +6,9 @@ Equivalences:
 - In a predicate, TRUE parts of ``and`` drop, a FALSE part makes it FALSE (``or`` dually);
   ``not`` of a literal folds. A Filter with a TRUE predicate drops it; one with a FALSE or NULL
   predicate keeps no row: it becomes an empty Constant of the same schema.
+- (x AND a) OR (x AND b) = x AND (a OR b), also in SQL's three-valued logic: conjuncts
+  common to every branch of a disjunction come out of it, so a join equality written in each
+  branch (TPC-H Q19) becomes a conjunct the join ordering can use.
 - Project(Project(x, a), b) = Project(x, [a[i] for i in b]).
 - Map(Map(x, e), f) = Map(x, e ++ f): f's expressions already see e's columns where Map's
   contract puts them.
@@ -19,7 +22,14 @@ from tidemark.plan import builders as pb
 from tidemark.plan.derive import derive_schema
 from tidemark.plan.optimize.analysis import arity
 from tidemark.plan.optimize.rewrite import Context, bottom_up
-from tidemark.plan.optimize.scalars import all_conjuncts, bool_literal, false_literal, true_literal
+from tidemark.plan.optimize.scalars import (
+    all_conjuncts,
+    bool_literal,
+    conjuncts,
+    false_literal,
+    key_of,
+    true_literal,
+)
 from tidemark.v1 import plan_pb2
 
 
@@ -56,6 +66,25 @@ def fold_predicate(expr: plan_pb2.Scalar) -> plan_pb2.Scalar:
     return pb.call(name, *kept)
 
 
+def factor_disjunction(expr: plan_pb2.Scalar) -> list[plan_pb2.Scalar]:
+    """``expr`` as conjuncts, with the conjuncts every branch of an ``or`` shares taken out."""
+    if expr.WhichOneof("kind") != "call" or expr.call.function != "or":
+        return [expr]
+    branches = [conjuncts(arg) for arg in expr.call.args]
+    keys = [[key_of(part) for part in branch] for branch in branches]
+    common = [part for part in branches[0] if all(key_of(part) in k for k in keys[1:])]
+    if not common:
+        return [expr]
+    shared = {key_of(part) for part in common}
+    rests = []
+    for branch in branches:
+        rest = [part for part in branch if key_of(part) not in shared]
+        if not rest:
+            return common  # a branch that is only the common part: the OR is implied
+        rests.append(rest[0] if len(rest) == 1 else pb.call("and", *rest))
+    return [*common, pb.call("or", *rests)]
+
+
 def _fuse(rel: plan_pb2.Relation, context: Context) -> plan_pb2.Relation:
     kind = rel.WhichOneof("kind")
     if kind == "filter":
@@ -64,7 +93,11 @@ def _fuse(rel: plan_pb2.Relation, context: Context) -> plan_pb2.Relation:
         while below.WhichOneof("kind") == "filter":
             predicates = [*below.filter.predicates, *predicates]
             below = below.filter.input
-        folded = [fold_predicate(p) for p in all_conjuncts(predicates)]
+        folded = [
+            part
+            for p in all_conjuncts(predicates)
+            for part in factor_disjunction(fold_predicate(p))
+        ]
         kept = []
         for predicate in folded:
             value = bool_literal(predicate)
