@@ -208,6 +208,9 @@ class DataflowManager:
             inputs=tuple(DataflowInputSpec(i.collection_id) for i in failed.spec.inputs),
             output_write_capability=None,
         )
+        # An engine may key its state by the dataflow's id (the resident Spark tasks do), so
+        # the failed one's state goes first; its capabilities stay until the new ones are held.
+        await failed.drop_engine()
         running = await self._prepare(spec)
         if self._dataflows.get(dataflow_id) is not failed:
             await running.stop(release=True)  # dropped (or replaced) while this was prepared
