@@ -284,8 +284,9 @@ async def test_a_lost_history_is_reported_and_rebuild_recovers_it(
         await storage.drop(hold)
         await asyncio.sleep(LEASE_S + 3)
         pair = await storage.acquire(view_id, "provoker")
-        await storage.drop(pair.read)
-        await storage.drop(pair.write)
+        for capability in (pair.read, pair.write):
+            if capability.usable:  # the read half is not when nothing held the since at all
+                await storage.drop(capability)
         assert (await storage.describe(view_id)).since.is_empty()
     processes.restart("catalog")
     processes.restart("adapter")
