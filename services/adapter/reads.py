@@ -25,6 +25,7 @@ from services.adapter.index_match import IndexPeek, indexed_relations, match_ind
 from services.adapter.sql.errors import SqlError
 from services.adapter.timestamps import Timestamps
 from tidemark.clients.compute import ComputeClient, PeekResult, one_shot
+from tidemark.clients.storage import Capability
 from tidemark.columnar import Row
 from tidemark.errors import FailedPrecondition, NotFound
 from tidemark.logging import get_logger
@@ -55,6 +56,17 @@ def history_lost(state: CatalogState, collection_id: str) -> SqlError:
     else:
         hint = f"its contents cannot be recovered: drop the {kind} and create it again"
     return SqlError(OBJECT_NOT_IN_PREREQUISITE_STATE, message, hint=hint)
+
+
+async def read_capability(
+    holds: CollectionHolds, state: CatalogState, collection_id: str
+) -> Capability:
+    """This process's read capability on ``collection_id``; 55000 (:func:`history_lost`) when
+    the collection's history is lost."""
+    try:
+        return await holds.read(collection_id)
+    except HistoryLost:
+        raise history_lost(state, collection_id) from None
 
 
 @dataclass(frozen=True)
@@ -191,9 +203,7 @@ class QueryReader:
         capabilities = []
         for collection_id in sorted(inputs.collections):
             try:
-                capabilities.append(await self.holds.read(collection_id))
-            except HistoryLost:
-                raise history_lost(state, collection_id) from None
+                capabilities.append(await read_capability(self.holds, state, collection_id))
             except CollectionGone as exc:
                 raise SqlError(UNDEFINED_TABLE, f"{exc.message} (dropped concurrently?)") from None
         # A one-shot plan names everything it reads and comes with its capabilities: nothing
