@@ -225,6 +225,24 @@ async def writer(rows: Writer) -> AsyncIterator[Writer]:
         await rows.stop()
 
 
+async def lose_history(processes: Processes, view_id: str) -> None:
+    """The runaway as it used to happen: nothing durable holds the view, every leased holder
+    dies, and a restarting writer takes a capability pair and drops the read half."""
+    processes.kill("catalog")
+    processes.kill("adapter")
+    async with StorageClient(processes.stack.storage.address) as storage:
+        hold = await storage.acquire_critical(view_id, CATALOG_HOLDER)
+        await storage.drop(hold)
+        await asyncio.sleep(LEASE_S + 3)
+        pair = await storage.acquire(view_id, "provoker")
+        for capability in (pair.read, pair.write):
+            if capability.usable:  # the read half is not when nothing held the since at all
+                await storage.drop(capability)
+        assert (await storage.describe(view_id)).since.is_empty()
+    processes.restart("catalog")
+    processes.restart("adapter")
+
+
 async def test_objects_stay_readable_through_kills_longer_than_the_lease(
     processes: Processes, writer: Writer
 ) -> None:
@@ -281,21 +299,7 @@ async def test_a_lost_history_is_reported_and_rebuild_recovers_it(
     )
     await check_readable(processes, writer, "acct_by_k")
     view_id = await catalog_id(processes, "acct_by_k")
-    # The runaway as it used to happen: nothing durable holds the view, every leased holder
-    # dies, and a restarting writer takes a capability pair and drops the read half.
-    processes.kill("catalog")
-    processes.kill("adapter")
-    async with StorageClient(processes.stack.storage.address) as storage:
-        hold = await storage.acquire_critical(view_id, CATALOG_HOLDER)
-        await storage.drop(hold)
-        await asyncio.sleep(LEASE_S + 3)
-        pair = await storage.acquire(view_id, "provoker")
-        for capability in (pair.read, pair.write):
-            if capability.usable:  # the read half is not when nothing held the since at all
-                await storage.drop(capability)
-        assert (await storage.describe(view_id)).since.is_empty()
-    processes.restart("catalog")
-    processes.restart("adapter")
+    await lose_history(processes, view_id)
     address = processes.adapter.address
 
     async def reported() -> None:
@@ -327,3 +331,21 @@ async def test_a_lost_history_is_reported_and_rebuild_recovers_it(
         assert wrong.error is not None and wrong.error.code == "42809", wrong.error
         missing = await client.execute("ALTER MATERIALIZED VIEW nope REBUILD")
         assert missing.error is not None and missing.error.code == "42P01", missing.error
+
+
+async def test_compute_rebuilds_a_lost_view_when_it_installs_it(
+    processes: Processes, writer: Writer
+) -> None:
+    await run(
+        processes.adapter.address,
+        "CREATE MATERIALIZED VIEW acct_again AS "
+        "SELECT k, sum(v) AS total, count(*) AS n FROM acct GROUP BY k",
+    )
+    await check_readable(processes, writer, "acct_again")
+    view_id = await catalog_id(processes, "acct_again")
+    await lose_history(processes, view_id)
+    processes.kill("compute")
+    processes.restart("compute")
+    # No REBUILD: the restarted compute finds the output lost and writes it anew.
+    await check_readable(processes, writer, "acct_again")
+    await assert_catalog_holds(processes, view_id)
