@@ -128,7 +128,7 @@ class StatementExecutor:
             state = await self.catalog_state()
             holds = self.reader.holds
             tag = await rebuild_materialized_view(
-                statement, state, session.settings, holds.storage, holds
+                statement, state, session.settings, holds.storage, holds, self.timestamps
             )
             return Outcome(tag)
         if isinstance(statement, ast.ShowObjects):

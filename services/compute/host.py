@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -113,6 +113,8 @@ class DataflowManager:
         self.engine = engine
         self.settings = settings
         self.controller: CatalogFollower | None = None
+        self.publish_time: Callable[[int], Awaitable[None]] | None = None
+        """``ApplyWrite`` on the data timeline (with an oracle): see ``_rebuild_if_lost``."""
         self._dataflows: dict[str, RunningDataflow] = {}
         self._installing: set[str] = set()
         self._failed = asyncio.Event()  # set when a dataflow fails: the supervisor looks
@@ -317,8 +319,13 @@ class DataflowManager:
         REBUILD`` does), with the catalog's durable hold, and this dataflow writes it anew."""
         info = await self.storage.describe(collection_id)
         if info.since.is_empty() and not info.upper.is_empty():
-            await self.storage.reset_history(collection_id, CATALOG_HOLDER)
+            hold = await self.storage.reset_history(collection_id, CATALOG_HOLDER)
             log.warning("output_history_lost_rebuilding", collection=collection_id)
+            since = frontier_bound(hold.frontier)
+            if self.publish_time is not None and since is not None:
+                # Reads happen at the oracle's read timestamp: it must reach the new since,
+                # or the view could not be read until the next write somewhere.
+                await self.publish_time(since)
 
     @staticmethod
     def _choose_as_of(
