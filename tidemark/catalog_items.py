@@ -40,3 +40,21 @@ def cluster_named(
         if item.WhichOneof("body") == "cluster" and item.name.item == name:
             return item
     return None
+
+
+CATALOG_HOLDER = "catalog"
+"""The holder of the critical read capability each catalog object's collection carries
+(``services/catalog/holds.py``); the adapter creates collections with it."""
+
+
+def collection_of(item: catalog_pb2.CatalogItem) -> str:
+    """The storage collection holding ``item``'s contents (tables, sources, materialized
+    views); ``""`` for items without one."""
+    kind = item.WhichOneof("body")
+    if kind == "table":
+        return item.table.collection_id or item.id
+    if kind == "source":
+        return item.source.collection_id or item.id
+    if kind == "materialized_view":
+        return item.materialized_view.output_collection_id or item.id
+    return ""

@@ -2,9 +2,10 @@
 
 ``tidemark up`` runs a whole Tidemark on one machine: every service as its own process on
 localhost, embedded backends (SQLite consensus, a blob directory) under one data directory,
-one log file per process. Ctrl-C stops them all, last started first; running it again finds
-the same data. ``tidemark sql`` is a SQL shell connected to an adapter; ``tidemark status``
-shows the health of the local services.
+one log file per process. A service that crashes is restarted (with backoff) while the others
+keep serving. Ctrl-C stops them all; running it again finds the same data. ``tidemark sql`` is
+a SQL shell connected to an adapter; ``tidemark status`` shows the health of the local
+services, and how often each was restarted and why it last exited.
 """
 
 from __future__ import annotations
@@ -28,18 +29,22 @@ def _add_base_port(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tidemark", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    up_parser = commands.add_parser("up", help="run every service on localhost")
-    up_parser.add_argument(
+def _add_data_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
         "--data-dir",
         type=Path,
         default=Path(os.environ.get("TIDEMARK_DATA_DIR", "data")),
         help="where the embedded backends and the logs live [env TIDEMARK_DATA_DIR; "
         "default: ./data]",
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tidemark", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    up_parser = commands.add_parser("up", help="run every service on localhost")
+    _add_data_dir(up_parser)
     _add_base_port(up_parser)
     up_parser.add_argument(
         "--spark-master",
@@ -64,8 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="run SQL (or one backslash command) and exit; may be given several times",
     )
 
-    status_parser = commands.add_parser("status", help="health of the local services")
+    status_parser = commands.add_parser(
+        "status", help="health of the local services, their restarts and last exits"
+    )
     _add_base_port(status_parser)
+    _add_data_dir(status_parser)
     return parser
 
 
@@ -88,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "status":
         from tidemark.local.supervisor import status
 
-        return status(args.base_port)
+        return status(args.base_port, args.data_dir)
     return 2
 
 

@@ -8,7 +8,8 @@ again from scratch (the name may be taken now, the dependency gone), then retrie
 
 New GlobalIds come from the "user" allocator, bumped in the same append. Tables, sources and
 materialized views keep their data in a storage collection whose id is the item's own id; it is
-created (initial frontier ``ReadTs(data)``) before the append that names it. If that append
+created (initial frontier ``ReadTs(data)``, with the catalog's durable read hold,
+``services/catalog/holds.py``) before the append that names it. If that append
 then loses, the collection is kept for the retry when the retry takes the same id, and
 otherwise released: an orphan is harmless.
 
@@ -18,6 +19,7 @@ does the same when its copy of the catalog sees the drop).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -39,11 +41,11 @@ from services.adapter.sql.ddl import relation_schema
 from services.adapter.sql.errors import SqlError
 from services.adapter.sql.names import dotted
 from services.adapter.timestamps import Timestamps
-from tidemark.catalog_items import item_key
+from tidemark.catalog_items import CATALOG_HOLDER, item_key
 from tidemark.clients.catalog import CatalogClient, CatalogUpperMismatch, insert, retract
 from tidemark.clients.storage import StorageClient
 from tidemark.columnar import RelationSchema
-from tidemark.errors import AlreadyExists
+from tidemark.errors import AlreadyExists, TidemarkError
 from tidemark.logging import get_logger
 from tidemark.plan.catalog_relations import RELATION_KINDS
 from tidemark.v1 import catalog_pb2
@@ -142,6 +144,8 @@ class CollectionMaker:
                     schema,
                     initial_frontier=await self.timestamps.read_ts(),
                     holder=self.holds.holder,
+                    # The catalog's durable hold, there from the first moment on.
+                    critical_holder=CATALOG_HOLDER,
                 )
             except AlreadyExists:
                 # Another adapter made it for an append of its own: skip the id.
@@ -157,6 +161,11 @@ class CollectionMaker:
     async def release_unused(self) -> None:
         for global_id in set(self.made) - self.used:
             await self.holds.release(global_id)
+            # No catalog object will name it: release the catalog's hold too (else the
+            # catalog does, once the orphan is old enough).
+            with contextlib.suppress(TidemarkError):
+                hold = await self.storage.acquire_critical(global_id, CATALOG_HOLDER)
+                await self.storage.drop(hold)
 
 
 Build = Callable[[CatalogDraft, CollectionMaker], Awaitable[DdlOutcome]]

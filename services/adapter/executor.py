@@ -16,6 +16,7 @@ from services.adapter.dml import DmlRunner
 from services.adapter.finishing import apply_finishing
 from services.adapter.planning import Planner
 from services.adapter.reads import QueryReader, plan_inputs
+from services.adapter.rebuild import rebuild_materialized_view
 from services.adapter.results import (
     ACTIVE_TRANSACTION,
     IN_FAILED_TRANSACTION,
@@ -117,6 +118,19 @@ class StatementExecutor:
                     statement.position,
                 )
             return _ddl_outcome(await self.ddl.run(statement, session.settings))
+        if isinstance(statement, ast.RebuildMaterializedView):
+            if transaction is not None:
+                raise SqlError(
+                    ACTIVE_TRANSACTION,
+                    "ALTER MATERIALIZED VIEW cannot run inside a transaction block",
+                    statement.position,
+                )
+            state = await self.catalog_state()
+            holds = self.reader.holds
+            tag = await rebuild_materialized_view(
+                statement, state, session.settings, holds.storage, holds, self.timestamps
+            )
+            return Outcome(tag)
         if isinstance(statement, ast.ShowObjects):
             state = await self.catalog_state()
             return show_objects(statement, self.planner.view(state), session.settings)

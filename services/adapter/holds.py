@@ -37,6 +37,11 @@ class CollectionGone(NotFound):
     """The collection has been dropped (its frontiers are closed)."""
 
 
+class HistoryLost(CollectionGone):
+    """The collection is still open for writes, but its since ran away to ``{}``: it cannot
+    be read at any time (its history is lost; see ``ALTER MATERIALIZED VIEW … REBUILD``)."""
+
+
 class CollectionHolds:
     """Read and write capabilities per collection, for this process (``holder``)."""
 
@@ -81,6 +86,8 @@ class CollectionHolds:
         """This process's read capability on ``collection_id``."""
         held = await self._pair(collection_id)
         if not held.read.usable:
+            if held.write.usable:
+                raise HistoryLost(f"collection {collection_id} has lost its history (since {{}})")
             raise CollectionGone(f"collection {collection_id} can no longer be read")
         return held.read
 

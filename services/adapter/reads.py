@@ -19,11 +19,13 @@ from dataclasses import dataclass, replace
 
 from services.adapter.backends import Backends
 from services.adapter.catalog_cache import CatalogState, kind_of
-from services.adapter.holds import CollectionGone, CollectionHolds
+from services.adapter.catalog_names import full_name, kind_name
+from services.adapter.holds import CollectionGone, CollectionHolds, HistoryLost
 from services.adapter.index_match import IndexPeek, indexed_relations, match_indexes
 from services.adapter.sql.errors import SqlError
 from services.adapter.timestamps import Timestamps
 from tidemark.clients.compute import ComputeClient, PeekResult, one_shot
+from tidemark.clients.storage import Capability
 from tidemark.columnar import Row
 from tidemark.errors import FailedPrecondition, NotFound, PermissionDenied
 from tidemark.logging import get_logger
@@ -35,6 +37,37 @@ log = get_logger("services.adapter.reads")
 
 UNDEFINED_OBJECT = "42704"
 UNDEFINED_TABLE = "42P01"
+OBJECT_NOT_IN_PREREQUISITE_STATE = "55000"
+
+
+def history_lost(state: CatalogState, collection_id: str) -> SqlError:
+    """55000 for an object whose storage collection lost its history (its since is ``{}``),
+    saying how to get it back."""
+    item = state.get(collection_id)
+    if item is None:
+        return SqlError(UNDEFINED_TABLE, f"collection {collection_id} can no longer be read")
+    name = full_name(item)
+    kind = kind_name(item)
+    message = (
+        f'{kind} "{name}" has lost its stored history (its collection {collection_id} can no '
+        "longer be read at any time)"
+    )
+    if kind_of(item) == "materialized_view":
+        hint = f"recompute it from its inputs with ALTER MATERIALIZED VIEW {name} REBUILD"
+    else:
+        hint = f"its contents cannot be recovered: drop the {kind} and create it again"
+    return SqlError(OBJECT_NOT_IN_PREREQUISITE_STATE, message, hint=hint)
+
+
+async def read_capability(
+    holds: CollectionHolds, state: CatalogState, collection_id: str
+) -> Capability:
+    """This process's read capability on ``collection_id``; 55000 (:func:`history_lost`) when
+    the collection's history is lost."""
+    try:
+        return await holds.read(collection_id)
+    except HistoryLost:
+        raise history_lost(state, collection_id) from None
 
 
 @dataclass(frozen=True)
@@ -176,10 +209,14 @@ class QueryReader:
         memory_budget_bytes: int,
     ) -> PeekResult:
         for attempt in (1, 2):
-            try:
-                capabilities = [await self.holds.read(c) for c in sorted(inputs.collections)]
-            except CollectionGone as exc:
-                raise SqlError(UNDEFINED_TABLE, f"{exc.message} (dropped concurrently?)") from None
+            capabilities = []
+            for collection_id in sorted(inputs.collections):
+                try:
+                    capabilities.append(await read_capability(self.holds, state, collection_id))
+                except CollectionGone as exc:
+                    raise SqlError(
+                        UNDEFINED_TABLE, f"{exc.message} (dropped concurrently?)"
+                    ) from None
             # A one-shot plan names everything it reads and comes with its capabilities:
             # nothing of the cluster's catalog state is involved, so it need not wait for the
             # controller.

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from services.adapter.backends import Backends
 from services.adapter.catalog_cache import CatalogState
 from services.adapter.holds import CollectionHolds
-from services.adapter.reads import PlanInputs, QueryReader, plan_inputs
+from services.adapter.reads import PlanInputs, QueryReader, plan_inputs, read_capability
 from services.adapter.results import output_columns, sql_row
 from services.adapter.sql.errors import SqlError
 from services.adapter.sql.planned import Finishing, PlannedQuery
@@ -91,7 +91,7 @@ class Subscriptions:
         plan = planned.plan
         root = planned.unoptimized.root
         if root.WhichOneof("kind") == "get":
-            capability = await self.holds.read(root.get.collection_id)
+            capability = await read_capability(self.holds, state, root.get.collection_id)
             messages = self.backends.storage.subscribe(capability, as_of=as_of)
             return ChangeSource(messages, f"collection {root.get.collection_id}")
         chosen = self.reader.choose_index(planned.unoptimized, state, cluster)
@@ -109,7 +109,7 @@ class Subscriptions:
         inputs = plan_inputs(plan, state)
         clones = []
         for collection_id in sorted(inputs.collections):
-            capability = await self.holds.read(collection_id)
+            capability = await read_capability(self.holds, state, collection_id)
             clones.append(await self.backends.storage.clone(capability, self.holds.holder))
         dataflow_id = f"subscribe-{uuid.uuid4().hex}"
         width = len(plan.output_schema.columns)

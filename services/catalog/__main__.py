@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.catalog.catalog import CATALOG_COLLECTION_ID, Catalog, CatalogSettings
+from services.catalog.holds import CatalogHolds, HoldSettings
 from services.catalog.service import catalog_service
 from services.catalog.storage_log import StorageCatalogLog
 from tidemark.clients.oracle import OracleClient
@@ -29,11 +30,33 @@ class CatalogConfig(ServiceConfig):
     maintenance_interval: float = setting(
         5.0, help="seconds between compaction passes", metavar="SECONDS"
     )
+    data_history_seconds: float = setting(
+        900.0,
+        help="how far behind a table's, source's or materialized view's upper the catalog's "
+        "durable read hold on it stays (the adapter's --history-seconds, the AS OF window)",
+        metavar="SECONDS",
+    )
+    hold_interval: float = setting(
+        5.0, help="seconds between passes over the durable read holds", metavar="SECONDS"
+    )
+    orphan_grace_seconds: float = setting(
+        300.0,
+        help="age after which a held collection that no catalog object names is released "
+        "(an adapter creates a collection shortly before the catalog append naming it)",
+        metavar="SECONDS",
+    )
     bootstrap_defaults: bool = setting(
         True,
         help="create the database 'tidemark', its schema 'public' and the cluster 'default' "
         "when the catalog is first created",
     )
+
+    def hold_settings(self) -> HoldSettings:
+        return HoldSettings(
+            history_ms=round(self.data_history_seconds * 1000),
+            interval_seconds=self.hold_interval,
+            orphan_grace_ms=round(self.orphan_grace_seconds * 1000),
+        )
 
     def settings(self) -> CatalogSettings:
         return CatalogSettings(
@@ -48,8 +71,14 @@ async def main(config: CatalogConfig) -> None:
     storage = StorageClient(config.storage)
     oracle = OracleClient(config.oracle)
     catalog = Catalog(StorageCatalogLog(storage, CATALOG_COLLECTION_ID), oracle, config.settings())
+    holds = CatalogHolds(
+        storage,
+        lambda: [row.item for row in catalog.history.index.rows.values()],
+        config.hold_settings(),
+    )
     try:
         await catalog.start()
+        holds.start()
         await serve(
             [catalog_service(catalog)],
             config.listen,
@@ -58,6 +87,7 @@ async def main(config: CatalogConfig) -> None:
             readiness=catalog.readiness,
         )
     finally:
+        await holds.close()
         await catalog.close()
         await oracle.close()
         await storage.close()

@@ -3,11 +3,13 @@
 Each row is ``(key, kind, item)``: the item's key and kind in plain text (so that ``Describe``
 and filtered reads are legible) and its canonical bytes, which are what the catalog compares.
 
-This process holds one read and one write capability, renews their leases in the background,
-and re-acquires whichever the service reports gone (a crash or a long outage outlived its
-lease). A re-acquired write capability starts at the current upper; a re-acquired read
-capability at the current since, which may have moved on meanwhile: the catalog only ever
-reads from its own history's end, which is never before that.
+The read capability is the log's critical one (holder :data:`LOG_HOLDER`; no lease, shared by
+every catalog process): the since of the catalog's own history must never depend on a process
+being alive, or a storage outage longer than the lease followed by a re-acquired write
+capability (whose fresh read twin is dropped) would let it run away and the catalog could never
+start again. The write capability is leased: this process renews it in the background and
+re-acquires it when the service reports it gone (a crash or a long outage outlived its
+lease); a re-acquired write capability starts at the current upper.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ CATALOG_SCHEMA = RelationSchema.of(
     ("key", ColumnType.TEXT), ("kind", ColumnType.TEXT), ("item", ColumnType.BYTES)
 )
 MIN_RENEW_SECONDS = 0.5
+LOG_HOLDER = "catalog-log"
+"""The holder of the catalog log's critical read capability (not ``CATALOG_HOLDER``, whose
+holds follow the catalog's items)."""
 
 
 def _bound(frontier: Antichain[int], what: str) -> int:
@@ -90,13 +95,25 @@ class StorageCatalogLog(CatalogLog):
     async def open(self) -> LogFrontiers:
         try:
             pair = await self.client.create(
-                self.collection_id, CATALOG_SCHEMA, initial_frontier=0, holder=self.holder
+                self.collection_id,
+                CATALOG_SCHEMA,
+                initial_frontier=0,
+                holder=self.holder,
+                critical_holder=LOG_HOLDER,
             )
             logger.info("catalog_collection_created", collection=self.collection_id)
         except AlreadyExists:
             pair = await self.client.acquire(self.collection_id, self.holder)
-        self._take(pair.read, pair.write)
-        lease_left = (pair.read.lease_expires_ms - time.time() * 1000) / 1000
+        try:
+            # A log made before critical holds gets one now, at its since (if that is left).
+            hold = await self.client.acquire_critical(self.collection_id, LOG_HOLDER)
+        except FailedPrecondition:
+            hold = pair.read  # the since is {}: _take reports the lost contents
+        if pair.read.usable and hold is not pair.read:
+            with contextlib.suppress(TidemarkError):
+                await self.client.drop(pair.read)  # the hold keeps the since
+        self._take(hold, pair.write)
+        lease_left = (pair.write.lease_expires_ms - time.time() * 1000) / 1000
         self._renew_every = max(MIN_RENEW_SECONDS, lease_left / 4)
         self._keeper = asyncio.create_task(self._keep_leases(), name="catalog-leases")
         return LogFrontiers(

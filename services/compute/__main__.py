@@ -148,6 +148,12 @@ async def main(config: ComputeConfig) -> None:
     if catalog is not None:
         controller = catalog_controller(config, catalog, host)
         host.controller = controller
+        data_oracle = OracleClient(config.oracle)
+
+        async def publish_time(timestamp: int) -> None:
+            await data_oracle.apply_write(timelines.DATA, timestamp)
+
+        host.publish_time = publish_time
     if isinstance(engine, SparkEngine):
         engine.start()
     serving = asyncio.create_task(

@@ -15,6 +15,10 @@ retries, ...) is restarted by :meth:`DataflowManager.supervise` as a process res
 restart it: with fresh capabilities, from ``as_of`` = its output's upper - 1, so the output
 goes on exactly where it stopped; until then it reports ``failed`` and reads of it are
 UNAVAILABLE. Attempts back off from ``restart_initial_s`` to ``restart_max_s``.
+
+A catalog view whose output lost its history (its since ran away to ``{}``: unreadable for
+good) is rebuilt when its dataflow is installed: the output's history starts afresh at its
+upper and the dataflow writes the view's full contents there (see ``_rebuild_if_lost``).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -36,6 +40,7 @@ from services.compute.planning import checked_plan
 from services.compute.running import FAILED, RUNNING, RunningDataflow, RunSettings
 from services.compute.spec import DataflowInputSpec, DataflowSpec
 from services.compute.subscriptions import output_changes
+from tidemark.catalog_items import CATALOG_HOLDER
 from tidemark.clients.storage import Capability, StorageClient
 from tidemark.columnar import RelationSchema, frontier_bound
 from tidemark.errors import (
@@ -113,6 +118,8 @@ class DataflowManager:
         self.engine = engine
         self.settings = settings
         self.controller: CatalogFollower | None = None
+        self.publish_time: Callable[[int], Awaitable[None]] | None = None
+        """``ApplyWrite`` on the data timeline (with an oracle): see ``_rebuild_if_lost``."""
         self._dataflows: dict[str, RunningDataflow] = {}
         self._installing: set[str] = set()
         self._failed = asyncio.Event()  # set when a dataflow fails: the supervisor looks
@@ -218,6 +225,9 @@ class DataflowManager:
             inputs=tuple(DataflowInputSpec(i.collection_id) for i in failed.spec.inputs),
             output_write_capability=None,
         )
+        # An engine may key its state by the dataflow's id (the resident Spark tasks do), so
+        # the failed one's state goes first; its capabilities stay until the new ones are held.
+        await failed.drop_engine()
         running = await self._prepare(spec)
         if self._dataflows.get(dataflow_id) is not failed:
             await running.stop(release=True)  # dropped (or replaced) while this was prepared
@@ -282,6 +292,8 @@ class DataflowManager:
         writer = None
         has_data = False
         if spec.output_collection_id is not None:
+            if spec.from_catalog and spec.output_write_capability is None:
+                await self._rebuild_if_lost(spec.output_collection_id)
             write = await self._write_capability(spec, acquired)
             info = await self.storage.describe(spec.output_collection_id)
             upper = frontier_bound(info.upper)
@@ -310,6 +322,20 @@ class DataflowManager:
             estimate,
             on_failed=self._failed.set,
         )
+
+    async def _rebuild_if_lost(self, collection_id: str) -> None:
+        """A catalog view's output whose since ran away to ``{}`` can never be read again,
+        but it is derived data: start its history afresh (what ``ALTER MATERIALIZED VIEW …
+        REBUILD`` does), with the catalog's durable hold, and this dataflow writes it anew."""
+        info = await self.storage.describe(collection_id)
+        if info.since.is_empty() and not info.upper.is_empty():
+            hold = await self.storage.reset_history(collection_id, CATALOG_HOLDER)
+            log.warning("output_history_lost_rebuilding", collection=collection_id)
+            since = frontier_bound(hold.frontier)
+            if self.publish_time is not None and since is not None:
+                # Reads happen at the oracle's read timestamp: it must reach the new since,
+                # or the view could not be read until the next write somewhere.
+                await self.publish_time(since)
 
     @staticmethod
     def _choose_as_of(

@@ -95,6 +95,7 @@ class RunningDataflow:
         self.restarts = 0
         """How many failed dataflows of this id came before this one (see the host)."""
         self.last_failure = ""
+        self._engine_dropped = False
         self.upper: int | None = None
         """The output is complete before this (``None`` until hydrated)."""
         self.output_rows = 0
@@ -156,10 +157,7 @@ class RunningDataflow:
         self.feed.close(NotFound(f"dataflow {self.dataflow_id!r} was dropped"))
         if not release:
             return
-        try:
-            await self.engine.drop()
-        except TidemarkError as exc:
-            log.warning("engine_drop_failed", dataflow=self.dataflow_id, error=exc.message)
+        await self.drop_engine()
         capabilities = list(self.inputs)
         if self.writer is not None:
             capabilities.append(self.writer.capability)
@@ -169,6 +167,18 @@ class RunningDataflow:
             except TidemarkError as exc:
                 # Already gone (expired, dropped by storage): nothing is held either way.
                 log.info("capability_drop_failed", dataflow=self.dataflow_id, error=exc.message)
+
+    async def drop_engine(self) -> None:
+        """Gives up the engine's state, once: an engine may key it by the dataflow's id (the
+        resident Spark tasks do), and a restarted dataflow of the same id may own it by the
+        time this one is stopped."""
+        if self._engine_dropped:
+            return
+        self._engine_dropped = True
+        try:
+            await self.engine.drop()
+        except TidemarkError as exc:
+            log.warning("engine_drop_failed", dataflow=self.dataflow_id, error=exc.message)
 
     def _fail(self, error: TidemarkError) -> None:
         if self.state == FAILED:

@@ -187,6 +187,7 @@ class StorageCore:
         *,
         initial_frontier: int = 0,
         holder: str = "",
+        critical_holder: str = "",
     ) -> tuple[CapabilityRecord, CapabilityRecord]:
         validate_global_id(collection_id)
         state, (read, write) = operations.initial_state(
@@ -198,6 +199,8 @@ class StorageCore:
             holder,
             self.clock(),
             self.policy,
+            critical_id=new_capability_id(),
+            critical_holder=critical_holder,
         )
         await self.shards.create(collection_id, state)
         log.info("collection_created", collection=collection_id, frontier=initial_frontier)
@@ -366,7 +369,10 @@ class StorageCore:
                 if not state.upper.less_equal(time):
                     versioned = newer
                     break
-        if record.lease_expires_ms - self.clock() < self.policy.lease_ms // 2:
+        if (
+            not record.critical
+            and record.lease_expires_ms - self.clock() < self.policy.lease_ms // 2
+        ):
             await self.shards.update(
                 collection_id, operations.use(capability_id, CapabilityKind.READ, self.policy)
             )
@@ -408,6 +414,27 @@ class StorageCore:
             new_capability_id(), new_capability_id(), holder, self.policy
         )
         return await self.shards.update(collection_id, operation)
+
+    async def acquire_critical(self, collection_id: str, holder: str) -> CapabilityRecord:
+        """``holder``'s critical read capability on the collection (the existing one, or a new
+        one at the since)."""
+        validate_global_id(collection_id)
+        operation = operations.acquire_critical(new_capability_id(), holder, self.policy)
+        return await self.shards.update(collection_id, operation)
+
+    async def reset_history(self, collection_id: str, holder: str) -> CapabilityRecord:
+        """Start the collection's history afresh at its upper (see ``ResetHistory``)."""
+        validate_global_id(collection_id)
+        record = await self.shards.update(
+            collection_id, operations.reset_history(new_capability_id(), holder)
+        )
+        log.warning(
+            "collection_history_reset",
+            collection=collection_id,
+            since=frontier_text(record.frontier),
+            holder=holder,
+        )
+        return record
 
     async def renew(
         self, capabilities: Sequence[tuple[str, str]]

@@ -76,7 +76,7 @@ class Maintenance:
     async def _tend(self, versioned: Versioned, sweep_orphans: bool) -> None:
         collection_id = versioned.state.collection_id
         now = self.clock()
-        if any(c.lease_expires_ms <= now for c in versioned.state.capabilities):
+        if any(c.expired(now) for c in versioned.state.capabilities):
             await self.shards.update(collection_id, no_change())
         self.compactor.request(collection_id)
         await self.garbage.collect_retired(versioned)

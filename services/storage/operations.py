@@ -7,7 +7,8 @@ nothing here trusts anything but the state it is given. Random ids are chosen by
 beforehand, so a re-run decides the same way.
 
 Before every operation, expired leases are removed (:func:`expire_leases`), so an expired
-capability is as unknown as a dropped one.
+capability is as unknown as a dropped one. Critical read capabilities have no lease and are
+never removed that way: they are an owner's durable hold (:func:`acquire_critical`).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def expire_leases(state: ShardState, now_ms: int) -> ShardState:
     """``state`` without the capabilities whose lease ran out by ``now_ms``. A lapsed lease
     releases its hold on the since, but never gives up the collection's data: if no read
     capability is left, the since stays put (only an explicit drop releases the last hold)."""
-    live = [c for c in state.capabilities if c.lease_expires_ms > now_ms]
+    live = [c for c in state.capabilities if not c.expired(now_ms)]
     if len(live) == len(state.capabilities):
         return state
     return state.with_capabilities(live, released=False)
@@ -112,6 +113,8 @@ def require_capability(
 
 
 def _renewed(record: CapabilityRecord, now_ms: int, policy: Policy) -> CapabilityRecord:
+    if record.critical:
+        return record  # no lease to extend
     return replace(record, lease_expires_ms=max(record.lease_expires_ms, now_ms + policy.lease_ms))
 
 
@@ -140,19 +143,26 @@ def initial_state(
     holder: str,
     now_ms: int,
     policy: Policy,
+    *,
+    critical_id: str = "",
+    critical_holder: str = "",
 ) -> tuple[ShardState, tuple[CapabilityRecord, CapabilityRecord]]:
     """A new, empty collection with ``since = upper = {initial_frontier}`` and a read and a
-    write capability there."""
+    write capability there; with a ``critical_holder``, that holder's critical read capability
+    (id ``critical_id``) too."""
     frontier = u64_frontier(initial_frontier)
     expires = now_ms + policy.lease_ms
     read = CapabilityRecord(read_id, CapabilityKind.READ, frontier, expires, check_holder(holder))
     write = CapabilityRecord(write_id, CapabilityKind.WRITE, frontier, expires, holder)
+    capabilities: tuple[CapabilityRecord, ...] = (read, write)
+    if critical_holder:
+        capabilities += (_critical(critical_id, frontier, critical_holder),)
     state = ShardState(
         collection_id=collection_id,
         schema=schema,
         since=frontier,
         upper=frontier,
-        capabilities=(read, write),
+        capabilities=capabilities,
         created_ms=now_ms,
     )
     return state, (read, write)
@@ -351,6 +361,58 @@ def acquire(
         out = {r.kind: r for r in [*kept, *useless]}
         grown = state.with_capabilities((*state.capabilities, *kept))
         return grown, (out[CapabilityKind.READ], out[CapabilityKind.WRITE])
+
+    return run
+
+
+def _critical(capability_id: str, frontier: Antichain[int], holder: str) -> CapabilityRecord:
+    if not check_holder(holder):
+        raise InvalidArgument("a critical read capability needs a holder")
+    return CapabilityRecord(capability_id, CapabilityKind.READ, frontier, 0, holder, critical=True)
+
+
+def acquire_critical(new_id: str, holder: str, policy: Policy) -> Operation[CapabilityRecord]:
+    """``holder``'s critical read capability: the one it has, else a new one at the since.
+    A since of ``{}`` cannot be held any more (``FailedPrecondition``)."""
+    _critical(new_id, MINIMUM, holder)  # checks the holder before anything runs
+
+    def run(state: ShardState, now_ms: int) -> tuple[ShardState, CapabilityRecord]:
+        existing = state.critical_hold(holder)
+        if existing is not None:
+            return state, existing
+        if state.since.is_empty():
+            raise FailedPrecondition(
+                f"collection {state.collection_id} has lost its history (its since is {{}}): "
+                "nothing is left to hold; reset its history to rebuild it"
+            )
+        _check_room(state, 1, policy)
+        record = _critical(new_id, state.since, holder)
+        return state.with_capabilities((*state.capabilities, record)), record
+
+    return run
+
+
+def reset_history(new_id: str, holder: str) -> Operation[CapabilityRecord]:
+    """Start the history afresh at the upper: no batches, no capabilities but ``holder``'s new
+    critical read capability, ``since = upper``. The discarded batches' blobs are retired (the
+    garbage collector deletes them once older readers are done)."""
+    _critical(new_id, MINIMUM, holder)
+
+    def run(state: ShardState, now_ms: int) -> tuple[ShardState, CapabilityRecord]:
+        existing = state.capability(new_id)
+        if existing is not None:  # this very reset already landed
+            return state, existing
+        if state.upper.is_empty():
+            raise FailedPrecondition(
+                f"collection {state.collection_id} is closed (its upper is {{}}); there is "
+                "nothing to rebuild"
+            )
+        record = _critical(new_id, state.upper, holder)
+        retired = (*state.retired, *(RetiredBlob(b.key, now_ms) for b in state.batches))
+        fresh = replace(
+            state, since=state.upper, batches=(), capabilities=(record,), retired=retired
+        )
+        return fresh, record
 
     return run
 

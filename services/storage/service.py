@@ -33,6 +33,7 @@ def capability_proto(collection_id: str, record: CapabilityRecord) -> storage_pb
         frontier=frontier_to_proto(record.frontier),
         lease_expires_ms=record.lease_expires_ms,
         holder=record.holder,
+        critical=record.critical,
     )
 
 
@@ -62,6 +63,7 @@ def description_proto(versioned: Versioned) -> storage_pb2.CollectionDescription
                 frontier=frontier_to_proto(c.frontier),
                 lease_expires_ms=c.lease_expires_ms,
                 holder=c.holder,
+                critical=c.critical,
             )
             for c in state.capabilities
         ],
@@ -113,6 +115,7 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
             schema,
             initial_frontier=request.initial_frontier,
             holder=request.holder,
+            critical_holder=request.critical_holder,
         )
         return pair_proto(request.collection_id, pair)
 
@@ -231,6 +234,9 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
     async def AcquireCapabilities(
         self, request: storage_pb2.AcquireCapabilitiesRequest, context: Context
     ) -> storage_pb2.CapabilityPair:
+        if request.critical:
+            hold = await self.core.acquire_critical(request.collection_id, request.holder)
+            return storage_pb2.CapabilityPair(read=capability_proto(request.collection_id, hold))
         pair = await self.core.acquire(request.collection_id, request.holder)
         return pair_proto(request.collection_id, pair)
 
@@ -279,6 +285,12 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
     ) -> storage_pb2.ListResponse:
         described = [description_proto(v) for v in await self.core.list_collections()]
         return storage_pb2.ListResponse(collections=described)
+
+    async def ResetHistory(
+        self, request: storage_pb2.ResetHistoryRequest, context: Context
+    ) -> storage_pb2.Capability:
+        record = await self.core.reset_history(request.collection_id, request.holder)
+        return capability_proto(request.collection_id, record)
 
 
 def storage_service(core: StorageCore) -> Service[StorageServicer]:

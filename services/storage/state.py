@@ -75,7 +75,9 @@ class StoredBatch:
 @dataclass(frozen=True)
 class CapabilityRecord:
     """A live capability. For write capabilities, ``last_token``/``token_upper`` remember the
-    last append, so that a retry of it is recognised."""
+    last append, so that a retry of it is recognised. A ``critical`` (read) capability has no
+    lease (``lease_expires_ms`` is 0): it is an owner's durable hold on the since, which only
+    an explicit downgrade moves and only an explicit drop releases."""
 
     id: str
     kind: CapabilityKind
@@ -84,6 +86,10 @@ class CapabilityRecord:
     holder: str = ""
     last_token: str = ""
     token_upper: Antichain[int] = field(default_factory=lambda: CLOSED)
+    critical: bool = False
+
+    def expired(self, now_ms: int) -> bool:
+        return not self.critical and self.lease_expires_ms <= now_ms
 
     @cached_property
     def field_bytes(self) -> bytes:
@@ -99,6 +105,7 @@ class CapabilityRecord:
             holder=self.holder,
             last_token=self.last_token,
             token_upper=frontier_to_proto(self.token_upper),
+            critical=self.critical,
         )
 
     @classmethod
@@ -111,6 +118,7 @@ class CapabilityRecord:
             proto.holder,
             proto.last_token,
             frontier_from_proto(proto.token_upper),
+            proto.critical,
         )
 
 
@@ -143,6 +151,13 @@ class ShardState:
     def capability(self, capability_id: str) -> CapabilityRecord | None:
         for record in self.capabilities:
             if record.id == capability_id:
+                return record
+        return None
+
+    def critical_hold(self, holder: str) -> CapabilityRecord | None:
+        """``holder``'s critical read capability, if it has one."""
+        for record in self.capabilities:
+            if record.critical and record.holder == holder:
                 return record
         return None
 

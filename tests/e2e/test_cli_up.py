@@ -7,6 +7,7 @@ slow part, so the test starts it twice in all."""
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import random
@@ -19,6 +20,8 @@ import threading
 import time
 from decimal import Decimal
 from pathlib import Path
+
+import pytest
 
 from tests.support.service_process import REPO_ROOT
 from tidemark.clients.catalog import CatalogClient
@@ -276,10 +279,12 @@ async def test_up_serves_sql_and_keeps_its_data_across_restarts(tmp_path: Path) 
     try:
         assert [line.split()[0] for line in first.lines if "grpc://" in line] == list(SERVICES)
         written = await check_backends(first)
-        status = tidemark("status", "--base-port", str(base))
+        status = tidemark("status", "--base-port", str(base), "--data-dir", str(tmp_path))
         assert status.returncode == 0, status.stdout
         assert [line.split()[0] for line in status.stdout.splitlines()] == list(SERVICES)
-        assert all(line.endswith("SERVING") for line in status.stdout.splitlines())
+        assert all(line.endswith("SERVING  restarts=0") for line in status.stdout.splitlines()), (
+            status.stdout
+        )
         run_readme_session(first.endpoint("adapter"))
         # -c also runs a backslash command.
         listed = sql(first.endpoint("adapter"), "\\d")
@@ -308,3 +313,77 @@ async def test_up_serves_sql_and_keeps_its_data_across_restarts(tmp_path: Path) 
         assert table_rows(counted.stdout) == [["4"]]
     finally:
         assert second.interrupt() == 0
+
+
+def status_lines(base: int, data_dir: Path) -> dict[str, str]:
+    status = tidemark("status", "--base-port", str(base), "--data-dir", str(data_dir))
+    return {line.split()[0]: line for line in status.stdout.splitlines()}
+
+
+def wait_restarted(up: Up, base: int, data_dir: Path, name: str) -> str:
+    """Waits until ``tidemark status`` shows ``name`` serving again after a restart; its
+    status line."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    line = ""
+    while time.monotonic() < deadline:
+        line = status_lines(base, data_dir).get(name, "")
+        restarts = re.search(r"restarts=(\d+)", line)
+        if "SERVING" in line and restarts and int(restarts.group(1)) >= 1:
+            return line
+        assert up.process.poll() is None, "tidemark up exited:\n" + "\n".join(up.lines)
+        time.sleep(1)
+    raise AssertionError(f"{name} did not come back: {line}")
+
+
+def insert_and_count(adapter: str, row_id: int) -> int:
+    """Inserts one row into ``orders`` and reads the count back, retrying while the services
+    are still reconnecting to the restarted one (an insert that failed changed nothing)."""
+    deadline = time.monotonic() + SQL_TIMEOUT_S
+    while True:
+        done = sql(adapter, f"INSERT INTO orders VALUES ({row_id}, 'cy', 1.00);")
+        if done.returncode == 0:
+            break
+        assert time.monotonic() < deadline, done.stderr
+        time.sleep(1)
+    while True:
+        counted = sql(adapter, "SELECT count(*) AS c FROM orders;")
+        if counted.returncode == 0:
+            return int(table_rows(counted.stdout)[0][0])
+        assert time.monotonic() < deadline, counted.stderr
+        time.sleep(1)
+
+
+@pytest.mark.timeout(900)
+async def test_up_restarts_a_killed_service_while_the_others_keep_serving(tmp_path: Path) -> None:
+    base = free_port_range(5)
+    up = Up(tmp_path, base)
+    try:
+        adapter = up.endpoint("adapter")
+        setup = sql(adapter, *README_SETUP)
+        assert setup.returncode == 0, setup.stderr
+        expected = 3
+        for restarts, name in enumerate(("storage", "compute"), start=1):
+            pid = int(
+                json.loads((tmp_path / "supervisor.json").read_text())["services"][name]["pid"]
+            )
+            os.kill(pid, signal.SIGKILL)
+            up.output.until(
+                re.compile(rf"tidemark: {name} exited \(signal SIGKILL\); restart 1"), 30
+            )
+            up.output.until(re.compile(rf"tidemark: {name} restarted \(restart 1"), 30)
+            line = wait_restarted(up, base, tmp_path, name)
+            assert "last exit: signal SIGKILL" in line, line
+            expected += 1
+            assert insert_and_count(adapter, 10 + restarts) == expected
+            # The view over the table follows the insert (compute and storage both work).
+            selected = sql(adapter, README_SELECT)
+            assert selected.returncode == 0, selected.stderr
+            assert "cy" in selected.stdout, selected.stdout
+        # Nothing else was restarted.
+        lines = status_lines(base, tmp_path)
+        for name in ("oracle", "catalog", "adapter"):
+            assert "restarts=0" in lines[name] and "last exit" not in lines[name], lines[name]
+    finally:
+        started = time.monotonic()
+        assert up.interrupt() == 0
+        assert time.monotonic() - started < 30

@@ -54,6 +54,7 @@ class Stack:
     engine: str = "spark"
     spark_master: str = SPARK_MASTER
     compute_extra: tuple[str, ...] = ()
+    catalog_extra: tuple[str, ...] = ()
     computes: dict[str, ServiceProcess] = field(default_factory=dict)
 
     def compute_args(self, cluster: str) -> list[str]:
@@ -105,6 +106,7 @@ class Stack:
             [
                 *("--listen", "127.0.0.1:0", "--storage", self.storage.address),
                 *("--oracle", self.oracle.address, *timeline_args),
+                *self.catalog_extra,
             ],
         )
 

@@ -136,6 +136,20 @@ def test_drop(sql: str, kind: str, names: tuple[Any, ...], if_exists: bool, casc
     )
 
 
+def test_alter_materialized_view_rebuild() -> None:
+    statement = one("ALTER MATERIALIZED VIEW s.mv REBUILD")
+    assert isinstance(statement, st.RebuildMaterializedView) and statement.name == ("s", "mv")
+    for sql, code in (
+        ("ALTER TABLE t ADD COLUMN x bigint", "0A000"),
+        ("ALTER MATERIALIZED VIEW mv RENAME TO other", "0A000"),
+        ("ALTER MATERIALIZED VIEW mv REBUILD now", "42601"),
+        ("ALTER MATERIALIZED VIEW", "42601"),
+    ):
+        with pytest.raises(SqlError) as refused:
+            parse(sql)
+        assert refused.value.code == code, sql
+
+
 def test_insert_forms() -> None:
     values = one("INSERT INTO s.t (a, b) VALUES (1, 'x'), (2, NULL)")
     assert isinstance(values, st.Insert)

@@ -392,6 +392,64 @@ async def test_lease_expiry_releases_the_hold_and_acquire_recovers(
     assert version_from_table(recovered.table) == {(1, "a"): 1}
 
 
+async def test_a_critical_hold_outlives_every_lease_and_only_a_drop_releases_it(
+    core: StorageCore, clock: Clock
+) -> None:
+    read, write = await core.create("u1", SCHEMA, critical_holder="catalog")
+    hold = await core.acquire_critical("u1", "catalog")
+    assert hold.critical and hold.lease_expires_ms == 0 and hold.frontier == u64_frontier(0)
+    assert (await core.acquire_critical("u1", "catalog")).id == hold.id  # one per holder
+    await core.append("u1", write.id, table([((1, "a"), 0, 1), ((2, "b"), 3, 1)]), u64_frontier(5))
+    hold = await core.downgrade("u1", hold.id, u64_frontier(2))
+    # What today's runaway did: a reader that drops the last leased read capability.
+    await core.drop("u1", read.id)
+    assert (await core.describe("u1")).state.since == u64_frontier(2)
+    clock.now += 1_000_000  # every lease is long over
+    await core.maintenance.run_once()
+    state = (await core.describe("u1")).state
+    assert [c.id for c in state.capabilities] == [hold.id] and state.since == u64_frontier(2)
+    renewed, missing = await core.renew([("u1", hold.id)])
+    assert [r.lease_expires_ms for _, r in renewed] == [0] and missing == []
+    again, again_write = await core.acquire("u1", holder="adapter")
+    assert again.frontier == u64_frontier(2)
+    assert version_from_table((await core.snapshot("u1", again.id, 2)).table) == {(1, "a"): 1}
+    await core.drop("u1", again.id)
+    await core.drop("u1", again_write.id)
+    with pytest.raises(FailedPrecondition):
+        await core.downgrade("u1", hold.id, u64_frontier(1))  # backwards: refused, kept
+    await core.drop("u1", hold.id)
+    state = (await core.describe("u1")).state
+    assert state.capabilities == () and state.since.is_empty()
+    with pytest.raises(FailedPrecondition, match="lost its history"):
+        await core.acquire_critical("u1", "catalog")
+    with pytest.raises(InvalidArgument):
+        await core.acquire_critical("u1", "")
+
+
+async def test_reset_history_starts_a_lost_collection_afresh_at_its_upper(
+    core: StorageCore, clock: Clock
+) -> None:
+    read, write = await core.create("u1", SCHEMA)
+    await core.append("u1", write.id, table([((1, "a"), 0, 1)]), u64_frontier(5))
+    await core.drop("u1", read.id)  # the since runs away: {}
+    assert (await core.describe("u1")).state.since.is_empty()
+    hold = await core.reset_history("u1", "catalog")
+    assert hold.critical and hold.frontier == u64_frontier(5)
+    state = (await core.describe("u1")).state
+    assert state.since == u64_frontier(5) and state.upper == u64_frontier(5)
+    assert state.batches == () and [c.id for c in state.capabilities] == [hold.id]
+    with pytest.raises(PermissionDenied):  # the old writer is revoked
+        await core.append("u1", write.id, None, u64_frontier(9))
+    assert (await core.acquire_critical("u1", "catalog")).id == hold.id
+    _, new_write = await core.acquire("u1", holder="rebuilder")
+    await core.append("u1", new_write.id, table([((7, "z"), 5, 1)]), u64_frontier(6))
+    assert version_from_table((await core.snapshot("u1", hold.id, 5)).table) == {(7, "z"): 1}
+    _, closed_write = await core.create("u2", SCHEMA)
+    await core.append("u2", closed_write.id, None, u64_frontier())  # upper {}: closed
+    with pytest.raises(FailedPrecondition, match="closed"):
+        await core.reset_history("u2", "catalog")
+
+
 async def test_orphans_and_retired_blobs_are_deleted_referenced_ones_kept(
     core: StorageCore, clock: Clock
 ) -> None:

@@ -86,6 +86,8 @@ class Capability:
     frontier: Antichain[int]
     lease_expires_ms: int
     holder: str = ""
+    critical: bool = False
+    """A critical read capability: no lease, held until dropped."""
 
     @property
     def ref(self) -> storage_pb2.CapabilityRef:
@@ -106,6 +108,7 @@ class Capability:
             frontier_from_proto(proto.frontier),
             proto.lease_expires_ms,
             proto.holder,
+            proto.critical,
         )
 
 
@@ -160,6 +163,7 @@ class CapabilityInfo:
     frontier: Antichain[int]
     lease_expires_ms: int
     holder: str
+    critical: bool = False
 
 
 @dataclass(frozen=True)
@@ -204,6 +208,7 @@ class CollectionInfo:
                     frontier_from_proto(c.frontier),
                     c.lease_expires_ms,
                     c.holder,
+                    c.critical,
                 )
                 for c in proto.capabilities
             ],
@@ -337,12 +342,16 @@ class StorageClient(GrpcClient):
         *,
         initial_frontier: int = 0,
         holder: str = "",
+        critical_holder: str = "",
     ) -> CapabilityPair:
+        """A new collection and a read and write capability on it; with ``critical_holder``,
+        also that holder's critical read capability (see :meth:`acquire_critical`)."""
         request = storage_pb2.CreateRequest(
             collection_id=collection_id,
             schema=schema.to_proto(),
             initial_frontier=initial_frontier,
             holder=holder,
+            critical_holder=critical_holder,
         )
         pair = CapabilityPair.from_proto(await self._call(self.stub.Create, request))
         self._schemas[collection_id] = schema
@@ -533,6 +542,21 @@ class StorageClient(GrpcClient):
     async def acquire(self, collection_id: str, holder: str = "") -> CapabilityPair:
         request = storage_pb2.AcquireCapabilitiesRequest(collection_id=collection_id, holder=holder)
         return CapabilityPair.from_proto(await self._call(self.stub.AcquireCapabilities, request))
+
+    async def acquire_critical(self, collection_id: str, holder: str) -> Capability:
+        """``holder``'s critical read capability: no lease, held until dropped; the same one
+        on every call. ``FailedPrecondition`` when the since is already ``{}``."""
+        request = storage_pb2.AcquireCapabilitiesRequest(
+            collection_id=collection_id, holder=holder, critical=True
+        )
+        pair = await self._call(self.stub.AcquireCapabilities, request)
+        return Capability.from_proto(pair.read)
+
+    async def reset_history(self, collection_id: str, holder: str) -> Capability:
+        """Start the collection's history afresh at its upper (storage.proto ResetHistory);
+        ``holder``'s new critical read capability there."""
+        request = storage_pb2.ResetHistoryRequest(collection_id=collection_id, holder=holder)
+        return Capability.from_proto(await self._call(self.stub.ResetHistory, request))
 
     async def renew(self, capabilities: Iterable[Capability]) -> RenewResult:
         request = storage_pb2.RenewLeasesRequest(capabilities=[c.ref for c in capabilities])

@@ -416,6 +416,25 @@ def _drop(cursor: Cursor, text: str, where: int) -> st.Drop:
     )
 
 
+def _alter(cursor: Cursor, text: str, where: int) -> st.RebuildMaterializedView:
+    cursor.expect("ALTER")
+    if not cursor.accept("MATERIALIZED", "VIEW"):
+        token = cursor.peek()
+        if token is not None and is_word(token):
+            raise not_supported(f"ALTER {token.text.upper()}", token.start + 1)
+        raise cursor.error()
+    name = cursor.qualified_name("a materialized view name")
+    if not cursor.accept("REBUILD"):
+        token = cursor.peek()
+        if token is not None and is_word(token):
+            raise not_supported(
+                f"ALTER MATERIALIZED VIEW ... {token.text.upper()}", token.start + 1
+            )
+        raise cursor.error()
+    cursor.expect_end()
+    return st.RebuildMaterializedView(text=text, position=where, name=name)
+
+
 # DML --------------------------------------------------------------------------------------
 
 
@@ -718,6 +737,7 @@ def _rollback(cursor: Cursor, text: str, where: int) -> st.Rollback:
 _HANDLERS: dict[str, Callable[[Cursor, str, int], st.AnyStatement]] = {
     "CREATE": _create,
     "DROP": _drop,
+    "ALTER": _alter,
     "INSERT": _insert,
     "UPDATE": _update,
     "DELETE": _delete,

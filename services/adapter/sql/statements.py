@@ -201,6 +201,14 @@ class ShowSetting(Statement):
 
 
 @dataclass(frozen=True)
+class RebuildMaterializedView(Statement):
+    """``ALTER MATERIALIZED VIEW name REBUILD``: start the view's stored history afresh and
+    recompute its contents from its inputs."""
+
+    name: QualifiedName
+
+
+@dataclass(frozen=True)
 class Explain(Statement):
     query: Query
     # EXPLAIN RAW PLAN: the plan as planned, before the optimizer.
@@ -241,6 +249,7 @@ AnyStatement: TypeAlias = (
     | CreateDatabase
     | CreateSchema
     | Drop
+    | RebuildMaterializedView
     | Insert
     | Update
     | Delete
