@@ -4,15 +4,9 @@ endpoint while processes are kill -9'd and restarted, then the checks — nothin
 lost or doubled, the bank total at every sampled time, views equal to their recomputation,
 SUBSCRIBE equal to AS OF reads, no serializability anomaly.
 
-KNOWN BUG (issue 19, item 1; durable read holds are being built on another branch): a
-materialized view's output collection is held only by the read capability of the adapter that
-created it (compute holds only a write capability on it). When that adapter is killed, its
-lease expires (30 s here), the since runs away to the empty frontier, storage deletes the
-view's batches and the view can never be read again (42P01 "collection u2 can no longer be
-read"). `make chaos` kills either adapter and reports it; the reduced run below kills only
-adapter1, which ran no DDL, and test_a_view_outlives_the_adapter_that_created_it reproduces the
-bug on its own (strict xfail: it fails loudly once the fix is merged — then remove the marker
-and put "adapter" back in REDUCED_FAULTS).
+A materialized view outlives the adapter that created it: its output collection carries the
+catalog's durable read hold, so killing that adapter past its lease loses nothing
+(test_a_view_outlives_the_adapter_that_created_it).
 """
 
 from __future__ import annotations
@@ -29,7 +23,7 @@ from tidemark.clients.adapter import AdapterClient
 
 pytestmark = [pytest.mark.etcd, pytest.mark.s3, pytest.mark.slow]
 
-REDUCED_FAULTS = ("oracle", "catalog", "storage", "compute", "adapter1", "etcd", "s3")
+REDUCED_FAULTS = ("oracle", "catalog", "storage", "compute", "adapter", "etcd", "s3")
 LEASE_SECONDS = 30  # the storage lease the chaos cluster runs with (FAST_SETTINGS)
 
 
@@ -55,11 +49,6 @@ async def test_chaos_reduced(tmp_path: Path) -> None:
     assert result["anomalies"] == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug, issue 19 item 1: no durable read hold on a view's output, so its since "
-    "runs away once the creating adapter's lease expires",
-)
 @pytest.mark.timeout(180)
 async def test_a_view_outlives_the_adapter_that_created_it(tmp_path: Path) -> None:
     with chaos_cluster(tmp_path, backends="embedded") as cluster:
