@@ -498,6 +498,9 @@ class QueryGenerator:
         ]
         if subqueries:
             options += subquery_options
+            outer_ints = self.columns(tables, ColumnType.INT64)
+            if outer_ints:
+                options += self.correlated_predicates(tables, outer_ints)
         if self.columns(tables, ColumnType.DATE):
             options.append(
                 lambda: (
@@ -510,6 +513,43 @@ class QueryGenerator:
                 lambda: f"{self.pick(self.columns(tables, ColumnType.BOOL))} IS NOT TRUE"
             )
         return str(self.pick(options)())
+
+    def correlated_predicates(
+        self, tables: Sequence[str], outer_ints: list[str]
+    ) -> list[Callable[[], str]]:
+        """Subqueries reading the outer query's columns (correlated), of every kind."""
+        ints = lambda: self.expression(tables, ColumnType.INT64, 2)  # noqa: E731
+        outer = lambda: self.pick(outer_ints)  # noqa: E731
+        texts = self.columns(tables, ColumnType.TEXT)
+
+        def extra() -> str:
+            if self.rng.random() < 0.5:
+                return ""
+            if texts and self.rng.random() < 0.5:
+                return f" AND x.s {self.pick(['=', '<>'])} {self.pick(texts)}"
+            return f" AND x.w {self.pick(['<', '>=', '<>'])} {outer()}"
+
+        def aggregate() -> str:
+            return str(self.pick(["count(*)", "count(x.w)", "min(x.w)", "max(x.k)", "sum(x.w)"]))
+
+        return [
+            lambda: (
+                f"{self.pick(['', 'NOT '])}EXISTS (SELECT 1 FROM t2 AS x WHERE x.k = {outer()}"
+                f"{extra()})"
+            ),
+            lambda: (
+                f"{ints()} {self.pick(['IN', 'NOT IN'])} "
+                f"(SELECT x.w FROM t2 AS x WHERE x.k = {outer()}{extra()})"
+            ),
+            lambda: (
+                f"{ints()} {self.pick(['=', '<', '>='])} "
+                f"(SELECT {aggregate()} FROM t2 AS x WHERE x.k = {outer()}{extra()})"
+            ),
+            lambda: (
+                f"{self.pick(['', 'NOT '])}EXISTS (SELECT 1 FROM t3 AS y WHERE y.k = {outer()} "
+                f"AND EXISTS (SELECT 1 FROM t2 AS x WHERE x.k = y.k AND x.w <> {outer()}))"
+            ),
+        ]
 
     def from_clause(self) -> tuple[str, list[str]]:
         rng = self.rng
