@@ -33,15 +33,10 @@ if str(REPO_ROOT) not in sys.path:
 from bench.common import load_average  # noqa: E402
 from tests.support.sql_stack import SqlStack, sql_stack  # noqa: E402
 from tests.support.tpch_workload import (  # noqa: E402
-    TABLES,
-    bulk_load,
     change_statements,
-    create_table_sql,
+    load_tables,
     queries,
-    rows,
     same_rows,
-    schemas,
-    table_collection,
     tpch_duckdb,
 )
 from tidemark.clients.adapter import AdapterClient  # noqa: E402
@@ -81,8 +76,6 @@ async def run(args: argparse.Namespace, stack: SqlStack) -> dict[str, Any]:
     duck = tpch_duckdb(args.scale_factor)
     texts = queries(duck)
     numbers = [int(n) for n in args.queries.split(",")] if args.queries else sorted(texts)
-    tables = schemas(duck)
-    loaded_rows = 0
     async with (
         AdapterClient(stack.adapter(0), timeout=args.timeout) as client,
         StorageClient(stack.storage.address) as storage,
@@ -90,13 +83,7 @@ async def run(args: argparse.Namespace, stack: SqlStack) -> dict[str, Any]:
         CatalogClient(stack.catalog.address) as catalog,
     ):
         load_start = time.perf_counter()
-        for name in TABLES:
-            table_rows = rows(duck, name)
-            loaded_rows += len(table_rows)
-            result = await client.execute(create_table_sql(name, tables[name]))
-            assert result.error is None, result.error
-            collection = await table_collection(catalog, oracle, name)
-            await bulk_load(storage, oracle, collection, tables[name], table_rows)
+        loaded_rows = await load_tables(client, storage, oracle, catalog, duck)
         load_seconds = time.perf_counter() - load_start
         per_query: dict[str, dict[str, Any]] = {}
         for number in numbers:

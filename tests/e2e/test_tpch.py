@@ -20,15 +20,10 @@ import pytest
 
 from tests.support.sql_stack import SqlStack, sql_stack
 from tests.support.tpch_workload import (
-    TABLES,
-    bulk_load,
     change_statements,
-    create_table_sql,
+    load_tables,
     queries,
-    rows,
     same_rows,
-    schemas,
-    table_collection,
     tpch_duckdb,
 )
 from tidemark.clients.adapter import AdapterClient
@@ -50,17 +45,13 @@ class Tpch:
 
 
 async def load(stack: SqlStack, duck: duckdb.DuckDBPyConnection) -> None:
-    tables = schemas(duck)
     async with (
         AdapterClient(stack.adapter(0)) as adapter,
         StorageClient(stack.storage.address) as storage,
         OracleClient(stack.oracle.address) as oracle,
         CatalogClient(stack.catalog.address) as catalog,
     ):
-        for name in TABLES:
-            await execute(adapter, create_table_sql(name, tables[name]))
-            collection = await table_collection(catalog, oracle, name)
-            await bulk_load(storage, oracle, collection, tables[name], rows(duck, name))
+        await load_tables(adapter, storage, oracle, catalog, duck)
 
 
 @pytest.fixture(scope="module")

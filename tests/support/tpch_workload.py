@@ -21,6 +21,7 @@ import duckdb
 
 from tests.support.duckdb_conventions import postgres_conventions
 from tidemark import timelines
+from tidemark.clients.adapter import AdapterClient
 from tidemark.clients.catalog import CatalogClient
 from tidemark.clients.oracle import OracleClient
 from tidemark.clients.storage import StorageClient
@@ -150,6 +151,28 @@ async def bulk_load(
     finally:
         await storage.drop(pair.read)
         await storage.drop(pair.write)
+
+
+async def load_tables(
+    adapter: AdapterClient,
+    storage: StorageClient,
+    oracle: OracleClient,
+    catalog: CatalogClient,
+    connection: duckdb.DuckDBPyConnection,
+) -> int:
+    """Creates the eight tables through SQL and loads DuckDB's rows into each with one write;
+    returns the number of rows loaded."""
+    tables = schemas(connection)
+    loaded = 0
+    for name in TABLES:
+        result = await adapter.execute(create_table_sql(name, tables[name]))
+        if result.error is not None:
+            raise RuntimeError(f"CREATE TABLE {name}: {result.error}")
+        table_rows = rows(connection, name)
+        collection = await table_collection(catalog, oracle, name)
+        await bulk_load(storage, oracle, collection, tables[name], table_rows)
+        loaded += len(table_rows)
+    return loaded
 
 
 # Changes ------------------------------------------------------------------------------------

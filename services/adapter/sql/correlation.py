@@ -24,28 +24,14 @@ not its own records the outer column and restarts the planning with D widened
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from decimal import Decimal
-from typing import Any
 
 from services.adapter.sql import relations as r
 from services.adapter.sql import typed as t
 from services.adapter.sql.errors import not_supported
-from services.adapter.sql.typed import Typed
+from services.adapter.sql.relations import null_safe_keys
 from tidemark.columnar import ColumnType
-
-_FILLER: dict[ColumnType, Any] = {
-    ColumnType.BOOL: False,
-    ColumnType.INT64: 0,
-    ColumnType.FLOAT64: 0.0,
-    ColumnType.DECIMAL: Decimal(0),
-    ColumnType.TEXT: "",
-    ColumnType.BYTES: b"",
-    ColumnType.DATE: datetime.date(1970, 1, 1),
-    ColumnType.TIMESTAMP: datetime.datetime(1970, 1, 1),
-}
 
 
 class CorrelationGrew(Exception):
@@ -101,22 +87,6 @@ class Correlation:
     def with_values(self, rel: r.Rel) -> r.Rel:
         """D joined with ``rel`` (no keys): D's columns first."""
         return r.join(self.values(), rel)
-
-
-def null_safe_keys(rel: r.Rel, positions: list[int], nullable: list[bool]) -> list[Typed]:
-    """Join keys on ``positions`` that match NULL with NULL (and a value with itself only);
-    a column that cannot be NULL (``nullable`` false: decided by the outer column, so both
-    sides of a join get the same keys) is its own key."""
-    keys: list[Typed] = []
-    for position, may_be_null in zip(positions, nullable, strict=True):
-        value = t.column(position, rel.types[position])
-        if not may_be_null:
-            keys.append(value)
-            continue
-        filler = t.literal(_FILLER[value.type.kind], value.type.with_nullable(False))
-        keys.append(t.call("is_null", value))
-        keys.append(t.call("coalesce", value, filler))
-    return keys
 
 
 def join_back(outer: r.Rel, correlation: Correlation, result: r.Rel) -> r.Rel:

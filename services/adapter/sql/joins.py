@@ -10,10 +10,8 @@ compared NULL-safely on all columns), padded with NULLs.
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Sequence
-from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
@@ -29,7 +27,6 @@ from services.adapter.sql.expressions import Lowerer, contains_subquery
 from services.adapter.sql.names import identifier, position, table_name
 from services.adapter.sql.scope import Frame, Scope, ScopeColumn
 from services.adapter.sql.typed import Typed
-from tidemark.columnar import ColumnType
 from tidemark.plan import builders as pb
 from tidemark.plan.derive import scalar_type
 from tidemark.plan.scalar_types import ScalarType
@@ -45,17 +42,6 @@ _SIDES: dict[str, pb.JoinKind] = {
     "LEFT": "left_outer",
     "RIGHT": "right_outer",
     "FULL": "full_outer",
-}
-_DEFAULTS: dict[ColumnType, Any] = {
-    ColumnType.BOOL: False,
-    ColumnType.INT64: 0,
-    ColumnType.FLOAT64: 0.0,
-    ColumnType.DECIMAL: Decimal(0),
-    ColumnType.TEXT: "",
-    ColumnType.BYTES: b"",
-    ColumnType.DATE: datetime.date(1970, 1, 1),
-    ColumnType.TIMESTAMP: datetime.datetime(1970, 1, 1),
-    ColumnType.JSON: "null",
 }
 
 
@@ -363,24 +349,15 @@ def _as_key(
     return None
 
 
-def _null_safe_keys(types: Sequence[ScalarType]) -> list[Typed]:
-    """Keys equal exactly when two rows are equal, NULL matching NULL."""
-    keys: list[Typed] = []
-    for index, column_type in enumerate(types):
-        value = t.column(index, column_type)
-        keys.append(t.call("is_null", value))
-        if column_type.kind is ColumnType.DECIMAL:
-            default = t.literal(Decimal(0), ScalarType.decimal(1, 0))
-        else:
-            default = t.literal(_DEFAULTS[column_type.kind], ScalarType(column_type.kind))
-        keys.append(t.call("coalesce", value, default))
-    return keys
-
-
 def _unmatched(side: r.Rel, matched_rows: r.Rel) -> r.Rel:
     """The rows of ``side`` (with their multiplicities) that are not among ``matched_rows``."""
     matched = r.distinct(matched_rows)
-    hits = r.join(side, matched, _null_safe_keys(side.types), _null_safe_keys(matched.types))
+    hits = r.join(
+        side,
+        matched,
+        r.null_safe_keys(side, range(side.arity)),
+        r.null_safe_keys(matched, range(matched.arity)),
+    )
     return r.union([side, r.negate(r.project(hits, range(side.arity)))])
 
 

@@ -8,10 +8,13 @@ NULL, which a declared output schema allows; the finished plan's exact schema co
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
+from services.adapter.sql import typed as t
 from services.adapter.sql.typed import Typed
 from tidemark.columnar import ColumnType, RelationSchema
 from tidemark.plan import builders as pb
@@ -159,3 +162,37 @@ def let(binding: int, value: Rel, body: Rel) -> Rel:
 
 def local_get(binding: int, types: Types) -> Rel:
     return Rel(pb.local_get(binding), types)
+
+
+_FILLER: dict[ColumnType, Any] = {
+    ColumnType.BOOL: False,
+    ColumnType.INT64: 0,
+    ColumnType.FLOAT64: 0.0,
+    ColumnType.DECIMAL: Decimal(0),
+    ColumnType.TEXT: "",
+    ColumnType.BYTES: b"",
+    ColumnType.DATE: datetime.date(1970, 1, 1),
+    ColumnType.TIMESTAMP: datetime.datetime(1970, 1, 1),
+    ColumnType.JSON: "null",
+}
+
+
+def null_safe_keys(
+    rel: Rel, positions: Sequence[int], nullable: Sequence[bool] | None = None
+) -> list[Typed]:
+    """Join keys on ``positions`` of ``rel`` that match NULL with NULL and a value with itself
+    only: ``is_null(c)`` and ``coalesce(c, a fixed value)``. A position whose ``nullable`` is
+    false is its own key (both sides of a join must pass the same ``nullable``)."""
+    keys: list[Typed] = []
+    flags = list(nullable) if nullable is not None else [True] * len(positions)
+    for position, may_be_null in zip(positions, flags, strict=True):
+        value = t.column(position, rel.types[position])
+        if not may_be_null:
+            keys.append(value)
+            continue
+        kind = value.type.kind
+        filler_type = ScalarType.decimal(1, 0) if kind is ColumnType.DECIMAL else ScalarType(kind)
+        filler = t.literal(_FILLER[kind], filler_type)
+        keys.append(t.call("is_null", value))
+        keys.append(t.call("coalesce", value, filler))
+    return keys

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from services.adapter.sql import relations as r
 from services.adapter.sql import typed as t
-from services.adapter.sql.correlation import Correlation, join_back, null_safe_keys
+from services.adapter.sql.correlation import Correlation, join_back
 from services.adapter.sql.errors import SYNTAX_ERROR, SqlError, not_supported
+from services.adapter.sql.relations import null_safe_keys
 from services.adapter.sql.scope import Frame
 from services.adapter.sql.typed import Typed
 from tidemark.columnar import ColumnType
