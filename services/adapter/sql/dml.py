@@ -32,7 +32,9 @@ from services.adapter.sql.errors import (
     SqlError,
 )
 from services.adapter.sql.expressions import Lowerer, round_half_away, text_of
+from services.adapter.sql.literal_insert import NotLiteral, fold_literal_rows
 from services.adapter.sql.names import dotted, identifier, position
+from services.adapter.sql.parser import parse_tokens
 from services.adapter.sql.planned import Planned, PlannedQuery
 from services.adapter.sql.query import plan_with
 from services.adapter.sql.scope import Frame, Scope, ScopeColumn
@@ -177,6 +179,12 @@ def _plan_insert(
     label = table.name[-1]
     columns = table.schema.columns
     targets = _target_columns(table, statement.columns, where)
+    if statement.literal_rows is not None:
+        try:
+            rows = fold_literal_rows(statement.literal_rows, columns, targets)
+        except NotLiteral:
+            return _plan_insert(_as_parsed(statement), catalog, settings)
+        return InsertPlan(table, rows, None)
     planner = QueryPlanner(catalog, settings)
     source = statement.source
     if source is None:
@@ -199,6 +207,13 @@ def _plan_insert(
         planner, Planned(rel, table.schema.names, len(columns), [None] * len(columns), [])
     )
     return InsertPlan(table, None, query)
+
+
+def _as_parsed(statement: Insert) -> Insert:
+    """The INSERT parsed the ordinary way, at the same offsets in the request."""
+    (parsed,) = parse_tokens(" " * (statement.position - 1) + statement.text)
+    assert isinstance(parsed, Insert)
+    return parsed
 
 
 def _table_row(

@@ -14,6 +14,7 @@ from sqlglot.tokens import Token, TokenType  # type: ignore[attr-defined]
 
 from services.adapter.sql import statements as st
 from services.adapter.sql.errors import SYNTAX_ERROR, SqlError, not_supported
+from services.adapter.sql.literal_insert import scan_literal_inserts
 from services.adapter.sql.names import QualifiedName, identifier, position, table_name
 from services.adapter.sql.tokens import (
     Cursor,
@@ -55,6 +56,24 @@ _SHOW_KINDS: dict[str, st.ShowKind] = {
 def parse(sql: str) -> list[st.AnyStatement]:
     """The statements of ``sql`` in order. Raises SqlError (42601 for syntax, 0A000 for
     syntax Tidemark does not support) for the first statement that is not valid."""
+    scanned = scan_literal_inserts(sql)
+    if scanned is not None:
+        return [
+            st.Insert(
+                text=s.text,
+                position=s.position,
+                table=s.table,
+                columns=s.columns,
+                source=None,
+                literal_rows=s.values,
+            )
+            for s in scanned
+        ]
+    return parse_tokens(sql)
+
+
+def parse_tokens(sql: str) -> list[st.AnyStatement]:
+    """:func:`parse` without the shortcut for literal INSERTs: every statement as a tree."""
     tokens = tokenize(sql)
     return [_statement(sql, part) for part in split_statements(tokens)]
 

@@ -14,6 +14,7 @@ from typing import Literal, TypeAlias
 
 from sqlglot import exp
 
+from services.adapter.sql.literal_insert import LiteralRows
 from services.adapter.sql.names import QualifiedName
 from services.adapter.sql.types import SqlType
 
@@ -137,8 +138,10 @@ class Insert(Statement):
     table: QualifiedName
     # None: every column, in order.
     columns: tuple[str, ...] | None
-    # VALUES (...) or a query; None for DEFAULT VALUES.
+    # VALUES (...) or a query; None for DEFAULT VALUES (or literal rows).
     source: Query | None
+    # VALUES rows of plain literals, read without a syntax tree (see literal_insert).
+    literal_rows: LiteralRows | None = None
 
 
 @dataclass(frozen=True)
