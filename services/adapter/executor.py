@@ -8,8 +8,11 @@ time) and writes at a fresh ``WriteTs(data)``. Transaction rules are in ``transa
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from services.adapter.catalog_cache import CatalogCache, CatalogState
+from services.adapter.copying.options import copy_format
+from services.adapter.copying.runner import CopyOutput, CopyRunner
 from services.adapter.ddl import DdlOutcome
 from services.adapter.ddl_statements import DdlStatements
 from services.adapter.dml import DmlRunner
@@ -32,6 +35,7 @@ from services.adapter.show import show_columns, show_objects, show_setting
 from services.adapter.sql import explain_query
 from services.adapter.sql import statements as ast
 from services.adapter.sql.errors import SqlError, not_supported
+from services.adapter.sql.planned import PlannedQuery
 from services.adapter.timestamps import Timestamps
 from services.adapter.transactions import Transaction
 from services.adapter.writes import ReadSet, TableWriter
@@ -58,6 +62,8 @@ class SessionState:
 
     settings: Settings
     transaction: Transaction | None = None
+    # The data a COPY FROM STDIN reads (sent with the Adapter.CopyIn call).
+    copy_data: bytes | None = None
 
 
 class StatementExecutor:
@@ -79,6 +85,7 @@ class StatementExecutor:
         self.dml = DmlRunner(
             self.catalog_state, self.read_timestamp, planner, reader, writer, timestamps
         )
+        self.copy = CopyRunner(self.catalog_state, planner, writer)
 
     async def catalog_state(self) -> CatalogState:
         """The catalog as of the oracle's current catalog read timestamp."""
@@ -145,6 +152,17 @@ class StatementExecutor:
             return await self._explain(statement, session)
         if isinstance(statement, ast.Insert | ast.Update | ast.Delete):
             return await self.dml.run(statement, session.settings, session.transaction)
+        if isinstance(statement, ast.CopyFrom):
+            return await self.copy.copy_from(
+                statement, session.settings, session.transaction, session.copy_data
+            )
+        if isinstance(statement, ast.CopyTo):
+            raise not_supported(
+                "COPY TO STDOUT in Execute",
+                statement.position,
+                hint="use the Adapter.CopyOut call, which streams the data (tidemark sql: "
+                "\\copy ... TO)",
+            )
         if isinstance(statement, ast.Subscribe):
             raise not_supported(
                 "SUBSCRIBE in Execute",
@@ -225,11 +243,33 @@ class StatementExecutor:
         return await self.timestamps.as_of_or_now(as_of, position)
 
     async def _select(self, statement: ast.Select, session: SessionState) -> Outcome:
-        state = await self.catalog_state()
-        planned = self.planner.query(statement.query, state, session.settings)
-        timestamp = await self.read_timestamp(
-            session.transaction, statement.as_of, statement.position
+        planned, rows, timestamp = await self._query(
+            statement.query, statement.as_of, statement.position, session
         )
+        return Outcome(
+            select_tag(len(rows)),
+            output_columns(planned),
+            [sql_row(row) for row in rows],
+            timestamp=timestamp,
+        )
+
+    async def copy_to(self, statement: ast.CopyTo, session: SessionState) -> CopyOutput:
+        """The rows a COPY ... TO STDOUT writes, and how."""
+        fmt = copy_format(statement.options, reading=False)
+        if fmt.kind == "parquet":
+            raise not_supported("COPY TO in FORMAT parquet", statement.position)
+        planned, rows, timestamp = await self._query(
+            statement.query, None, statement.query.position, session
+        )
+        return CopyOutput([c.name for c in planned.columns], rows, fmt, timestamp)
+
+    async def _query(
+        self, query: ast.Query, as_of: int | None, position: int, session: SessionState
+    ) -> tuple[PlannedQuery, list[tuple[Any, ...]], int]:
+        """A query's finished rows, read at the statement's time."""
+        state = await self.catalog_state()
+        planned = self.planner.query(query, state, session.settings)
+        timestamp = await self.read_timestamp(session.transaction, as_of, position)
         inputs = plan_inputs(planned.plan, state)
         result = await self.reader.read(
             planned.plan,
@@ -246,12 +286,7 @@ class StatementExecutor:
             transaction.reads |= inputs.tables
             transaction.read_sources |= inputs.sources
         rows = apply_finishing(expand(result.rows), planned.finishing)
-        return Outcome(
-            select_tag(len(rows)),
-            output_columns(planned),
-            [sql_row(row) for row in rows],
-            timestamp=timestamp,
-        )
+        return planned, rows, timestamp
 
     async def _explain(self, statement: ast.Explain, session: SessionState) -> Outcome:
         state = await self.catalog_state()

@@ -12,14 +12,17 @@ id, and the client gets XX000 naming it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc.aio
 from prometheus_client import Counter
 
 from services.adapter.backends import Backends
 from services.adapter.catalog_cache import CatalogCache
+from services.adapter.copying.encoding import encode_rows
+from services.adapter.copying.runner import CopyOutput
 from services.adapter.ddl import DdlRunner
 from services.adapter.ddl_statements import DdlStatements
 from services.adapter.executor import SessionState, StatementExecutor
@@ -55,6 +58,8 @@ log = get_logger("services.adapter")
 Context = grpc.aio.ServicerContext[object, object]
 
 SUCCESSFUL = "00000"
+# A COPY FROM STDIN is held in memory whole before it is decoded and written as one write.
+MAX_COPY_IN_BYTES = 1 << 30
 STATEMENTS = Counter(
     "tidemark_adapter_statements",
     "SQL statements run, by SQLSTATE (00000: succeeded; 57014: cancelled or timed out; "
@@ -164,15 +169,7 @@ class Adapter:
     # -- Execute --------------------------------------------------------------------------
 
     async def execute(self, request: adapter_pb2.ExecuteRequest) -> adapter_pb2.ExecuteResponse:
-        settings = Settings.from_session(request.session)
-        try:
-            settings.check()
-        except SqlError as exc:
-            raise InvalidArgument(f"malformed session: {exc.message}") from None
-        transaction = (
-            Transaction.decode(request.session.transaction) if request.session.transaction else None
-        )
-        session = SessionState(settings, transaction)
+        session = _session_state(request.session)
         results: list[adapter_pb2.StatementResult] = []
         try:
             statements = parse(request.sql)
@@ -190,13 +187,74 @@ class Adapter:
                 _mark_failed(session)
                 break
             results.append(outcome.to_proto())
-        return adapter_pb2.ExecuteResponse(
-            results=results,
-            session=adapter_pb2.Session(
-                settings=session.settings.values,
-                transaction=session.transaction.encode() if session.transaction else b"",
-            ),
+        return adapter_pb2.ExecuteResponse(results=results, session=_session_proto(session))
+
+    # -- COPY -----------------------------------------------------------------------------
+
+    async def copy_in(
+        self, requests: AsyncIterator[adapter_pb2.CopyInRequest]
+    ) -> adapter_pb2.CopyInResponse:
+        first = await anext(requests, None)
+        if first is None:
+            raise InvalidArgument("CopyIn needs a first message with the session and the SQL")
+        session = _session_state(first.session)
+        chunks = [first.data]
+        size = len(first.data)
+        async for request in requests:
+            size += len(request.data)
+            if size > MAX_COPY_IN_BYTES:
+                raise InvalidArgument(
+                    f"COPY FROM STDIN takes at most {MAX_COPY_IN_BYTES >> 20} MiB per statement; "
+                    "split the input, or COPY FROM a file or s3:// location"
+                )
+            chunks.append(request.data)
+        session.copy_data = b"".join(chunks)
+        try:
+            statement = _single(parse(first.sql), ast.CopyFrom, "CopyIn", "COPY ... FROM STDIN")
+            if statement.location is not None:
+                raise SqlError("42601", "CopyIn takes COPY ... FROM STDIN", statement.position)
+            outcome = await self._run_one(statement, session)
+            result = outcome.to_proto()
+        except SqlError as exc:
+            result = adapter_pb2.StatementResult(error=sql_error(exc))
+            _mark_failed(session)
+        return adapter_pb2.CopyInResponse(result=result, session=_session_proto(session))
+
+    async def copy_out(
+        self, request: adapter_pb2.CopyOutRequest
+    ) -> AsyncIterator[adapter_pb2.CopyOutResponse]:
+        session = _session_state(request.session)
+        try:
+            statement = _single(parse(request.sql), ast.CopyTo, "CopyOut", "COPY ... TO STDOUT")
+            output = await self._copy_to(statement, session)
+        except SqlError as exc:
+            error = adapter_pb2.StatementResult(error=sql_error(exc))
+            yield adapter_pb2.CopyOutResponse(result=error)
+            return
+        yield adapter_pb2.CopyOutResponse(
+            header=adapter_pb2.CopyOutHeader(
+                columns=[adapter_pb2.SqlColumn(name=n, type="text") for n in output.names],
+                format=output.format.kind,
+            )
         )
+        for chunk in encode_rows(output.rows, output.names, output.format):
+            yield adapter_pb2.CopyOutResponse(data=chunk)
+        yield adapter_pb2.CopyOutResponse(
+            result=adapter_pb2.StatementResult(
+                tag=f"COPY {len(output.rows)}", timestamp=output.timestamp
+            )
+        )
+
+    async def _copy_to(self, statement: ast.CopyTo, session: SessionState) -> CopyOutput:
+        """The statement's rows, with Execute's timeout and error handling."""
+        result: list[CopyOutput] = []
+
+        async def run() -> Outcome:
+            result.append(await self.executor.copy_to(statement, session))
+            return Outcome("COPY")
+
+        await self._guard(statement, session, run)
+        return result[0]
 
     async def _run_one(self, statement: ast.AnyStatement, session: SessionState) -> Outcome:
         try:
@@ -208,12 +266,21 @@ class Adapter:
         return outcome
 
     async def _run_guarded(self, statement: ast.AnyStatement, session: SessionState) -> Outcome:
+        return await self._guard(statement, session, lambda: self.executor.run(statement, session))
+
+    async def _guard(
+        self,
+        statement: ast.AnyStatement,
+        session: SessionState,
+        work: Callable[[], Awaitable[Outcome]],
+    ) -> Outcome:
+        """Runs a statement's work under its timeout, turning every failure into SqlError."""
         timeout_ms = session.settings.statement_timeout_ms
         try:
             if timeout_ms:
                 async with asyncio.timeout(timeout_ms / 1000):
-                    return await self.executor.run(statement, session)
-            return await self.executor.run(statement, session)
+                    return await work()
+            return await work()
         except TimeoutError:
             raise SqlError(
                 QUERY_CANCELED, "canceling statement due to statement timeout", statement.position
@@ -268,6 +335,34 @@ class Adapter:
             )
 
 
+def _session_state(proto: adapter_pb2.Session) -> SessionState:
+    settings = Settings.from_session(proto)
+    try:
+        settings.check()
+    except SqlError as exc:
+        raise InvalidArgument(f"malformed session: {exc.message}") from None
+    transaction = Transaction.decode(proto.transaction) if proto.transaction else None
+    return SessionState(settings, transaction)
+
+
+def _session_proto(session: SessionState) -> adapter_pb2.Session:
+    return adapter_pb2.Session(
+        settings=session.settings.values,
+        transaction=session.transaction.encode() if session.transaction else b"",
+    )
+
+
+StatementT = TypeVar("StatementT")
+
+
+def _single(
+    statements: list[ast.AnyStatement], kind: type[StatementT], call: str, what: str
+) -> StatementT:
+    if len(statements) != 1 or not isinstance(statements[0], kind):
+        raise SqlError("42601", f"{call} takes exactly one {what} statement")
+    return statements[0]
+
+
 def _mark_failed(session: SessionState) -> None:
     if session.transaction is not None:
         session.transaction.failed = True
@@ -299,6 +394,17 @@ class AdapterServicer(adapter_pb2_grpc.AdapterServicer):
         self, request: adapter_pb2.SubscribeSqlRequest, context: Context
     ) -> AsyncIterator[adapter_pb2.SubscribeSqlResponse]:
         async for message in self.adapter.subscribe(request):
+            yield message
+
+    async def CopyIn(
+        self, request_iterator: AsyncIterator[adapter_pb2.CopyInRequest], context: Context
+    ) -> adapter_pb2.CopyInResponse:
+        return await self.adapter.copy_in(request_iterator)
+
+    async def CopyOut(
+        self, request: adapter_pb2.CopyOutRequest, context: Context
+    ) -> AsyncIterator[adapter_pb2.CopyOutResponse]:
+        async for message in self.adapter.copy_out(request):
             yield message
 
 

@@ -26,18 +26,22 @@ import asyncio
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 
+import pyarrow as pa
+
 from services.adapter.holds import CollectionHolds
 from services.adapter.results import SERIALIZATION_FAILURE
 from services.adapter.sql.errors import SqlError
 from services.adapter.timestamps import Timestamps
 from tidemark.clients.storage import StorageClient
 from tidemark.columnar import RelationSchema, Row, table_from_updates, to_ipc
-from tidemark.columnar.updates import frontier_bound
+from tidemark.columnar.updates import frontier_bound, with_time
 from tidemark.errors import FailedPrecondition, InvalidArgument, PermissionDenied
 from tidemark.logging import get_logger
 
 log = get_logger("services.adapter.writes")
 
+# Payloads this large travel compressed (a bulk COPY: several times smaller on the wire).
+COMPRESS_FROM_BYTES = 8 << 20
 # Lost races before a write gives up (each one means another writer got in first).
 MAX_ATTEMPTS = 200
 
@@ -91,6 +95,18 @@ class TableWriter:
         reads: ReadSet | None = None,
     ) -> int:
         """Append ``rows`` (``(row, diff)``) to the table; returns the write timestamp."""
+        try:
+            updates = table_from_updates(schema, [(row, 0, diff) for row, diff in rows])
+        except InvalidArgument as exc:
+            raise SqlError("22023", f"cannot store the rows: {exc.message}") from None
+        return await self.write_updates(table_id, updates, reads)
+
+    async def write_updates(
+        self, table_id: str, updates: pa.Table, reads: ReadSet | None = None
+    ) -> int:
+        """Append an update batch of the table's schema (its times are replaced by the write
+        timestamp) as one write; returns the write timestamp."""
+        compress = updates.nbytes >= COMPRESS_FROM_BYTES
         for attempt in range(1, MAX_ATTEMPTS + 1):
             w = await self.timestamps.write_ts()
             upper = await self._upper_at_most(table_id, w)
@@ -98,15 +114,12 @@ class TableWriter:
                 continue  # the upper passed w: take a newer timestamp
             if reads is not None:
                 await self._validate(table_id, upper, w, reads)
-            try:
-                payload = to_ipc(table_from_updates(schema, [(row, w, diff) for row, diff in rows]))
-            except InvalidArgument as exc:
-                raise SqlError("22023", f"cannot store the rows: {exc.message}") from None
+            payload = to_ipc(with_time(updates, w), compress=compress) if updates.num_rows else b""
             capability = await self.holds.write(table_id)
             async with self.holds.append_lock(table_id):
                 try:
                     result = await self.storage.append_ipc(
-                        capability, payload if rows else b"", w + 1, expected_upper=upper
+                        capability, payload, w + 1, expected_upper=upper
                     )
                 except PermissionDenied:
                     self.holds.forget(table_id)  # the lease lapsed: acquire afresh

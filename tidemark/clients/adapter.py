@@ -30,12 +30,15 @@ import datetime
 import decimal
 import queue
 import threading
-from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias, TypeVar
 
+import grpc.aio
+
 from tidemark.retry import RetryPolicy
 from tidemark.rpc import CLIENT_RETRY, GrpcClient, stream
+from tidemark.rpc.errors import error_from_rpc
 from tidemark.v1 import adapter_pb2, adapter_pb2_grpc
 
 T = TypeVar("T")
@@ -279,6 +282,49 @@ class AdapterClient(GrpcClient):
             if event is not None:
                 yield event
 
+    async def copy_in(
+        self,
+        sql: str,
+        data: Iterable[bytes] | AsyncIterable[bytes],
+        session: adapter_pb2.Session | None = None,
+    ) -> StatementResult:
+        """Runs ``COPY ... FROM STDIN`` with ``data`` as its input (chunks cut anywhere). Not
+        retried: the write may have happened when the call is cut."""
+        opening = adapter_pb2.CopyInRequest(
+            session=self.session if session is None else session, sql=sql
+        )
+
+        async def requests() -> AsyncIterator[adapter_pb2.CopyInRequest]:
+            yield opening
+            if isinstance(data, AsyncIterable):
+                async for chunk in data:
+                    yield adapter_pb2.CopyInRequest(data=chunk)
+            else:
+                for chunk in data:
+                    yield adapter_pb2.CopyInRequest(data=chunk)
+
+        try:
+            response = await self.stub.CopyIn(requests(), timeout=self.timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc(exc) from exc
+        self.session = response.session
+        return StatementResult.from_proto(response.result)
+
+    async def copy_out(
+        self, sql: str, session: adapter_pb2.Session | None = None
+    ) -> AsyncIterator[bytes | StatementResult]:
+        """The chunks of ``COPY ... TO STDOUT``'s output, then its result (with the error, if
+        it failed)."""
+        request = adapter_pb2.CopyOutRequest(
+            session=self.session if session is None else session, sql=sql
+        )
+        async for message in stream(self.stub.CopyOut, request, timeout=self.timeout):
+            kind = message.WhichOneof("message")
+            if kind == "data":
+                yield message.data
+            elif kind == "result":
+                yield StatementResult.from_proto(message.result)
+
 
 class BlockingAdapterClient:
     """:class:`AdapterClient` for synchronous callers. Its event loop runs in a daemon thread;
@@ -313,6 +359,24 @@ class BlockingAdapterClient:
 
     def execute(self, sql: str) -> ExecuteResult:
         return self._run(self._client.execute(sql))
+
+    def copy_in(self, sql: str, data: Iterable[bytes]) -> StatementResult:
+        return self._run(self._client.copy_in(sql, data))
+
+    def copy_out(self, sql: str) -> tuple[list[bytes], StatementResult]:
+        """The output's chunks and the statement's result."""
+
+        async def collect() -> tuple[list[bytes], StatementResult]:
+            chunks: list[bytes] = []
+            result = StatementResult("")
+            async for item in self._client.copy_out(sql):
+                if isinstance(item, bytes):
+                    chunks.append(item)
+                else:
+                    result = item
+            return chunks, result
+
+        return self._run(collect())
 
     def subscribe(self, sql: str) -> Iterator[SubscribeEvent]:
         """The subscription's events as they arrive. Closing the iterator (or an exception in

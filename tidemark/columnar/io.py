@@ -14,10 +14,12 @@ PARQUET_COMPRESSION = "zstd"
 COMPRESS_FROM_ROWS = 4096
 
 
-def to_ipc(table: pa.Table) -> bytes:
-    """One Arrow IPC stream holding ``table`` (schema included, even when empty)."""
+def to_ipc(table: pa.Table, *, compress: bool = False) -> bytes:
+    """One Arrow IPC stream holding ``table`` (schema included, even when empty); with
+    ``compress``, its buffers LZ4-compressed (readers decompress them transparently)."""
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
+    options = pa.ipc.IpcWriteOptions(compression="lz4" if compress else None)
+    with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
         writer.write_table(table)
     return bytes(sink.getvalue().to_pybytes())
 

@@ -8,9 +8,6 @@ Subscription changes are one ``|``-separated line each, printed as they arrive.
 
 from __future__ import annotations
 
-import datetime
-import decimal
-import math
 from collections.abc import Sequence
 
 from tidemark.clients.adapter import (
@@ -20,6 +17,7 @@ from tidemark.clients.adapter import (
     StatementError,
     StatementResult,
 )
+from tidemark.sql_text import format_value
 
 _NUMERIC_TYPES = frozenset(
     {"smallint", "integer", "int", "bigint", "real", "double precision", "numeric", "decimal"}
@@ -28,30 +26,6 @@ _NUMERIC_TYPES = frozenset(
 
 def is_numeric(type_name: str) -> bool:
     return type_name.split("(", 1)[0].strip().lower() in _NUMERIC_TYPES
-
-
-def format_value(value: SqlPyValue, null: str = "") -> str:
-    """A value as PostgreSQL prints it in text form."""
-    if value is None:
-        return null
-    if isinstance(value, bool):
-        return "t" if value else "f"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "NaN"
-        if math.isinf(value):
-            return "Infinity" if value > 0 else "-Infinity"
-        return repr(value)
-    if isinstance(value, decimal.Decimal):
-        # Plain notation, keeping the scale: 1E+2 would surprise anyone expecting 100.
-        return format(value, "f")
-    if isinstance(value, bytes):
-        return "\\x" + value.hex()
-    if isinstance(value, datetime.datetime):
-        return value.isoformat(sep=" ")
-    if isinstance(value, datetime.date):
-        return value.isoformat()
-    return str(value)
 
 
 def row_count(count: int) -> str:

@@ -77,7 +77,7 @@ class ChangePlan:
         return self.retract.depends_on
 
 
-def _target_table(
+def target_table(
     name: tuple[str, ...], catalog: CatalogView, settings: Mapping[str, str], where: int, verb: str
 ) -> BoundRelation:
     table = catalog.resolve(name, settings, where)
@@ -133,7 +133,7 @@ def _is_default(node: exp.Expr) -> bool:
     return isinstance(node, exp.Var) and node.name.upper() == "DEFAULT"
 
 
-def _target_columns(table: BoundRelation, names: Sequence[str] | None, where: int) -> list[int]:
+def target_columns(table: BoundRelation, names: Sequence[str] | None, where: int) -> list[int]:
     all_names = table.schema.names
     if names is None:
         return list(range(len(all_names)))
@@ -175,10 +175,10 @@ def _plan_insert(
     statement: Insert, catalog: CatalogView, settings: Mapping[str, str]
 ) -> InsertPlan:
     where = statement.position
-    table = _target_table(statement.table, catalog, settings, where, "insert into")
+    table = target_table(statement.table, catalog, settings, where, "insert into")
     label = table.name[-1]
     columns = table.schema.columns
-    targets = _target_columns(table, statement.columns, where)
+    targets = target_columns(table, statement.columns, where)
     if statement.literal_rows is not None:
         try:
             rows = fold_literal_rows(statement.literal_rows, columns, targets)
@@ -318,7 +318,7 @@ def _plan_update(
     statement: Update, catalog: CatalogView, settings: Mapping[str, str]
 ) -> ChangePlan:
     where = statement.position
-    table = _target_table(statement.table, catalog, settings, where, "update")
+    table = target_table(statement.table, catalog, settings, where, "update")
     planner = QueryPlanner(catalog, settings)
     frame = _table_frame(planner, table, statement.alias, where)
     _filtered(planner, frame, statement.where)
@@ -369,7 +369,7 @@ def _plan_delete(
     statement: Delete, catalog: CatalogView, settings: Mapping[str, str]
 ) -> ChangePlan:
     where = statement.position
-    table = _target_table(statement.table, catalog, settings, where, "delete from")
+    table = target_table(statement.table, catalog, settings, where, "delete from")
     planner = QueryPlanner(catalog, settings)
     frame = _table_frame(planner, table, statement.alias, where)
     _filtered(planner, frame, statement.where)

@@ -496,6 +496,155 @@ def _insert(cursor: Cursor, text: str, where: int) -> st.Insert:
     return st.Insert(text=text, position=where, table=table, columns=columns, source=source)
 
 
+# COPY -------------------------------------------------------------------------------------
+
+# The options COPY takes, and the words of PostgreSQL's older option syntax (COPY ... CSV
+# HEADER DELIMITER ',') that stand for them.
+_COPY_OLD_WORDS = {"CSV": ("format", "csv"), "BINARY": ("format", "binary")}
+_COPY_OLD_VALUED = ("DELIMITER", "NULL", "QUOTE", "ESCAPE", "ENCODING")
+
+
+def _copy(cursor: Cursor, text: str, where: int) -> st.CopyFrom | st.CopyTo:
+    cursor.expect("COPY")
+    first = cursor.peek()
+    if first is None:
+        raise cursor.error()
+    if first.token_type is TokenType.L_PAREN:
+        inside = cursor.parenthesized()
+        if not inside:
+            raise SqlError(SYNTAX_ERROR, "COPY (query) needs a query", first.start + 1)
+        query = query_from(cursor.sql, inside)
+        if not cursor.accept("TO"):
+            raise cursor.error("COPY (query) takes TO STDOUT; only a table can be copied FROM")
+        _copy_stdout(cursor)
+        return st.CopyTo(text=text, position=where, query=query, options=_copy_options(cursor))
+    name = cursor.qualified_name("a table name or a query")
+    columns: tuple[str, ...] | None = None
+    if cursor.peek() is not None and cursor.peek().token_type is TokenType.L_PAREN:  # type: ignore[union-attr]
+        inner = Cursor(cursor.sql, cursor.parenthesized())
+        names = [inner.identifier("a column name")]
+        while inner.accept_type(TokenType.COMMA):
+            names.append(inner.identifier("a column name"))
+        inner.expect_end()
+        columns = tuple(names)
+    if cursor.accept("TO"):
+        _copy_stdout(cursor)
+        listed = "*" if columns is None else ", ".join(_quoted(c) for c in columns)
+        relation = ".".join(_quoted(p) for p in name)
+        select = exp.select(*_column_nodes(columns, first)).from_(
+            exp.Table(**_table_parts(name, first))
+        )
+        query = st.Query(
+            ast=select, text=f"SELECT {listed} FROM {relation}", position=first.start + 1
+        )
+        return st.CopyTo(text=text, position=where, query=query, options=_copy_options(cursor))
+    cursor.expect("FROM")
+    source = cursor.next()
+    location: str | None
+    if source.token_type is TokenType.STRING:
+        location = str(source.text)
+    elif is_word(source, "STDIN"):
+        location = None
+    elif is_word(source, "PROGRAM"):
+        raise not_supported("COPY FROM PROGRAM", source.start + 1)
+    else:
+        raise SqlError(
+            SYNTAX_ERROR,
+            f'syntax error at or near "{source.text}": expected STDIN or a quoted file name or URL',
+            source.start + 1,
+        )
+    return st.CopyFrom(
+        text=text,
+        position=where,
+        table=name,
+        columns=columns,
+        location=location,
+        options=_copy_options(cursor),
+    )
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _column_nodes(columns: tuple[str, ...] | None, first: Token) -> list[exp.Expr]:
+    if columns is None:
+        return [exp.Star()]
+    nodes: list[exp.Expr] = []
+    for column in columns:
+        ident = exp.Identifier(this=column, quoted=True)
+        ident.meta["start"] = first.start
+        nodes.append(exp.Column(this=ident))
+    return nodes
+
+
+def _copy_stdout(cursor: Cursor) -> None:
+    target = cursor.next()
+    if is_word(target, "STDOUT"):
+        return
+    raise SqlError(
+        "0A000" if target.token_type is TokenType.STRING else SYNTAX_ERROR,
+        "COPY ... TO writes to STDOUT only (the client saves it: \\copy ... TO 'file' in "
+        "tidemark sql)",
+        target.start + 1,
+    )
+
+
+def _copy_options(cursor: Cursor) -> tuple[st.CopyOption, ...]:
+    cursor.accept("WITH")
+    if cursor.peek() is not None and cursor.peek().token_type is TokenType.L_PAREN:  # type: ignore[union-attr]
+        options = []
+        for part in split_top_level(cursor.parenthesized()):
+            if not part:
+                raise cursor.error("COPY options are name [value], separated by commas")
+            options.append(_copy_option(cursor.sql, part))
+        cursor.expect_end()
+        return tuple(options)
+    old: list[st.CopyOption] = []
+    while not cursor.at_end:
+        token = cursor.next()
+        word = str(token.text).upper() if is_word(token) else ""
+        if word in _COPY_OLD_WORDS:
+            name, value = _COPY_OLD_WORDS[word]
+            old.append(st.CopyOption(name, value, token.start + 1))
+        elif word == "HEADER":
+            old.append(st.CopyOption("header", None, token.start + 1))
+        elif word in _COPY_OLD_VALUED:
+            cursor.accept("AS")
+            given = cursor.next()
+            if given.token_type not in (TokenType.STRING, TokenType.BYTE_STRING):
+                raise SqlError(SYNTAX_ERROR, f"{word} takes a quoted string", given.start + 1)
+            old.append(st.CopyOption(word.lower(), str(given.text), token.start + 1))
+        else:
+            raise SqlError(SYNTAX_ERROR, f'syntax error at or near "{token.text}"', token.start + 1)
+    return tuple(old)
+
+
+def _copy_option(sql: str, tokens: list[Token]) -> st.CopyOption:
+    name_token = tokens[0]
+    if not is_word(name_token):
+        raise SqlError(SYNTAX_ERROR, "expected an option name", name_token.start + 1)
+    name = str(name_token.text).lower()
+    if len(tokens) == 1:
+        return st.CopyOption(name, None, name_token.start + 1)
+    if len(tokens) > 2:
+        raise SqlError(
+            SYNTAX_ERROR, f'syntax error at or near "{tokens[2].text}"', tokens[2].start + 1
+        )
+    value_token = tokens[1]
+    if value_token.token_type in (TokenType.STRING, TokenType.BYTE_STRING, TokenType.NUMBER):
+        value = str(value_token.text)
+    elif is_word(value_token):
+        value = str(value_token.text).lower()
+    else:
+        raise SqlError(
+            SYNTAX_ERROR,
+            f"option {name} takes a string, a number or a word",
+            value_token.start + 1,
+        )
+    return st.CopyOption(name, value, name_token.start + 1)
+
+
 def _update(cursor: Cursor, text: str, where: int) -> st.Update:
     tree = parse_expressions(cursor.sql, cursor.tokens)
     if not isinstance(tree, exp.Update):
@@ -758,6 +907,7 @@ _HANDLERS: dict[str, Callable[[Cursor, str, int], st.AnyStatement]] = {
     "DROP": _drop,
     "ALTER": _alter,
     "INSERT": _insert,
+    "COPY": _copy,
     "UPDATE": _update,
     "DELETE": _delete,
     "SUBSCRIBE": _subscribe,

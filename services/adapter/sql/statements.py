@@ -145,6 +145,35 @@ class Insert(Statement):
 
 
 @dataclass(frozen=True)
+class CopyOption:
+    """``name [value]`` of a COPY's options, the name case-folded; ``value`` None when left
+    out (``HEADER`` alone)."""
+
+    name: str
+    value: str | None
+    position: int
+
+
+@dataclass(frozen=True)
+class CopyFrom(Statement):
+    """COPY table [(columns)] FROM STDIN | 'path or URL' [WITH] (options)."""
+
+    table: QualifiedName
+    columns: tuple[str, ...] | None
+    # None: the data comes from the client (FROM STDIN).
+    location: str | None
+    options: tuple[CopyOption, ...]
+
+
+@dataclass(frozen=True)
+class CopyTo(Statement):
+    """COPY table [(columns)] | (query) TO STDOUT [WITH] (options): the query's rows."""
+
+    query: Query
+    options: tuple[CopyOption, ...]
+
+
+@dataclass(frozen=True)
 class Assignment:
     column: str
     value: exp.Expr
@@ -254,6 +283,8 @@ AnyStatement: TypeAlias = (
     | Drop
     | RebuildMaterializedView
     | Insert
+    | CopyFrom
+    | CopyTo
     | Update
     | Delete
     | Select

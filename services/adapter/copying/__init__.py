@@ -1,0 +1,1 @@
+"""COPY: tables filled from, and queries written to, text, CSV and Parquet data."""
