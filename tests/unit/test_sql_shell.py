@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime
 import io
 import readline
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from decimal import Decimal
 from pathlib import Path
 
@@ -193,6 +193,8 @@ class FakeConnection:
         self.events = events
         self.executed: list[str] = []
         self.subscribed: list[str] = []
+        self.copied_in: list[tuple[str, bytes]] = []
+        self.copied_out: list[str] = []
         self.closed = False
 
     def execute(self, sql: str) -> ExecuteResult:
@@ -203,6 +205,14 @@ class FakeConnection:
         self.subscribed.append(sql)
         assert self.events is not None
         return self.events()
+
+    def copy_in(self, sql: str, data: Iterable[bytes]) -> StatementResult:
+        self.copied_in.append((sql, b"".join(data)))
+        return self.answers(sql)[0]
+
+    def copy_out(self, sql: str) -> tuple[list[bytes], StatementResult]:
+        self.copied_out.append(sql)
+        return [b"1,a\n", b"2,b\n"], self.answers(sql)[0]
 
     def close(self) -> None:
         self.closed = True
@@ -485,3 +495,32 @@ def test_history_is_saved_to_the_history_file(
     readline.add_history("SELECT 42;")
     save()
     assert "SELECT 42;" in history.read_text()
+
+
+def test_copy_reads_and_writes_files_on_the_shell_side(tmp_path: Path) -> None:
+    source = tmp_path / "in.csv"
+    source.write_bytes(b"a,b\n1,x\n")
+    connection = FakeConnection(lambda sql: [StatementResult(tag="COPY 1")])
+    shell, out, _ = make_shell(connection)
+    assert run_meta(f"\\copy t (a, b) FROM '{source}' WITH (FORMAT csv, HEADER);", shell) is (
+        Outcome.OK
+    )
+    assert connection.copied_in == [
+        ("COPY t (a, b) FROM STDIN WITH (FORMAT csv, HEADER)", b"a,b\n1,x\n")
+    ]
+    target = tmp_path / "out.csv"
+    query = "(SELECT a, 'to' FROM t WHERE b <> ')') TO"
+    assert run_meta(f"\\COPY {query} '{target}' CSV", shell) is Outcome.OK
+    assert connection.copied_out == ["COPY (SELECT a, 'to' FROM t WHERE b <> ')') TO STDOUT CSV"]
+    assert target.read_bytes() == b"1,a\n2,b\n"
+    assert out.getvalue().splitlines() == ["COPY 1", "COPY 1"]
+
+
+def test_copy_reports_errors() -> None:
+    connection = FakeConnection(lambda sql: [failure("22P02", "bad value (COPY t, line 2)", 0)])
+    shell, _, err = make_shell(connection)
+    assert run_meta("\\copy t FROM '/nonexistent/file'", shell) is Outcome.FAILED
+    assert "No such file" in err.getvalue()
+    assert run_meta("\\copy t TO stdout", shell) is Outcome.FAILED
+    assert "line 2" in err.getvalue()
+    assert run_meta("\\copy t", shell) is Outcome.FAILED

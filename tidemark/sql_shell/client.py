@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Protocol
 
-from tidemark.clients.adapter import ExecuteResult, SubscribeEvent
+from tidemark.clients.adapter import ExecuteResult, StatementResult, SubscribeEvent
 
 
 class SqlConnection(Protocol):
@@ -15,5 +15,9 @@ class SqlConnection(Protocol):
     def execute(self, sql: str) -> ExecuteResult: ...
 
     def subscribe(self, sql: str) -> Iterator[SubscribeEvent]: ...
+
+    def copy_in(self, sql: str, data: Iterable[bytes]) -> StatementResult: ...
+
+    def copy_out(self, sql: str) -> tuple[list[bytes], StatementResult]: ...
 
     def close(self) -> None: ...

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import enum
+import re
 import shlex
+import sys
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -84,6 +86,8 @@ def parse_meta(line: str) -> MetaCommand:
 
 
 def run_meta(line: str, shell: MetaContext) -> Outcome:
+    if re.match(r"\s*\\copy\b", line, re.IGNORECASE):
+        return _ok(run_copy(line.strip().removeprefix("\\")[4:].strip().rstrip(";"), shell))
     command = parse_meta(line)
     name, args = command.name, command.args
     if name in ("q", "quit"):
@@ -101,6 +105,90 @@ def run_meta(line: str, shell: MetaContext) -> Outcome:
         return _ok(shell.run_sql(LISTING_FOR[name]))
     shell.write_error(f"invalid command \\{name}; try \\? for help")
     return Outcome.FAILED
+
+
+_COPY_DIRECTION = re.compile(
+    r"\s+(?P<direction>FROM|TO)\s+(?P<file>'(?:[^']|'')*'|\"[^\"]*\"|\S+)(?P<rest>.*)$",
+    re.IGNORECASE | re.DOTALL,
+)
+# Bytes per message of a COPY FROM's data.
+COPY_CHUNK_BYTES = 1 << 20
+
+
+def _copy_target(text: str) -> int:
+    """Where ``\\copy``'s table or parenthesized query ends."""
+    if not text.startswith("("):
+        match = re.match(r"(?:\"[^\"]*\"|[^\s(])+(?:\s*\([^)]*\))?", text)
+        return match.end() if match else 0
+    depth = 0
+    quote = ""
+    for index, char in enumerate(text):
+        if quote:
+            if char == quote:
+                quote = ""
+        elif char in "'\"":
+            quote = char
+        elif char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+            if depth == 0:
+                return index + 1
+    return len(text)
+
+
+def run_copy(text: str, shell: MetaContext) -> bool:
+    """``\\copy``: COPY with the file on the shell's side of the connection."""
+    end = _copy_target(text)
+    found = _COPY_DIRECTION.match(text, end) if end else None
+    if found is None:
+        shell.write_error("\\copy: expected TABLE [(COLUMNS)] FROM|TO 'FILE' [OPTIONS]")
+        return False
+    target, rest = text[:end], found.group("rest")
+    file = found.group("file")
+    if file.startswith("'"):
+        file = file[1:-1].replace("''", "'")
+    elif file.startswith('"'):
+        file = file[1:-1]
+    to_standard = file.lower() in ("stdin", "stdout", "pstdin", "pstdout")
+    if found.group("direction").upper() == "FROM":
+        return _copy_from(f"COPY {target} FROM STDIN{rest}", None if to_standard else file, shell)
+    return _copy_to(f"COPY {target} TO STDOUT{rest}", None if to_standard else file, shell)
+
+
+def _copy_from(sql: str, path: str | None, shell: MetaContext) -> bool:
+    try:
+        source = sys.stdin.buffer if path is None else open(path, "rb")
+    except OSError as exc:
+        shell.write_error(f"{path}: {exc.strerror or exc}")
+        return False
+    with source:
+        chunks = iter(lambda: source.read(COPY_CHUNK_BYTES), b"")
+        result = shell.connection.copy_in(sql, chunks)
+    return _report(result, sql, shell)
+
+
+def _copy_to(sql: str, path: str | None, shell: MetaContext) -> bool:
+    chunks, result = shell.connection.copy_out(sql)
+    if result.error is None:
+        try:
+            if path is None:
+                shell.write(b"".join(chunks).decode().rstrip("\n"))
+            else:
+                with open(path, "wb") as sink:
+                    sink.writelines(chunks)
+        except OSError as exc:
+            shell.write_error(f"{path}: {exc.strerror or exc}")
+            return False
+    return _report(result, sql, shell)
+
+
+def _report(result: StatementResult, sql: str, shell: MetaContext) -> bool:
+    if result.error is not None:
+        shell.write_error(render_error(result.error, sql))
+        return False
+    shell.write(result.tag)
+    return True
 
 
 def _ok(succeeded: bool) -> Outcome:
