@@ -1,0 +1,1 @@
+"""Sources: readers of upstream systems that the sources process ingests."""
