@@ -29,7 +29,7 @@ def cstr(text: str) -> bytes:
     return text.encode() + b"\x00"
 
 
-def tuple_data(*values: bytes | None | str) -> bytes:
+def tuple_data(*values: bytes | str | None) -> bytes:
     out = struct.pack(">h", len(values))
     for value in values:
         if value is None:

@@ -22,7 +22,7 @@ class _Unchanged:
 
 UNCHANGED: Final = _Unchanged()
 
-Value: TypeAlias = bytes | None | _Unchanged
+Value: TypeAlias = bytes | _Unchanged | None
 TupleData: TypeAlias = tuple[Value, ...]
 
 # PostgreSQL epoch (2000-01-01) in microseconds after the Unix epoch.
