@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from services.adapter import ddl_connections
 from services.adapter.catalog_cache import CatalogState
 from services.adapter.catalog_names import (
     catalog_view,
@@ -86,6 +87,14 @@ class DdlStatements:
         async def build(draft: CatalogDraft, maker: CollectionMaker) -> DdlOutcome:
             if isinstance(statement, ast.CreateTable | ast.CreateSource):
                 return await self._create_table(statement, settings, draft, maker)
+            if isinstance(statement, ast.CreatePostgresSource):
+                return await ddl_connections.create_postgres_source(
+                    statement, settings, draft, maker
+                )
+            if isinstance(statement, ast.CreateSecret):
+                return ddl_connections.create_secret(statement, settings, draft)
+            if isinstance(statement, ast.CreateConnection):
+                return ddl_connections.create_connection(statement, settings, draft)
             if isinstance(statement, ast.CreateView):
                 return await self._create_view(statement, settings, draft, maker)
             if isinstance(statement, ast.CreateIndex):

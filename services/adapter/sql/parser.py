@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from sqlglot import exp
 from sqlglot.tokens import Token, TokenType  # type: ignore[attr-defined]
 
+from services.adapter.sql import connections
 from services.adapter.sql import statements as st
 from services.adapter.sql.errors import SYNTAX_ERROR, SqlError, not_supported
 from services.adapter.sql.names import QualifiedName, identifier, position, table_name
@@ -150,6 +151,10 @@ def _create(cursor: Cursor, text: str, where: int) -> st.AnyStatement:
         )
     if cursor.accept("SOURCE"):
         return _create_source(cursor, text, where)
+    if cursor.accept("SECRET"):
+        return connections.create_secret(cursor, text, where, _if_not_exists(cursor))
+    if cursor.accept("CONNECTION"):
+        return connections.create_connection(cursor, text, where, _if_not_exists(cursor))
     materialized = cursor.accept("MATERIALIZED")
     if cursor.accept("VIEW"):
         return _create_view(cursor, text, where, materialized)
@@ -236,9 +241,15 @@ def _column_def(sql: str, tokens: list[Token]) -> st.ColumnDef:
     )
 
 
-def _create_source(cursor: Cursor, text: str, where: int) -> st.CreateSource:
+def _create_source(
+    cursor: Cursor, text: str, where: int
+) -> st.CreateSource | st.CreatePostgresSource:
     exists = _if_not_exists(cursor)
     name = cursor.qualified_name("a source name")
+    if cursor.at_words("IN", "CLUSTER") or cursor.at_words("FROM", "POSTGRES"):
+        in_cluster = _in_cluster(cursor)
+        cursor.expect("FROM", "POSTGRES")
+        return connections.postgres_source(cursor, text, where, name, in_cluster, exists)
     columns = _column_defs(cursor)
     if not (cursor.accept("FROM") or cursor.accept("FORMAT")):
         raise cursor.error("CREATE SOURCE needs FROM CDCV2")
@@ -385,6 +396,8 @@ _DROP_KINDS: tuple[tuple[tuple[str, ...], st.ObjectKind], ...] = (
     (("INDEX",), "index"),
     (("CLUSTER",), "cluster"),
     (("SOURCE",), "source"),
+    (("SECRET",), "secret"),
+    (("CONNECTION",), "connection"),
 )
 
 
