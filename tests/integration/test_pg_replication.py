@@ -6,12 +6,13 @@ from __future__ import annotations
 import datetime
 import decimal
 import threading
+from collections import Counter
 
 import pytest
 
 from tests.support.postgres import DATABASE, PASSWORD, SUPERUSER, PostgresCluster
-from tidemark.columnar import ColumnType
-from tidemark.sources.postgres.replication import Batch, Replication
+from tidemark.columnar import ColumnType, Row
+from tidemark.sources.postgres.replication import Batch, Replication, parse_lsn
 from tidemark.sources.postgres.upstream import ConnectionParams, UpstreamError, publication_tables
 
 
@@ -112,11 +113,29 @@ def test_snapshot_stream_and_replay(upstream: PostgresCluster) -> None:
     again = replication.replay(snapshot.offset, seen[0].offset)
     assert again.changes == seen[0].changes
     assert again.offset == seen[0].offset
-    replication.confirm(seen[-1].offset)
+    # The snapshot batch again, though its exported snapshot is long gone.
+    rebuilt = replication.replay_snapshot(snapshot.offset)
+    assert changes_equal(rebuilt.changes, snapshot.changes)
+    # Feedback moves the slot's confirmed flush LSN.
+    confirmed_at = seen[-1].offset
+    upstream.execute("INSERT INTO r_items (id) VALUES (4)")
+    for _ in replication.stream(confirmed_at, lambda: confirmed_at, lambda: False):
+        break
     rows = upstream.query(
         "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name='test_slot'"
     )
-    from tidemark.sources.postgres.replication import parse_lsn
-
-    assert parse_lsn(rows[0][0]) == seen[-1].offset
+    assert parse_lsn(rows[0][0]) == confirmed_at
     replication.drop_slot()
+
+
+def changes_equal(a: dict[str, list[tuple[Row, int]]], b: dict[str, list[tuple[Row, int]]]) -> bool:
+    def summed(changes: dict[str, list[tuple[Row, int]]]) -> dict[str, Counter[Row]]:
+        out: dict[str, Counter[Row]] = {}
+        for key, pairs in changes.items():
+            counter: Counter[Row] = Counter()
+            for row, diff in pairs:
+                counter[row] += diff
+            out[key] = +counter
+        return out
+
+    return summed(a) == summed(b)

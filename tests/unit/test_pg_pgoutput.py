@@ -14,6 +14,7 @@ from tidemark.sources.postgres.pgoutput import (
     DecodeError,
     Delete,
     Insert,
+    LogicalMessage,
     Other,
     Relation,
     RelationColumn,
@@ -112,7 +113,12 @@ def test_truncate() -> None:
     assert decode(data) == Truncate((10, 11), True, True)
 
 
-def test_origin_type_and_message_are_skipped() -> None:
+def test_logical_message() -> None:
+    data = b"M" + struct.pack(">BQ", 1, 0x42) + cstr("tidemark") + struct.pack(">i", 3) + b"abc"
+    assert decode(data) == LogicalMessage(True, 0x42, "tidemark", b"abc")
+
+
+def test_origin_and_type_are_skipped() -> None:
     assert decode(b"O" + struct.pack(">Q", 5) + cstr("node")) == Other("O")
     assert decode(b"Y" + struct.pack(">I", 1) + cstr("public") + cstr("mood")) == Other("Y")
 

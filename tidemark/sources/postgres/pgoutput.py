@@ -98,13 +98,25 @@ class Truncate:
 
 
 @dataclass(frozen=True)
+class LogicalMessage:
+    """A message written with ``pg_logical_emit_message`` (sent with ``messages 'true'``)."""
+
+    transactional: bool
+    lsn: int
+    prefix: str
+    content: bytes
+
+
+@dataclass(frozen=True)
 class Other:
-    """Origin, Type and logical decoding Message: nothing a source needs."""
+    """Origin and Type: nothing a source needs."""
 
     kind: str
 
 
-Message: TypeAlias = Begin | Commit | Relation | Insert | Update | Delete | Truncate | Other
+Message: TypeAlias = (
+    Begin | Commit | Relation | Insert | Update | Delete | Truncate | LogicalMessage | Other
+)
 
 
 class _Reader:
@@ -202,7 +214,12 @@ def decode(data: bytes) -> Message:
         options = reader.u8()
         oids = tuple(reader.u32() for _ in range(count))
         message = Truncate(oids, bool(options & 1), bool(options & 2))
-    elif kind in ("O", "Y", "M"):
+    elif kind == "M":
+        flags = reader.u8()
+        lsn = reader.u64()
+        prefix = reader.string()
+        message = LogicalMessage(bool(flags & 1), lsn, prefix, bytes(reader.take(reader.i32())))
+    elif kind in ("O", "Y"):
         return Other(kind)
     else:
         raise DecodeError(f"unknown pgoutput message kind {kind!r}")

@@ -65,6 +65,13 @@ class Batch:
     def size(self) -> int:
         return sum(len(c) for c in self.changes.values())
 
+    def merge(self, other: Batch) -> None:
+        """Appends ``other``, a later stretch of the stream: the offset moves to its end."""
+        for key, pairs in other.changes.items():
+            self.changes.setdefault(key, []).extend(pairs)
+        self.commit_times_us.extend(other.commit_times_us)
+        self.offset = other.offset
+
 
 class _Decoder:
     """Turns pgoutput messages into row changes for the chosen tables."""
@@ -184,9 +191,13 @@ class Replication:
         """A new slot (replacing an old one of the same name) and every table's contents at
         its consistent point: the batch at that LSN."""
         self.drop_slot()
+        return self._snapshot_through(self.slot, temporary=False)
+
+    def _snapshot_through(self, slot: str, temporary: bool) -> Batch:
+        kind = "TEMPORARY LOGICAL" if temporary else "LOGICAL"
         with contextlib.closing(self._replication_connection()) as repl:
             cur = repl.cursor()
-            cur.execute(f'CREATE_REPLICATION_SLOT "{self.slot}" LOGICAL pgoutput EXPORT_SNAPSHOT')
+            cur.execute(f'CREATE_REPLICATION_SLOT "{slot}" {kind} pgoutput EXPORT_SNAPSHOT')
             _, consistent_point, snapshot_name, _ = cur.fetchone()
             batch = Batch(parse_lsn(consistent_point))
             # The exported snapshot lives while the replication connection stays idle.
@@ -213,90 +224,142 @@ class Replication:
 
     # -- the stream -------------------------------------------------------------------------
 
-    def stream(
+    def _transactions(
         self,
         start: int,
         confirmed: Callable[[], int],
         stopped: Callable[[], bool],
-        end: int | None = None,
-    ) -> Iterator[Batch]:
-        """Batches after ``start``, each of whole transactions, until ``stopped()``; with
-        ``end``, exactly the transactions up to that offset, as one batch. ``confirmed()``
-        is the LSN the slot may forget up to, sent upstream as feedback."""
+        messages: bool = False,
+    ) -> Iterator[_Transaction | None]:
+        """Each whole upstream transaction committed after ``start``, in commit order;
+        None whenever nothing has arrived for a while (so callers can flush or stop)."""
         decoder = _Decoder(self.tables)
+        options = {"proto_version": "1", "publication_names": self.publication}
+        if messages:
+            options["messages"] = "true"
         with contextlib.closing(self._replication_connection()) as repl:
             cur = repl.cursor()
             cur.start_replication(
-                slot_name=self.slot,
-                decode=False,
-                start_lsn=start,
-                options={"proto_version": "1", "publication_names": self.publication},
+                slot_name=self.slot, decode=False, start_lsn=start, options=options
             )
-            pending = Batch(start)
-            open_since: float | None = None
-            in_transaction = False
+            current: _Transaction | None = None
             last_feedback = 0.0
+            sent = -1
             while not stopped():
                 now = time.monotonic()
-                if now - last_feedback >= FEEDBACK_INTERVAL_S:
-                    cur.send_feedback(flush_lsn=confirmed(), reply=True)
-                    last_feedback = now
+                flush = confirmed()
+                if flush != sent or now - last_feedback >= FEEDBACK_INTERVAL_S:
+                    cur.send_feedback(flush_lsn=flush, reply=True)
+                    last_feedback, sent = now, flush
                 message = cur.read_message()
                 if message is None:
-                    if end is None and pending.commit_times_us and not in_transaction:
-                        if now - (open_since or now) >= BATCH_WINDOW_S:
-                            yield pending
-                            pending = Batch(pending.offset)
-                            open_since = None
-                            continue
-                    wait = BATCH_WINDOW_S if pending.commit_times_us else 1.0
-                    select.select([cur], [], [], wait)
+                    if current is None:
+                        yield None
+                    select.select([cur], [], [], BATCH_WINDOW_S)
                     continue
                 decoded = pgoutput.decode(message.payload)
                 if isinstance(decoded, pgoutput.Begin):
-                    in_transaction = True
+                    current = _Transaction(Batch(0))
+                elif isinstance(decoded, pgoutput.Commit):
+                    assert current is not None, "Commit without Begin"
+                    current.commit = decoded
+                    current.changes.offset = decoded.end_lsn
+                    current.changes.commit_times_us.append(decoded.commit_time_us)
+                    yield current
+                    current = None
+                elif isinstance(decoded, pgoutput.LogicalMessage):
+                    if current is not None:
+                        current.messages.append(decoded)
+                else:
+                    decoder.apply(decoded, current.changes if current else Batch(0))
+
+    def stream(
+        self, start: int, confirmed: Callable[[], int], stopped: Callable[[], bool]
+    ) -> Iterator[Batch]:
+        """Batches of whole transactions after ``start``, until ``stopped()``: a batch is
+        cut once no more transactions arrive within BATCH_WINDOW_S, or at BATCH_MAX_CHANGES.
+        ``confirmed()`` is the LSN the slot may forget up to, sent upstream as feedback."""
+        pending = Batch(start)
+        opened = 0.0
+        for transaction in self._transactions(start, confirmed, stopped):
+            if transaction is not None:
+                if not pending.commit_times_us:
+                    opened = time.monotonic()
+                pending.merge(transaction.changes)
+                if pending.size < BATCH_MAX_CHANGES and (
+                    time.monotonic() - opened < BATCH_WINDOW_S
+                ):
                     continue
-                if isinstance(decoded, pgoutput.Commit):
-                    in_transaction = False
-                    pending.offset = decoded.end_lsn
-                    pending.commit_times_us.append(decoded.commit_time_us)
-                    if open_since is None:
-                        open_since = time.monotonic()
-                    if end is not None:
-                        if decoded.end_lsn == end:
-                            yield pending
-                            return
-                        if decoded.end_lsn > end:
-                            raise UpstreamError(
-                                NOT_IN_PREREQUISITE_STATE,
-                                f"replaying up to {format_lsn(end)} met a commit at "
-                                f"{format_lsn(decoded.end_lsn)} instead",
-                            )
-                    elif pending.size >= BATCH_MAX_CHANGES:
-                        yield pending
-                        pending = Batch(pending.offset)
-                        open_since = None
-                    continue
-                decoder.apply(decoded, pending)
+            if pending.commit_times_us:
+                yield pending
+                pending = Batch(pending.offset)
 
     def replay(self, prev: int, offset: int) -> Batch:
         """Exactly the batch (prev, offset] once more."""
-        for batch in self.stream(prev, lambda: prev, lambda: False, end=offset):
-            return batch
-        raise AssertionError("unreachable")
+        batch = Batch(prev)
+        for transaction in self._transactions(prev, lambda: prev, lambda: False):
+            if transaction is None:
+                continue
+            batch.merge(transaction.changes)
+            if batch.offset == offset:
+                return batch
+            if batch.offset > offset:
+                raise UpstreamError(
+                    NOT_IN_PREREQUISITE_STATE,
+                    f"replaying up to {format_lsn(offset)} met a commit at "
+                    f"{format_lsn(batch.offset)} instead",
+                )
+        raise AssertionError("unreachable: replay never stops")
 
-    def confirm(self, lsn: int) -> None:
-        """Lets the slot forget everything up to ``lsn`` now (a short replication session
-        sending one feedback message), for use outside a running ``stream``."""
-        with contextlib.closing(self._replication_connection()) as repl:
-            cur = repl.cursor()
-            cur.start_replication(
-                slot_name=self.slot,
-                decode=False,
-                start_lsn=lsn,
-                options={"proto_version": "1", "publication_names": self.publication},
-            )
-            cur.send_feedback(flush_lsn=lsn, reply=True, force=True)
+    def replay_snapshot(self, snapshot_lsn: int) -> Batch:
+        """The snapshot batch at ``snapshot_lsn`` once more, after its exported snapshot is
+        gone: the tables now (through a temporary slot's snapshot at L2) less every change
+        of (snapshot_lsn, L2], which the source's slot still holds because nothing past
+        ``snapshot_lsn`` was confirmed."""
+        now = self._snapshot_through(f"{self.slot}_replay", temporary=True)
+        fence = f"fence-{time.time_ns()}".encode()
+        with contextlib.closing(connect(self.params)) as conn:
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                # A transaction after L2: once it streams by, every commit before L2 has.
+                cur.execute("SELECT pg_logical_emit_message(true, 'tidemark', %s)", (fence,))
+        counts: dict[str, dict[Row, int]] = {}
+        for key, pairs in now.changes.items():
+            table = counts.setdefault(key, {})
+            for row, diff in pairs:
+                table[row] = table.get(row, 0) + diff
+        stream = self._transactions(snapshot_lsn, lambda: snapshot_lsn, lambda: False, True)
+        for transaction in stream:
+            if transaction is None:
+                continue
+            if any(m.content == fence for m in transaction.messages):
+                break
+            assert transaction.commit is not None
+            if transaction.commit.commit_lsn >= now.offset:
+                continue
+            for key, pairs in transaction.changes.changes.items():
+                table = counts.setdefault(key, {})
+                for row, diff in pairs:
+                    table[row] = table.get(row, 0) - diff
+        batch = Batch(snapshot_lsn)
+        for key in (f"{t.namespace}.{t.name}" for t in self.tables):
+            rows = batch.changes.setdefault(key, [])
+            for row, count in counts.get(key, {}).items():
+                if count < 0:
+                    raise UpstreamError(
+                        NOT_IN_PREREQUISITE_STATE,
+                        f"rebuilding the snapshot of {key} found a row retracted more often "
+                        f"than it was there",
+                    )
+                rows.extend([(row, 1)] * count)
+        return batch
+
+
+@dataclass
+class _Transaction:
+    changes: Batch
+    commit: pgoutput.Commit | None = None
+    messages: list[pgoutput.LogicalMessage] = field(default_factory=list)
 
 
 def slot_exists(params: ConnectionParams, slot: str) -> bool:
