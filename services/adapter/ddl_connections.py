@@ -2,14 +2,14 @@
 
 A PostgreSQL source is checked against its upstream before anything is created: the
 publication must exist, each table must have REPLICA IDENTITY FULL and every column a type
-Tidemark has. The source item holds the source's progress (``lsn``: the upstream LSN every
-subsource is complete up to); each upstream table gets a subsource, a read-only relation that
-depends on the source.
+Tidemark has. Its items are those of every ingested source (``source_ddl``): the source,
+one subsource per upstream table (named after it, or its alias) and ``<source>_progress``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 from services.adapter.catalog_cache import CatalogState
 from services.adapter.catalog_names import qualify_new, resolve
@@ -21,10 +21,9 @@ from services.adapter.ddl import (
     check_new_relation_name,
 )
 from services.adapter.session import Settings
+from services.adapter.source_ddl import create_ingested_source
 from services.adapter.sql import statements as ast
 from services.adapter.sql.errors import SqlError
-from services.adapter.sql.names import dotted
-from tidemark.columnar import Column, ColumnType, RelationSchema
 from tidemark.sources.postgres.upstream import (
     ConnectionParams,
     UpstreamError,
@@ -35,7 +34,6 @@ from tidemark.v1 import catalog_pb2
 
 INVALID_PARAMETER = "22023"
 DEFAULT_PORT = 5432
-PROGRESS_SCHEMA = RelationSchema([Column("lsn", ColumnType.INT64, nullable=False)])
 
 
 def create_secret(
@@ -119,13 +117,12 @@ async def create_postgres_source(
     maker: CollectionMaker,
 ) -> DdlOutcome:
     state = draft.state
-    tag = "CREATE SOURCE"
     name = qualify_new(state, settings, statement.name, statement.position)
     skipped = check_new_relation_name(
         state, name, statement.if_not_exists, statement.position, "source"
     )
     if skipped is not None:
-        return DdlOutcome(tag, [skipped])
+        return DdlOutcome("CREATE SOURCE", [skipped])
     connection = resolve(state, settings, statement.connection, ("connection",), statement.position)
     params = connection_params(state, connection)
     wanted = (
@@ -134,74 +131,48 @@ async def create_postgres_source(
     try:
         tables = await asyncio.to_thread(publication_tables, params, statement.publication, wanted)
     except UpstreamError as error:
-        if error.hint is not None:
-            raise SqlError(
-                error.sqlstate, error.message, statement.position, hint=error.hint
-            ) from None
-        raise SqlError(error.sqlstate, error.message, statement.position) from None
-    subsource_names = _subsource_names(statement, tables)
-    for subsource_name in subsource_names:
-        sub_name = catalog_pb2.QualifiedName(
-            database=name.database, schema=name.schema, item=subsource_name
-        )
-        check_new_relation_name(state, sub_name, False, statement.position, "source")
-    if len(set(subsource_names)) != len(subsource_names):
+        raise SqlError(
+            error.sqlstate, error.message, statement.position, hint=error.hint or ""
+        ) from None
+    relations = {t.key: t.schema for t in tables}
+    if len(relations) != len(tables):
+        raise SqlError("42710", "an upstream table is listed twice", statement.position)
+    names = dict(zip(relations, _subsource_names(statement, tables), strict=True))
+    if len(set(names.values())) != len(names):
         raise SqlError(
             "42710",
             "two upstream tables would get the same subsource name; give one an alias "
             "(FOR TABLES (schema.t AS other_name))",
             statement.position,
         )
-    source_id = await maker.make(draft, PROGRESS_SCHEMA)
+    # The slot is named after the source's name and creation time: unique upstream, and
+    # only [a-z0-9_] as PostgreSQL requires.
+    slot = "tidemark_" + "".join(
+        c if c.isalnum() else "_" for c in f"{name.item}_{time.time_ns()}".lower()
+    )
     spec = catalog_pb2.PostgresSource(
         connection_id=connection.id,
         publication=statement.publication,
-        slot=f"tidemark_{source_id}",
-    )
-    subsources = []
-    for table, subsource_name in zip(tables, subsource_names, strict=True):
-        sub_id = await maker.make(draft, table.schema)
-        reference = catalog_pb2.PostgresTable(
-            upstream_schema=table.namespace, upstream_name=table.name, upstream_oid=table.oid
-        )
-        sub_spec = catalog_pb2.PostgresSource()
-        sub_spec.table.CopyFrom(reference)
-        reference.subsource_id = sub_id
-        spec.tables.append(reference)
-        subsources.append(
-            catalog_pb2.CatalogItem(
-                id=sub_id,
-                name=catalog_pb2.QualifiedName(
-                    database=name.database, schema=name.schema, item=subsource_name
-                ),
-                owner=OWNER,
-                depends_on=[source_id],
-                source=catalog_pb2.Source(
-                    format=catalog_pb2.SOURCE_FORMAT_POSTGRES,
-                    schema=table.schema.to_proto(),
-                    collection_id=sub_id,
-                    postgres=sub_spec,
-                ),
+        slot=slot[:63],
+        tables=[
+            catalog_pb2.PostgresTable(
+                upstream_schema=t.namespace, upstream_name=t.name, upstream_oid=t.oid
             )
-        )
-    draft.create(
-        catalog_pb2.CatalogItem(
-            id=source_id,
-            name=name,
-            owner=OWNER,
-            depends_on=[connection.id],
-            source=catalog_pb2.Source(
-                format=catalog_pb2.SOURCE_FORMAT_POSTGRES,
-                schema=PROGRESS_SCHEMA.to_proto(),
-                collection_id=source_id,
-                postgres=spec,
-            ),
-        )
+            for t in tables
+        ],
     )
-    for subsource in subsources:
-        draft.create(subsource)
-    listed = ", ".join(subsource_names)
-    return DdlOutcome(tag, [f"source {dotted(statement.name)} replicates into: {listed}"])
+    return await create_ingested_source(
+        statement,
+        settings,
+        draft,
+        maker,
+        source_format=catalog_pb2.SOURCE_FORMAT_POSTGRES,
+        relations=relations,
+        primary_relation=None,
+        configure=catalog_pb2.Source(postgres=spec),
+        item_names=names,
+        depends_on=[connection.id],
+    )
 
 
 def _subsource_names(statement: ast.CreatePostgresSource, tables: list[UpstreamTable]) -> list[str]:

@@ -39,6 +39,7 @@ from services.adapter.ddl import (
 )
 from services.adapter.results import DUPLICATE_OBJECT
 from services.adapter.session import Settings
+from services.adapter.source_ddl import create_load_generator_source
 from services.adapter.sql import statements as ast
 from services.adapter.sql.catalog_view import bind, contents_collection
 from services.adapter.sql.ddl import key_positions
@@ -85,6 +86,8 @@ class DdlStatements:
         self, statement: ast.AnyStatement, settings: Settings
     ) -> Callable[[CatalogDraft, CollectionMaker], Awaitable[DdlOutcome]]:
         async def build(draft: CatalogDraft, maker: CollectionMaker) -> DdlOutcome:
+            if isinstance(statement, ast.CreateSource) and statement.format == "LOAD GENERATOR":
+                return await create_load_generator_source(statement, settings, draft, maker)
             if isinstance(statement, ast.CreateTable | ast.CreateSource):
                 return await self._create_table(statement, settings, draft, maker)
             if isinstance(statement, ast.CreatePostgresSource):
@@ -349,7 +352,7 @@ class DdlStatements:
                     notices.append(f'{statement.kind} "{dotted(name)}" does not exist, skipping')
                     continue
                 raise unknown_object(statement, name)
-            check_droppable(item, statement.position)
+            check_droppable(item, statement.position, state)
             targets.append(item)
         if not targets:
             return DdlOutcome(tag, notices)

@@ -234,6 +234,14 @@ def _check_body(kind: Kind, item: catalog_pb2.CatalogItem, label: str) -> None:
             raise InvalidArgument(f"{label}: the source format is missing")
         _check_schema(item.source.schema, label)
         _check_optional_id(item.source.collection_id, "collection_id", label)
+        role = item.source.role
+        if role != catalog_pb2.SOURCE_ROLE_PRIMARY and (
+            not item.source.primary_id or item.source.primary_id not in item.depends_on
+        ):
+            raise InvalidArgument(
+                f"{label}: a subsource or progress relation names its source in primary_id "
+                "and depends on it"
+            )
     elif kind == "view":
         if not item.view.sql:
             raise InvalidArgument(f"{label}: the view has no SQL text")

@@ -187,12 +187,12 @@ async def tidemark_rows(client: AdapterClient, relation: str) -> Counter[tuple[o
 
 
 async def wait_equal(
-    client: AdapterClient, pg: PostgresCluster, table: str, relation: str, timeout: float = 90
+    client: AdapterClient, pg: PostgresCluster, table: str, relation: str, within: float = 90
 ) -> Counter[tuple[object, ...]]:
     """Waits until the Tidemark relation holds exactly the upstream table's rows (each as
-    often); fails with the difference when it does not within ``timeout``."""
+    often); fails with the difference when it does not within ``within`` seconds."""
     expected = upstream_rows(pg, table)
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + within
     while True:
         got = await tidemark_rows(client, relation)
         if got == expected:
@@ -233,7 +233,8 @@ class Writer:
                         choice = rng.random()
                         if choice < 0.6:
                             cur.execute(
-                                f"INSERT INTO {self.table} VALUES (%s, %s, %s, %s, now()::timestamp)",
+                                f"INSERT INTO {self.table} "
+                                "VALUES (%s, %s, %s, %s, now()::timestamp)",
                                 (self.next_id, f"w{self.next_id}", self.next_id / 4, True),
                             )
                             self.next_id += 1
@@ -293,7 +294,7 @@ async def test_insert_update_delete_upstream(
     )
     final = await wait_equal(client, postgres, "orders", "iud_orders")
     assert final[(1, "row 1", Decimal("1.25"), False, datetime.datetime(2024, 1, 1, 0, 0, 1))] == 2
-    progress = await ok(client, "SELECT \"offset\" FROM iud_progress")
+    progress = await ok(client, 'SELECT "offset" FROM iud_progress')
     assert len(progress.rows) == 1 and int(progress.rows[0][0]) > 0
 
 

@@ -5,6 +5,7 @@
         PASSWORD SECRET s, DATABASE 'd')
     CREATE SOURCE [IF NOT EXISTS] name [IN CLUSTER c] FROM POSTGRES CONNECTION conn
         (PUBLICATION 'p') FOR ALL TABLES | FOR TABLES (t1, schema.t2 AS alias)
+        [EXPOSE PROGRESS AS progress_name]
 
 A secret's value never reaches a statement's ``text``: it is masked there, so neither logs nor
 errors that quote the statement show it.
@@ -143,6 +144,9 @@ def postgres_source(
         raise cursor.error(
             f"syntax error at or near {near}: expected FOR ALL TABLES or FOR TABLES (...)"
         )
+    progress = None
+    if cursor.accept("EXPOSE", "PROGRESS", "AS"):
+        progress = cursor.identifier("a progress subsource name")
     cursor.expect_end()
     return st.CreatePostgresSource(
         text=text,
@@ -153,4 +157,5 @@ def postgres_source(
         tables=tables,
         in_cluster=in_cluster,
         if_not_exists=if_not_exists,
+        progress_name=progress,
     )

@@ -74,12 +74,29 @@ class CreateTable(Statement):
 
 
 @dataclass(frozen=True)
+class LoadGeneratorOptions:
+    """``FROM LOAD GENERATOR <generator> (options)``, as Materialize spells it."""
+
+    generator: str
+    tick_interval_ms: int | None = None
+    max_cardinality: int | None = None
+    scale_factor: float | None = None
+    up_to: int | None = None
+
+
+@dataclass(frozen=True)
 class CreateSource(Statement):
     name: QualifiedName
+    # CDCV2: the declared columns; a load generator's come from the generator.
     columns: tuple[ColumnDef, ...]
-    # The feed's format; "CDCV2" (ingested through Storage.IngestCdc) is the one there is.
+    # The feed's format: "CDCV2" (ingested through Storage.IngestCdc) or "LOAD GENERATOR".
     format: str
     if_not_exists: bool = False
+    load_generator: LoadGeneratorOptions | None = None
+    for_all_tables: bool = False
+    # EXPOSE PROGRESS AS <name> (default: <source>_progress).
+    progress_name: str | None = None
+    in_cluster: str | None = None
 
 
 @dataclass(frozen=True)
@@ -126,6 +143,8 @@ class CreatePostgresSource(Statement):
     tables: tuple[PostgresTableRef, ...] | None
     in_cluster: str | None = None
     if_not_exists: bool = False
+    # EXPOSE PROGRESS AS name; None: <source>_progress.
+    progress_name: str | None = None
 
 
 @dataclass(frozen=True)

@@ -32,11 +32,6 @@ RETRY_MAX_S = 5.0
 QUEUE_DEPTH = 4
 
 
-def table_key(table: UpstreamTable) -> str:
-    """The subsource name a table's changes go under: ``namespace.name``."""
-    return f"{table.namespace}.{table.name}"
-
-
 class PostgresReader(SourceReader):
     def __init__(
         self,
@@ -53,7 +48,7 @@ class PostgresReader(SourceReader):
         self._thread: threading.Thread | None = None
 
     def schemas(self) -> Mapping[str, RelationSchema]:
-        return {table_key(t): t.schema for t in self.tables}
+        return {t.key: t.schema for t in self.tables}
 
     async def start(self, resume_offset: bytes | None) -> None:
         resume = None if resume_offset is None else decode_u64(resume_offset)

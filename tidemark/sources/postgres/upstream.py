@@ -81,6 +81,11 @@ class UpstreamTable:
         return RelationSchema(c.column for c in self.columns)
 
     @property
+    def key(self) -> str:
+        """The subsource (upstream) name its changes go under: ``namespace.name``."""
+        return f"{self.namespace}.{self.name}"
+
+    @property
     def qualified(self) -> str:
         return f"{_quote(self.namespace)}.{_quote(self.name)}"
 
