@@ -7,7 +7,7 @@ import os
 from hypothesis import HealthCheck, settings
 
 # Real servers started on free ports, one per test session.
-pytest_plugins = ["tests.support.etcd", "tests.support.s3"]
+pytest_plugins = ["tests.support.etcd", "tests.support.s3", "tests.support.postgres"]
 
 # CI runs more examples than a developer's inner loop does by default.
 settings.register_profile(

@@ -33,6 +33,8 @@ KIND_NAMES = {
     "cluster": "cluster",
     "database": "database",
     "schema": "schema",
+    "secret": "secret",
+    "connection": "connection",
 }
 
 

@@ -308,9 +308,12 @@ def drop_closure(
         item = pending.pop()
         extra = contained_items(state, item) + state.dependents([item.id])
         extra = [e for e in extra if e.id not in chosen]
-        if extra and not cascade:
-            raise dependents_error(item, extra, position)
-        for other in extra:
+        # A source's subsources and progress relation go with it, CASCADE or not.
+        owned = [e for e in extra if is_member_of(e, item.id)]
+        others = [e for e in extra if not is_member_of(e, item.id)]
+        if others and not cascade:
+            raise dependents_error(item, others, position)
+        for other in owned + others:
             chosen[other.id] = other
             pending.append(other)
     return list(chosen.values())
@@ -349,11 +352,36 @@ def unknown_object(statement: ast.Drop, name: tuple[str, ...]) -> SqlError:
     return SqlError(code, f'{kind} "{dotted(name)}" does not exist', statement.position)
 
 
+def is_member_of(item: catalog_pb2.CatalogItem, primary_id: str) -> bool:
+    """Whether ``item`` is a subsource or the progress relation of source ``primary_id``."""
+    return (
+        item.WhichOneof("body") == "source"
+        and item.source.role != catalog_pb2.SOURCE_ROLE_PRIMARY
+        and item.source.primary_id == primary_id
+    )
+
+
 def drop_is_protected(item: catalog_pb2.CatalogItem) -> bool:
     """System objects (ids ``s<N>``) other than the default ones cannot be dropped."""
     return item.id.startswith("s") and kind_of(item) not in ("cluster", "database", "schema")
 
 
-def check_droppable(item: catalog_pb2.CatalogItem, position: int) -> None:
+def check_droppable(
+    item: catalog_pb2.CatalogItem, position: int, state: CatalogState | None = None
+) -> None:
     if drop_is_protected(item):
         raise SqlError("42501", f"{kind_name(item)} {full_name(item)} is a system object", position)
+    if item.WhichOneof("body") == "source" and item.source.role != catalog_pb2.SOURCE_ROLE_PRIMARY:
+        primary = state.get(item.source.primary_id) if state is not None else None
+        owner = full_name(primary) if primary is not None else item.source.primary_id
+        what = (
+            "progress relation"
+            if item.source.role == catalog_pb2.SOURCE_ROLE_PROGRESS
+            else "subsource"
+        )
+        raise SqlError(
+            "2BP01",
+            f"{full_name(item)} is the {what} of source {owner}: it goes with its source",
+            position,
+            hint=f"DROP SOURCE {owner}",
+        )

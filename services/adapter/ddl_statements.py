@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from services.adapter import ddl_connections
 from services.adapter.catalog_cache import CatalogState
 from services.adapter.catalog_names import (
     catalog_view,
@@ -38,6 +39,7 @@ from services.adapter.ddl import (
 )
 from services.adapter.results import DUPLICATE_OBJECT
 from services.adapter.session import Settings
+from services.adapter.source_ddl import create_load_generator_source
 from services.adapter.sql import statements as ast
 from services.adapter.sql.catalog_view import bind, contents_collection
 from services.adapter.sql.ddl import key_positions
@@ -84,8 +86,18 @@ class DdlStatements:
         self, statement: ast.AnyStatement, settings: Settings
     ) -> Callable[[CatalogDraft, CollectionMaker], Awaitable[DdlOutcome]]:
         async def build(draft: CatalogDraft, maker: CollectionMaker) -> DdlOutcome:
+            if isinstance(statement, ast.CreateSource) and statement.format == "LOAD GENERATOR":
+                return await create_load_generator_source(statement, settings, draft, maker)
             if isinstance(statement, ast.CreateTable | ast.CreateSource):
                 return await self._create_table(statement, settings, draft, maker)
+            if isinstance(statement, ast.CreatePostgresSource):
+                return await ddl_connections.create_postgres_source(
+                    statement, settings, draft, maker
+                )
+            if isinstance(statement, ast.CreateSecret):
+                return ddl_connections.create_secret(statement, settings, draft)
+            if isinstance(statement, ast.CreateConnection):
+                return ddl_connections.create_connection(statement, settings, draft)
             if isinstance(statement, ast.CreateView):
                 return await self._create_view(statement, settings, draft, maker)
             if isinstance(statement, ast.CreateIndex):
@@ -340,7 +352,7 @@ class DdlStatements:
                     notices.append(f'{statement.kind} "{dotted(name)}" does not exist, skipping')
                     continue
                 raise unknown_object(statement, name)
-            check_droppable(item, statement.position)
+            check_droppable(item, statement.position, state)
             targets.append(item)
         if not targets:
             return DdlOutcome(tag, notices)

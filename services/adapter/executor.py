@@ -47,6 +47,9 @@ SYNTAX_ERROR = "42601"
 DDL_STATEMENTS = (
     ast.CreateTable,
     ast.CreateSource,
+    ast.CreateSecret,
+    ast.CreateConnection,
+    ast.CreatePostgresSource,
     ast.CreateView,
     ast.CreateIndex,
     ast.CreateCluster,

@@ -67,7 +67,26 @@ def show_objects(statement: ast.ShowObjects, view: CatalogView, settings: Settin
             or clusters.get(i.materialized_view.cluster_id) == statement.in_cluster
         ]
         return text_outcome(tag, ["name", "cluster"], mv_rows)
+    if kind == "sources":
+        return text_outcome(tag, ["name", "type"], [(i.name.item, source_type(i)) for i in items])
     return text_outcome(tag, ["name"], [(i.name.item,) for i in items])
+
+
+_SOURCE_FORMATS = {
+    catalog_pb2.SOURCE_FORMAT_CDCV2: "cdcv2",
+    catalog_pb2.SOURCE_FORMAT_LOAD_GENERATOR: "load-generator",
+}
+
+
+def source_type(item: catalog_pb2.CatalogItem) -> str:
+    """SHOW SOURCES' ``type``, as Materialize names them: the format for a source,
+    ``subsource`` or ``progress`` for its other relations."""
+    role = item.source.role
+    if role == catalog_pb2.SOURCE_ROLE_SUBSOURCE:
+        return "subsource"
+    if role == catalog_pb2.SOURCE_ROLE_PROGRESS:
+        return "progress"
+    return _SOURCE_FORMATS.get(item.source.format, "source")
 
 
 def _show_indexes(

@@ -38,11 +38,13 @@ Kind = Literal[
     "index",
     "cluster",
     "id_allocator",
+    "secret",
+    "connection",
 ]
 
 RELATION_KINDS: frozenset[str] = frozenset({"table", "source", "view", "materialized_view"})
 # Kinds whose names live in a schema's shared namespace.
-SCHEMA_MEMBER_KINDS: frozenset[str] = RELATION_KINDS | {"index"}
+SCHEMA_MEMBER_KINDS: frozenset[str] = RELATION_KINDS | {"index", "secret", "connection"}
 
 # Each allocator hands out the GlobalIds with one prefix.
 ALLOCATOR_PREFIXES: dict[str, str] = {"user": "u", "system": "s"}
@@ -129,6 +131,10 @@ def references(item: catalog_pb2.CatalogItem) -> list[tuple[str, frozenset[str],
         ]
     if kind == "materialized_view":
         return [(item.materialized_view.cluster_id, frozenset({"cluster"}), "cluster")]
+    if kind == "connection" and item.connection.postgres.password_secret_id:
+        return [(item.connection.postgres.password_secret_id, frozenset({"secret"}), "password")]
+    if kind == "source" and item.source.postgres.connection_id:
+        return [(item.source.postgres.connection_id, frozenset({"connection"}), "connection")]
     return []
 
 
@@ -228,6 +234,14 @@ def _check_body(kind: Kind, item: catalog_pb2.CatalogItem, label: str) -> None:
             raise InvalidArgument(f"{label}: the source format is missing")
         _check_schema(item.source.schema, label)
         _check_optional_id(item.source.collection_id, "collection_id", label)
+        role = item.source.role
+        if role != catalog_pb2.SOURCE_ROLE_PRIMARY and (
+            not item.source.primary_id or item.source.primary_id not in item.depends_on
+        ):
+            raise InvalidArgument(
+                f"{label}: a subsource or progress relation names its source in primary_id "
+                "and depends on it"
+            )
     elif kind == "view":
         if not item.view.sql:
             raise InvalidArgument(f"{label}: the view has no SQL text")
@@ -242,6 +256,12 @@ def _check_body(kind: Kind, item: catalog_pb2.CatalogItem, label: str) -> None:
     elif kind == "index":
         if any(not column for column in item.index.key_columns):
             raise InvalidArgument(f"{label}: an index key column has no name")
+    elif kind == "connection":
+        if item.connection.WhichOneof("kind") is None:
+            raise InvalidArgument(f"{label}: the connection has no kind")
+        postgres = item.connection.postgres
+        if not postgres.host or not postgres.database or not 0 < postgres.port < 65536:
+            raise InvalidArgument(f"{label}: a PostgreSQL connection needs host, port, database")
     elif kind == "cluster":
         if not item.cluster.size:
             raise InvalidArgument(f"{label}: the cluster has no size")

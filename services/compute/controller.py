@@ -35,9 +35,9 @@ from typing import Literal
 
 from structlog.typing import FilteringBoundLogger
 
-from services.compute.catalog_contents import CatalogContents
 from services.compute.catalog_plans import cluster_dataflows
 from services.compute.spec import DataflowHost, DataflowSpec
+from tidemark.catalog_contents import CatalogContents
 from tidemark.catalog_items import cluster_named
 from tidemark.change_signal import ChangeSignal
 from tidemark.clients.catalog import CatalogClient

@@ -27,7 +27,7 @@ from tests.support.service_process import REPO_ROOT
 from tidemark.clients.catalog import CatalogClient
 from tidemark.clients.oracle import OracleClient
 
-SERVICES = ("oracle", "storage", "catalog", "compute", "adapter")
+SERVICES = ("oracle", "storage", "catalog", "sources", "compute", "adapter")
 START_TIMEOUT_S = 300
 SQL_TIMEOUT_S = 180
 
@@ -274,7 +274,7 @@ def run_readme_session(adapter: str) -> None:
 
 
 async def test_up_serves_sql_and_keeps_its_data_across_restarts(tmp_path: Path) -> None:
-    base = free_port_range(5)
+    base = free_port_range(6)
     first = Up(tmp_path, base)
     try:
         assert [line.split()[0] for line in first.lines if "grpc://" in line] == list(SERVICES)
@@ -355,7 +355,7 @@ def insert_and_count(adapter: str, row_id: int) -> int:
 
 @pytest.mark.timeout(900)
 async def test_up_restarts_a_killed_service_while_the_others_keep_serving(tmp_path: Path) -> None:
-    base = free_port_range(5)
+    base = free_port_range(6)
     up = Up(tmp_path, base)
     try:
         adapter = up.endpoint("adapter")

@@ -425,7 +425,7 @@ async def test_sources_are_read_once_their_feed_passes_the_read_time(
     created = await ok(a, "CREATE SOURCE feed (id bigint NOT NULL, note text) FROM CDCV2")
     assert "IngestCdc" in created.notices[0]
     listed = await ok(a, "SHOW SOURCES")
-    assert ("feed",) in listed.rows
+    assert ("feed", "cdcv2") in listed.rows
     described = await ok(a, "SHOW COLUMNS FROM feed")
     assert described.rows == [("id", "false", "bigint"), ("note", "true", "text")]
     async with AdapterClient(stack.adapter(0)) as probe:

@@ -1,5 +1,6 @@
 """A whole Tidemark as separate processes, for SQL tests: oracle, storage, catalog, one compute
-process per cluster and several adapters, all on free ports under one directory.
+process per cluster, several adapters and (on request) the sources process, all on free ports
+under one directory.
 
 ::
 
@@ -33,6 +34,8 @@ class SqlStack:
     compute: Stack
     adapters: list[ServiceProcess] = field(default_factory=list)
     adapter_extra: tuple[str, ...] = ()
+    sources: ServiceProcess | None = None
+    sources_extra: tuple[str, ...] = ()
 
     @property
     def oracle(self) -> ServiceProcess:
@@ -72,6 +75,18 @@ class SqlStack:
         self.adapters.append(process)
         return process
 
+    def start_sources(self) -> ServiceProcess:
+        """The sources process (load generators, PostgreSQL sources), started afresh."""
+        self.sources = ServiceProcess(
+            "services.sources",
+            [
+                *("--listen", "127.0.0.1:0", "--oracle", self.oracle.address),
+                *("--storage", self.storage.address, "--catalog", self.catalog.address),
+                *self.sources_extra,
+            ],
+        )
+        return self.sources
+
     def adapter(self, index: int = 0) -> str:
         """The address of the ``index``-th adapter."""
         return self.adapters[index].address
@@ -79,6 +94,8 @@ class SqlStack:
     def stop(self) -> None:
         for process in self.adapters:
             process.kill()
+        if self.sources is not None:
+            self.sources.kill()
         self.compute.stop()
 
 
@@ -106,14 +123,21 @@ def sql_stack(
     adapter_extra: Sequence[str] = ADAPTER_EXTRA,
     warm_up: bool = True,
     compute_extra: Mapping[str, Sequence[str]] | None = None,
+    sources: bool = False,
+    sources_extra: Sequence[str] = (),
 ) -> Iterator[SqlStack]:
     """The processes, started; with ``warm_up`` each cluster has run one index dataflow
-    (Spark's start is paid before the tests). ``compute_extra``: flags per cluster."""
+    (Spark's start is paid before the tests). ``compute_extra``: flags per cluster.
+    ``sources``: also the sources process (CREATE SOURCE ... FROM LOAD GENERATOR)."""
     storage = start_storage(embedded_backends(directory), extra=FAST_SETTINGS)
     compute = Stack(directory, storage, engine=engine, spark_master=spark_master)
-    stack = SqlStack(compute, adapter_extra=tuple(adapter_extra))
+    stack = SqlStack(
+        compute, adapter_extra=tuple(adapter_extra), sources_extra=tuple(sources_extra)
+    )
     try:
         compute.start_oracle_and_catalog()
+        if sources:
+            stack.start_sources()
         for cluster in clusters:
             compute.start_compute(cluster, (compute_extra or {}).get(cluster, ()))
         for _ in range(adapters):

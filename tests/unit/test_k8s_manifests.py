@@ -44,6 +44,7 @@ REQUIRED_SETTINGS = {
     "services.oracle": {"consensus_url"},
     "services.storage": {"consensus_url", "blob_url"},
     "services.catalog": {"oracle", "storage"},
+    "services.sources": {"oracle", "storage", "catalog"},
     "services.compute": {"cluster", "storage", "catalog", "spark_master"},
     "services.adapter": {"oracle", "storage", "catalog", "compute"},
 }
@@ -329,6 +330,7 @@ def test_the_overlay_contains_the_whole_deployment(objects: list[Resource]) -> N
         "oracle",
         "storage",
         "catalog",
+        "sources",
         "adapter",
         "default-compute",
         TENANT_PREFIX + "compute",
@@ -673,7 +675,7 @@ def test_service_monitor_scrapes_every_tidemark_service_and_nothing_else(
         if label_selector_matches(spec["selector"], service["metadata"].get("labels", {}))
     }
     expected = {service["metadata"]["name"] for service in tidemark_services(objects)}
-    assert expected >= {"oracle", "storage", "catalog", "adapter", "default-compute"}
+    assert expected >= {"oracle", "storage", "catalog", "sources", "adapter", "default-compute"}
     assert TENANT_PREFIX + "compute" in expected
     assert selected == expected
     for service in tidemark_services(objects):
@@ -687,6 +689,7 @@ METRIC_MODULES = (
     "services.oracle.oracle",
     "services.compute.metrics",
     "services.adapter.service",
+    "services.sources.metrics",
 )
 
 

@@ -1,8 +1,9 @@
 """The processes of a local Tidemark: which module, which port, which flags.
 
 Ports follow the adapter's: with the default base port 6875 the adapter listens on 6875, the
-oracle on 6876, storage on 6877, the catalog on 6878 and the ``default`` compute cluster on 6879.
-Each serves its Prometheus metrics 100 ports above its gRPC port (6975 to 6979 by default).
+oracle on 6876, storage on 6877, the catalog on 6878, the ``default`` compute cluster on 6879 and
+the sources process (load generators, PostgreSQL sources) on 6880. Each serves its Prometheus
+metrics 100 ports above its gRPC port (6975 to 6980 by default).
 """
 
 from __future__ import annotations
@@ -73,6 +74,13 @@ def planned_services(
         ),
         ServiceSpec(
             "catalog", "services.catalog", base_port + 3, ("--storage", storage, "--oracle", oracle)
+        ),
+        ServiceSpec(
+            "sources",
+            "services.sources",
+            base_port + 5,
+            ("--storage", storage, "--catalog", catalog, "--oracle", oracle),
+            note="ingests CREATE SOURCE ... FROM LOAD GENERATOR | POSTGRES",
         ),
         ServiceSpec(
             "compute",

@@ -220,7 +220,7 @@ def list_relations(shell: MetaContext) -> Outcome:
             return Outcome.FAILED
         for statement in result.results:
             # The first column of a SHOW listing is the name.
-            rows.extend((str(row[0]), kind) for row in statement.rows if row)
+            rows.extend((str(row[0]), _kind_of(kind, row)) for row in statement.rows if row)
     if not rows:
         shell.write("Did not find any relations.")
         return Outcome.OK
@@ -231,3 +231,11 @@ def list_relations(shell: MetaContext) -> Outcome:
     )
     shell.write(render_result(listing, shell.null))
     return Outcome.OK
+
+
+def _kind_of(kind: str, row: tuple[object, ...]) -> str:
+    """A listed relation's kind; SHOW SOURCES tells a source's subsources and progress
+    relation apart in its second column."""
+    if kind == "source" and len(row) > 1 and row[1] in ("subsource", "progress"):
+        return str(row[1])
+    return kind

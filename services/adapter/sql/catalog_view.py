@@ -27,7 +27,7 @@ DEFAULT_SCHEMA = "public"
 DEFAULT_CLUSTER = "default"
 
 # The kinds sharing the per-schema namespace of relations.
-ITEM_KINDS = (*RELATION_KINDS, "index")
+ITEM_KINDS = (*RELATION_KINDS, "index", "secret", "connection")
 
 
 def session_database(settings: Mapping[str, str]) -> str:

@@ -1,8 +1,9 @@
 """``parse(sql)``: a request's SQL text to typed statements.
 
 Statement heads Tidemark adds or reads differently from PostgreSQL (CREATE ... IN CLUSTER,
-CREATE CLUSTER, CREATE SOURCE ... FROM CDCV2, SUBSCRIBE, AS OF, SHOW, SET) are read here token
-by token; queries, expressions and standard DML are handed to sqlglot's PostgreSQL parser.
+CREATE CLUSTER, CREATE SOURCE ... FROM CDCV2 | LOAD GENERATOR, SUBSCRIBE, AS OF, SHOW, SET) are
+read here token by token; queries, expressions and standard DML are handed to sqlglot's
+PostgreSQL parser.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Callable, Sequence
 from sqlglot import exp
 from sqlglot.tokens import Token, TokenType  # type: ignore[attr-defined]
 
+from services.adapter.sql import connections
 from services.adapter.sql import statements as st
 from services.adapter.sql.errors import SYNTAX_ERROR, SqlError, not_supported
 from services.adapter.sql.literal_insert import scan_literal_inserts
@@ -169,6 +171,10 @@ def _create(cursor: Cursor, text: str, where: int) -> st.AnyStatement:
         )
     if cursor.accept("SOURCE"):
         return _create_source(cursor, text, where)
+    if cursor.accept("SECRET"):
+        return connections.create_secret(cursor, text, where, _if_not_exists(cursor))
+    if cursor.accept("CONNECTION"):
+        return connections.create_connection(cursor, text, where, _if_not_exists(cursor))
     materialized = cursor.accept("MATERIALIZED")
     if cursor.accept("VIEW"):
         return _create_view(cursor, text, where, materialized)
@@ -255,16 +261,49 @@ def _column_def(sql: str, tokens: list[Token]) -> st.ColumnDef:
     )
 
 
-def _create_source(cursor: Cursor, text: str, where: int) -> st.CreateSource:
+def _create_source(
+    cursor: Cursor, text: str, where: int
+) -> st.CreateSource | st.CreatePostgresSource:
     exists = _if_not_exists(cursor)
     name = cursor.qualified_name("a source name")
-    columns = _column_defs(cursor)
+    if cursor.peek() is not None and cursor.peek().token_type is TokenType.L_PAREN:  # type: ignore[union-attr]
+        columns = _column_defs(cursor)
+    else:
+        columns = ()
+    in_cluster = _in_cluster(cursor)
+    if not columns and cursor.accept("FROM", "POSTGRES"):
+        return connections.postgres_source(cursor, text, where, name, in_cluster, exists)
     if not (cursor.accept("FROM") or cursor.accept("FORMAT")):
-        raise cursor.error("CREATE SOURCE needs FROM CDCV2")
+        raise cursor.error("CREATE SOURCE needs FROM CDCV2 or FROM LOAD GENERATOR")
     format_at = cursor.position()
+    if cursor.accept("LOAD", "GENERATOR"):
+        if columns:
+            raise SqlError(SYNTAX_ERROR, "a load generator source takes no column list", format_at)
+        options = _load_generator(cursor)
+        for_all = cursor.accept("FOR", "ALL", "TABLES")
+        progress = None
+        if cursor.accept("EXPOSE", "PROGRESS", "AS"):
+            progress = cursor.identifier("a progress subsource name")
+        cursor.expect_end()
+        return st.CreateSource(
+            text=text,
+            position=where,
+            name=name,
+            columns=(),
+            format="LOAD GENERATOR",
+            if_not_exists=exists,
+            load_generator=options,
+            for_all_tables=for_all,
+            progress_name=progress,
+            in_cluster=in_cluster,
+        )
     format_name = cursor.identifier("a source format").upper()
     if format_name != "CDCV2":
-        raise not_supported(f"source format {format_name}", format_at, hint="use FROM CDCV2")
+        raise not_supported(
+            f"source format {format_name}", format_at, hint="use FROM CDCV2 or FROM LOAD GENERATOR"
+        )
+    if not columns:
+        raise SqlError(SYNTAX_ERROR, "a CDCV2 source needs a column list", format_at)
     cursor.expect_end()
     return st.CreateSource(
         text=text,
@@ -273,7 +312,105 @@ def _create_source(cursor: Cursor, text: str, where: int) -> st.CreateSource:
         columns=columns,
         format=format_name,
         if_not_exists=exists,
+        in_cluster=in_cluster,
     )
+
+
+_GENERATORS = ("COUNTER", "AUCTION", "TPCH")
+
+
+def _load_generator(cursor: Cursor) -> st.LoadGeneratorOptions:
+    at = cursor.position()
+    generator = cursor.identifier("a load generator").upper()
+    if generator not in _GENERATORS:
+        raise not_supported(
+            f"load generator {generator}", at, hint=f"use one of {', '.join(_GENERATORS)}"
+        )
+    values: dict[str, object] = {}
+    if cursor.peek() is not None and cursor.peek().token_type is TokenType.L_PAREN:  # type: ignore[union-attr]
+        inside = cursor.parenthesized()
+        for part in split_top_level(inside):
+            option = Cursor(cursor.sql, part)
+            _load_generator_option(option, values)
+    return st.LoadGeneratorOptions(generator=generator, **values)  # type: ignore[arg-type]
+
+
+def _load_generator_option(cursor: Cursor, values: dict[str, object]) -> None:
+    at = cursor.position()
+    value: float | int
+    if cursor.accept("TICK", "INTERVAL"):
+        key, value = "tick_interval_ms", _interval_ms(cursor)
+    elif cursor.accept("MAX", "CARDINALITY"):
+        key, value = "max_cardinality", _option_number(cursor, "MAX CARDINALITY", integer=True)
+    elif cursor.accept("SCALE", "FACTOR"):
+        key, value = "scale_factor", _option_number(cursor, "SCALE FACTOR", integer=False)
+    elif cursor.accept("UP", "TO"):
+        key, value = "up_to", _option_number(cursor, "UP TO", integer=True)
+    else:
+        token = cursor.peek()
+        near = "end of input" if token is None else token.text.upper()
+        raise not_supported(
+            f"load generator option {near}",
+            at,
+            hint="the options are TICK INTERVAL, MAX CARDINALITY, SCALE FACTOR and UP TO",
+        )
+    cursor.accept_type(TokenType.EQ)
+    cursor.expect_end()
+    if key in values:
+        raise SqlError(SYNTAX_ERROR, "a load generator option is given twice", at)
+    values[key] = value
+
+
+def _option_value(cursor: Cursor, what: str) -> Token:
+    cursor.accept_type(TokenType.EQ)
+    token = cursor.peek()
+    if token is None:
+        raise cursor.error(f"{what} needs a value")
+    return cursor.next()
+
+
+def _option_number(cursor: Cursor, what: str, *, integer: bool) -> float | int:
+    token = _option_value(cursor, what)
+    text = str(token.text)
+    try:
+        number: float | int = int(text) if integer else float(text)
+    except ValueError:
+        kind = "an integer" if integer else "a number"
+        raise SqlError(
+            SYNTAX_ERROR, f"{what} must be {kind}, got {text!r}", token.start + 1
+        ) from None
+    if number < 0 or (not integer and number <= 0):
+        raise SqlError(SYNTAX_ERROR, f"{what} must be positive, got {text}", token.start + 1)
+    return number
+
+
+_INTERVAL_UNITS = {
+    "ms": 1, "msec": 1, "msecs": 1, "millisecond": 1, "milliseconds": 1,
+    "s": 1000, "sec": 1000, "secs": 1000, "second": 1000, "seconds": 1000,
+    "m": 60_000, "min": 60_000, "mins": 60_000, "minute": 60_000, "minutes": 60_000,
+    "h": 3_600_000, "hour": 3_600_000, "hours": 3_600_000,
+}  # fmt: skip
+
+
+def _interval_ms(cursor: Cursor) -> int:
+    """``'1s'``, ``'500 ms'``, ``'2 seconds'``: milliseconds (at least 1)."""
+    token = _option_value(cursor, "TICK INTERVAL")
+    text = str(token.text).strip().lower()
+    digits = text.rstrip("abcdefghijklmnopqrstuvwxyz ").strip()
+    unit = text[len(digits) :].strip() or "s"
+    try:
+        amount = float(digits)
+    except ValueError:
+        amount = -1.0
+    factor = _INTERVAL_UNITS.get(unit)
+    if factor is None or amount <= 0 or token.token_type is not TokenType.STRING:
+        raise SqlError(
+            SYNTAX_ERROR,
+            "TICK INTERVAL must be a positive interval such as '1s' or '100ms', "
+            f"got {token.text!r}",
+            token.start + 1,
+        )
+    return max(1, round(amount * factor))
 
 
 def _in_cluster(cursor: Cursor) -> str | None:
@@ -404,6 +541,8 @@ _DROP_KINDS: tuple[tuple[tuple[str, ...], st.ObjectKind], ...] = (
     (("INDEX",), "index"),
     (("CLUSTER",), "cluster"),
     (("SOURCE",), "source"),
+    (("SECRET",), "secret"),
+    (("CONNECTION",), "connection"),
 )
 
 

@@ -19,7 +19,16 @@ from services.adapter.sql.names import QualifiedName
 from services.adapter.sql.types import SqlType
 
 ObjectKind = Literal[
-    "database", "schema", "table", "view", "materialized view", "index", "cluster", "source"
+    "database",
+    "schema",
+    "table",
+    "view",
+    "materialized view",
+    "index",
+    "cluster",
+    "source",
+    "secret",
+    "connection",
 ]
 ShowKind = Literal[
     "tables",
@@ -66,12 +75,77 @@ class CreateTable(Statement):
 
 
 @dataclass(frozen=True)
+class LoadGeneratorOptions:
+    """``FROM LOAD GENERATOR <generator> (options)``, as Materialize spells it."""
+
+    generator: str
+    tick_interval_ms: int | None = None
+    max_cardinality: int | None = None
+    scale_factor: float | None = None
+    up_to: int | None = None
+
+
+@dataclass(frozen=True)
 class CreateSource(Statement):
     name: QualifiedName
+    # CDCV2: the declared columns; a load generator's come from the generator.
     columns: tuple[ColumnDef, ...]
-    # The feed's format; "CDCV2" (ingested through Storage.IngestCdc) is the one there is.
+    # The feed's format: "CDCV2" (ingested through Storage.IngestCdc) or "LOAD GENERATOR".
     format: str
     if_not_exists: bool = False
+    load_generator: LoadGeneratorOptions | None = None
+    for_all_tables: bool = False
+    # EXPOSE PROGRESS AS <name> (default: <source>_progress).
+    progress_name: str | None = None
+    in_cluster: str | None = None
+
+
+@dataclass(frozen=True)
+class CreateSecret(Statement):
+    """``CREATE SECRET name AS 'value'``; ``text`` has the value masked."""
+
+    name: QualifiedName
+    value: bytes
+    if_not_exists: bool = False
+
+    def __repr__(self) -> str:
+        return f"CreateSecret(name={self.name!r}, value=<hidden>)"
+
+
+@dataclass(frozen=True)
+class CreateConnection(Statement):
+    """``CREATE CONNECTION name TO POSTGRES (HOST '...', PORT n, USER '...', PASSWORD SECRET
+    s, DATABASE '...')``. ``options`` maps the option (lower case, ``password`` for PASSWORD
+    SECRET) to its value: a string, a number as text, or for a secret its name."""
+
+    name: QualifiedName
+    kind: str
+    options: tuple[tuple[str, str | QualifiedName], ...]
+    if_not_exists: bool = False
+
+
+@dataclass(frozen=True)
+class PostgresTableRef:
+    # ("t",) or ("schema", "t") upstream.
+    upstream: QualifiedName
+    # The subsource's name: the alias, else the upstream table's name.
+    alias: str | None
+
+
+@dataclass(frozen=True)
+class CreatePostgresSource(Statement):
+    """``CREATE SOURCE s FROM POSTGRES CONNECTION c (PUBLICATION 'p') FOR ALL TABLES | FOR
+    TABLES (t1, s.t2 AS alias)``."""
+
+    name: QualifiedName
+    connection: QualifiedName
+    publication: str
+    # None: FOR ALL TABLES.
+    tables: tuple[PostgresTableRef, ...] | None
+    in_cluster: str | None = None
+    if_not_exists: bool = False
+    # EXPOSE PROGRESS AS name; None: <source>_progress.
+    progress_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -275,6 +349,9 @@ class Rollback(Statement):
 AnyStatement: TypeAlias = (
     CreateTable
     | CreateSource
+    | CreateSecret
+    | CreateConnection
+    | CreatePostgresSource
     | CreateView
     | CreateIndex
     | CreateCluster

@@ -1,4 +1,5 @@
-"""The catalog's items as a subscription reports them, kept in memory by the controller."""
+"""The catalog's items as a subscription reports them, kept in memory by a follower (compute's
+controller, the sources process)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,118 @@
+"""What the catalog says about each source that the sources process ingests.
+
+A source is a *primary* catalog item (``Source.role`` = ``SOURCE_ROLE_PRIMARY``) that names
+the ingestion (its format and spec), plus the items that point at it through
+``Source.primary_id``: one per subsource (``SOURCE_ROLE_SUBSOURCE``, naming the upstream
+relation in ``upstream_name``) and one progress relation (``SOURCE_ROLE_PROGRESS``). A primary
+with an ``upstream_name`` holds that relation's data itself (``LOAD GENERATOR COUNTER``); one
+without receives no data, only upper moves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from tidemark.catalog_items import collection_of
+from tidemark.sources.ingest import IngestTargets
+from tidemark.v1 import catalog_pb2
+
+INGESTED_FORMATS = frozenset(
+    {catalog_pb2.SOURCE_FORMAT_LOAD_GENERATOR, catalog_pb2.SOURCE_FORMAT_POSTGRES}
+)
+"""Source formats the sources process runs an ingestion for (CDCv2 is fed from outside)."""
+
+
+@dataclass(frozen=True)
+class SourcePlan:
+    primary: catalog_pb2.CatalogItem
+    members: tuple[catalog_pb2.CatalogItem, ...]
+    """The subsources and the progress item, by id."""
+    context: tuple[catalog_pb2.CatalogItem, ...] = ()
+    """What the primary depends on, transitively (a connection and its secret), by id."""
+
+    def dependency(self, global_id: str) -> catalog_pb2.CatalogItem | None:
+        return next((item for item in self.context if item.id == global_id), None)
+
+    @property
+    def id(self) -> str:
+        return self.primary.id
+
+    @property
+    def format(self) -> int:
+        return int(self.primary.source.format)
+
+    def progress(self) -> catalog_pb2.CatalogItem | None:
+        for item in self.members:
+            if item.source.role == catalog_pb2.SOURCE_ROLE_PROGRESS:
+                return item
+        return None
+
+    def subsources(self) -> list[catalog_pb2.CatalogItem]:
+        return [m for m in self.members if m.source.role == catalog_pb2.SOURCE_ROLE_SUBSOURCE]
+
+    def complete(self) -> bool:
+        """Whether the catalog holds the progress item (created in the same append as the
+        primary, so a plan without it is one being dropped or a broken one)."""
+        return self.progress() is not None
+
+    def targets(self) -> IngestTargets:
+        progress = self.progress()
+        if progress is None:
+            raise ValueError(f"source {self.id} has no progress relation")
+        outputs: dict[str, str] = {}
+        silent: list[str] = []
+        for item in (self.primary, *self.subsources()):
+            if item.source.upstream_name:
+                outputs[item.source.upstream_name] = collection_of(item)
+            else:
+                silent.append(collection_of(item))
+        return IngestTargets(collection_of(progress), outputs, tuple(silent))
+
+    def key(self) -> bytes:
+        """Equal for plans that ingest the same way (a changed plan restarts its task)."""
+        parts = [self.primary, *sorted(self.members, key=lambda i: i.id), *self.context]
+        return b"|".join(p.SerializeToString(deterministic=True) for p in parts)
+
+    def name(self) -> str:
+        n = self.primary.name
+        return ".".join(p for p in (n.database, n.schema, n.item) if p)
+
+
+def source_plans(items: Iterable[catalog_pb2.CatalogItem]) -> dict[str, SourcePlan]:
+    """The sources among ``items`` that need an ingestion, by primary id."""
+    primaries: dict[str, catalog_pb2.CatalogItem] = {}
+    members: dict[str, list[catalog_pb2.CatalogItem]] = {}
+    items = list(items)
+    by_id = {item.id: item for item in items}
+    for item in items:
+        if item.WhichOneof("body") != "source":
+            continue
+        if item.source.role == catalog_pb2.SOURCE_ROLE_PRIMARY:
+            if item.source.format in INGESTED_FORMATS:
+                primaries[item.id] = item
+        elif item.source.primary_id:
+            members.setdefault(item.source.primary_id, []).append(item)
+    return {
+        id_: SourcePlan(
+            primary,
+            tuple(sorted(members.get(id_, []), key=lambda i: i.id)),
+            _dependencies(primary, by_id),
+        )
+        for id_, primary in primaries.items()
+    }
+
+
+def _dependencies(
+    item: catalog_pb2.CatalogItem, by_id: dict[str, catalog_pb2.CatalogItem]
+) -> tuple[catalog_pb2.CatalogItem, ...]:
+    found: dict[str, catalog_pb2.CatalogItem] = {}
+    pending = list(item.depends_on)
+    while pending:
+        global_id = pending.pop()
+        other = by_id.get(global_id)
+        if other is None or global_id in found:
+            continue
+        found[global_id] = other
+        pending.extend(other.depends_on)
+    return tuple(found[k] for k in sorted(found))
