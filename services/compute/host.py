@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import pyarrow as pa
 
@@ -41,7 +42,7 @@ from services.compute.running import FAILED, RUNNING, RunningDataflow, RunSettin
 from services.compute.spec import DataflowInputSpec, DataflowSpec
 from services.compute.subscriptions import output_changes
 from tidemark.catalog_items import CATALOG_HOLDER
-from tidemark.clients.storage import Capability, StorageClient
+from tidemark.clients.storage import Capability, SnapshotResult, StorageClient
 from tidemark.columnar import RelationSchema, frontier_bound
 from tidemark.errors import (
     AlreadyExists,
@@ -53,7 +54,7 @@ from tidemark.errors import (
 )
 from tidemark.frontier import u64_frontier
 from tidemark.logging import get_logger
-from tidemark.plan.walk import collections_read
+from tidemark.plan.walk import collections_read, columns_read
 from tidemark.v1 import common_pb2, compute_pb2, plan_pb2, storage_pb2
 
 log = get_logger("compute.host")
@@ -96,6 +97,18 @@ class PeekAnswer:
     """The rows, ``time`` (= ``timestamp``) and ``diff``."""
     schema: RelationSchema
     timestamp: int
+
+
+def _widened(snapshot: SnapshotResult, positions: list[int], width: int) -> dict[Row, int]:
+    """A snapshot of some columns as rows of the whole width, None in the others."""
+    rows: dict[Row, int] = {}
+    for narrow, count in snapshot.version().items():
+        row: list[Any] = [None] * width
+        for position, value in zip(positions, narrow, strict=True):
+            row[position] = value
+        key = tuple(row)
+        rows[key] = rows.get(key, 0) + count
+    return rows
 
 
 def _unknown_capability(ref: storage_pb2.CapabilityRef) -> Capability:
@@ -498,6 +511,7 @@ class DataflowManager:
             )
         schemas = {cid: await self._schema(cid, "input") for cid in input_ids}
         checked, schema = checked_plan(plan, schemas)
+        read_columns = columns_read(checked)
 
         async def contents(spec: DataflowInputSpec) -> Callable[[], dict[Row, int]]:
             if spec.read_capability is None:
@@ -507,12 +521,21 @@ class DataflowManager:
                     f"the capability for {spec.collection_id!r} belongs to "
                     f"{spec.read_capability.collection_id!r}"
                 )
+            # Only the columns the plan reads are fetched and decoded into rows: the others
+            # stay None, which nothing above the Get's Project ever looks at.
+            width = len(schemas[spec.collection_id].columns)
+            read = read_columns.get(spec.collection_id)
+            positions = sorted(read) if read is not None and len(read) < width else None
+            names = [schemas[spec.collection_id].columns[i].name for i in positions or ()]
             snapshot = await self.storage.snapshot(
                 _unknown_capability(spec.read_capability),
                 timestamp,
+                columns=names,
                 timeout=max(0.01, deadline - time.monotonic()),
             )
-            return snapshot.version  # decoded into rows on the evaluation's thread
+            if positions is None:
+                return snapshot.version  # decoded into rows on the evaluation's thread
+            return functools.partial(_widened, snapshot, positions, width)
 
         loaded = await asyncio.gather(*(contents(spec) for spec in inputs))
         result = await self.one_shots.evaluate(
