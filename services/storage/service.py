@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import grpc.aio
+import pyarrow as pa
 
 from services.storage.core import StorageCore
 from services.storage.operations import short_id
@@ -93,6 +94,17 @@ def required_frontier(message: object, field: str) -> Antichain[int]:
     return frontier_from_proto(proto)
 
 
+def _concatenated(parts: list[pa.Table]) -> pa.Table | None:
+    """The updates of several IPC streams as one table; InvalidArgument when their columns
+    differ."""
+    if not parts:
+        return None
+    try:
+        return pa.concat_tables(parts)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise InvalidArgument(f"the chunks' columns differ: {exc}") from None
+
+
 def _ref(request: object) -> storage_pb2.CapabilityRef:
     if not request.HasField("capability"):  # type: ignore[attr-defined]
         raise InvalidArgument("the request names no capability")
@@ -149,9 +161,28 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
             stopping=self.stopping,
         )
 
-    async def _append(self, request: storage_pb2.AppendRequest) -> storage_pb2.AppendResponse:
+    async def AppendChunked(
+        self, request_iterator: AsyncIterator[storage_pb2.AppendChunk], context: Context
+    ) -> storage_pb2.AppendResponse:
+        first = await anext(request_iterator, None)
+        if first is None or not first.HasField("append"):
+            raise InvalidArgument("AppendChunked starts with a message holding the AppendRequest")
+        parts = [from_ipc(first.append.arrow_ipc)] if first.append.arrow_ipc else []
+        async for chunk in request_iterator:
+            if chunk.HasField("append"):
+                raise InvalidArgument("AppendChunked takes one AppendRequest, in its first message")
+            if chunk.arrow_ipc:
+                parts.append(from_ipc(chunk.arrow_ipc))
+        return await self._append(first.append, parts)
+
+    async def _append(
+        self, request: storage_pb2.AppendRequest, parts: list[pa.Table] | None = None
+    ) -> storage_pb2.AppendResponse:
         ref = _ref(request)
-        updates = from_ipc(request.arrow_ipc) if request.arrow_ipc else None
+        if parts is None:
+            updates = from_ipc(request.arrow_ipc) if request.arrow_ipc else None
+        else:
+            updates = _concatenated(parts)
         expected = (
             frontier_from_proto(request.expected_upper)
             if request.HasField("expected_upper")

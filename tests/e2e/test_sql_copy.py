@@ -243,3 +243,16 @@ async def test_concurrent_copies_each_land_once(client: AdapterClient, stack: Sq
     assert all(r.error is None and r.tag == "COPY 1000" for r in results)
     counts = await ok(client, "SELECT batch, count(*), count(DISTINCT k) FROM c9 GROUP BY batch")
     assert sorted(counts.rows) == [(b, 1000, 1000) for b in range(4)]
+
+
+async def test_a_copy_larger_than_a_message_is_still_one_write(client: AdapterClient) -> None:
+    # About 26 MB of updates: more than one chunk of a chunked append.
+    await ok(client, "CREATE TABLE c10 (k bigint, pad text)")
+    pad = "x" * 120
+    data = "".join(f"{k},{pad}{k}\n" for k in range(200_000)).encode()
+    result = await client.copy_in("COPY c10 FROM STDIN (FORMAT csv)", pieces(data, 1 << 20))
+    assert result.error is None and result.tag == "COPY 200000", result
+    summary = await ok(client, "SELECT count(*), count(DISTINCT pad), sum(k) FROM c10")
+    assert summary.rows == [(200_000, 200_000, sum(range(200_000)))]
+    at = await ok(client, f"SELECT count(*) FROM c10 AS OF {result.timestamp - 1}")
+    assert at.rows == [(0,)]

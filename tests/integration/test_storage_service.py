@@ -34,7 +34,7 @@ from tidemark.clients.storage import (
     row_filter,
     where,
 )
-from tidemark.columnar import Column, ColumnType, RelationSchema, table_from_updates
+from tidemark.columnar import Column, ColumnType, RelationSchema, table_from_updates, to_ipc
 from tidemark.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -221,6 +221,36 @@ async def test_append_rules_and_errors(append_client: StorageClient) -> None:
     await client.append(second, [], CLOSED)
     with pytest.raises(FailedPrecondition, match=r"upper \{\}"):
         await client.append(second, [], CLOSED)
+
+
+async def test_a_chunked_append_is_one_append(client: StorageClient) -> None:
+    cid = new_id()
+    pair = await client.create(cid, SCHEMA, initial_frontier=10)
+    chunks = [
+        to_ipc(
+            table_from_updates(SCHEMA, [((k, f"v{k}"), 10 + k % 3, 1) for k in range(i, i + 50)])
+        )
+        for i in range(0, 200, 50)
+    ]
+    first = await client.append_chunked(pair.write, chunks, 20, token="bulk-1", expected_upper=10)
+    assert first.upper == u64_frontier(20) and not first.already_committed
+    description = await client.describe(cid)
+    assert sum(b.rows for b in description.batches) == 200 and len(description.batches) == 1
+    # The same token again: answered as the append that already happened, not applied twice.
+    retry = await client.append_chunked(pair.write, chunks, 20, token="bulk-1", expected_upper=10)
+    assert retry.already_committed and retry.upper == first.upper
+    assert (await client.snapshot(pair.read, 19)).version() == {(k, f"v{k}"): 1 for k in range(200)}
+    # A refused chunked append (stale expected upper, a chunk of other columns, a time out of
+    # range) changes nothing.
+    other = to_ipc(table_from_updates(RelationSchema.of(("k", ColumnType.INT64)), [((1,), 20, 1)]))
+    late = to_ipc(table_from_updates(SCHEMA, [((1, "x"), 30, 1)]))
+    with pytest.raises(FailedPrecondition):
+        await client.append_chunked(pair.write, chunks, 30, expected_upper=10)
+    with pytest.raises(InvalidArgument):
+        await client.append_chunked(pair.write, [chunks[0], other], 30, expected_upper=20)
+    with pytest.raises(InvalidArgument, match="lies outside"):
+        await client.append_chunked(pair.write, [late], 30, expected_upper=20)
+    assert (await client.describe(cid)).upper == u64_frontier(20)
 
 
 async def test_snapshot_waits_for_the_upper_and_checks_the_capability(

@@ -44,7 +44,13 @@ from tidemark.columnar import (
     updates_from_table,
     version_from_table,
 )
-from tidemark.errors import DeadlineExceeded, Indeterminate, InvalidArgument, TidemarkError
+from tidemark.errors import (
+    DeadlineExceeded,
+    Indeterminate,
+    InvalidArgument,
+    TidemarkError,
+    Unavailable,
+)
 from tidemark.frontier import Antichain, u64_frontier
 from tidemark.logging import get_logger
 from tidemark.retry import RetryPolicy
@@ -437,6 +443,48 @@ class StorageClient(GrpcClient):
                     response = await self._call(self.stub.Append, request, seconds)
                 return AppendResult(frontier_from_proto(response.upper), response.already_committed)
             except (Indeterminate, DeadlineExceeded) as exc:
+                # Unknown outcome: the same token makes a second attempt safe.
+                if backoff.expired() or time.monotonic() >= deadline:
+                    raise
+                log.debug("append_retry", error=exc.message)
+            await backoff.sleep()
+
+    async def append_chunked(
+        self,
+        capability: Capability,
+        chunks: Sequence[bytes],
+        new_upper: FrontierLike,
+        *,
+        token: str | None = None,
+        expected_upper: FrontierLike | None = None,
+    ) -> AppendResult:
+        """:meth:`append_ipc` for updates too large for one message: ``chunks`` are Arrow IPC
+        streams, appended together as one append (retried with the same token when its
+        outcome is unknown)."""
+        request = storage_pb2.AppendRequest(
+            capability=capability.ref,
+            new_upper=frontier_to_proto(frontier(new_upper)),
+            idempotency_token=token or uuid.uuid4().hex,
+        )
+        if expected_upper is not None:
+            request.expected_upper.CopyFrom(frontier_to_proto(frontier(expected_upper)))
+
+        async def messages() -> AsyncIterator[storage_pb2.AppendChunk]:
+            yield storage_pb2.AppendChunk(append=request)
+            for chunk in chunks:
+                yield storage_pb2.AppendChunk(arrow_ipc=chunk)
+
+        deadline = time.monotonic() + self.timeout
+        backoff = self.retry.backoffs()
+        while True:
+            try:
+                seconds = max(0.1, deadline - time.monotonic())
+                try:
+                    response = await self.stub.AppendChunked(messages(), timeout=seconds)
+                except grpc.aio.AioRpcError as exc:
+                    raise error_from_rpc(exc) from exc
+                return AppendResult(frontier_from_proto(response.upper), response.already_committed)
+            except (Indeterminate, DeadlineExceeded, Unavailable) as exc:
                 # Unknown outcome: the same token makes a second attempt safe.
                 if backoff.expired() or time.monotonic() >= deadline:
                     raise
