@@ -169,7 +169,11 @@ class Ingestion:
                 raise CollectionClosed(f"collection {collection_id} is closed for writes")
             self._upper[collection_id] = upper
         progress_upper = self._upper[self.targets.progress]
-        self._binding = await self._read_binding(progress_read, progress_upper)
+        progress_info = await self.storage.describe(self.targets.progress)
+        # A progress collection never written to has no binding; its since may equal its
+        # upper (it was created at that time), so there is no time to read it at.
+        written = progress_info.rows > 0 or progress_info.batch_count > 0
+        self._binding = await self._read_binding(progress_read, progress_upper) if written else None
         binding = self._binding
         if binding is None:
             log.info("source_recovered", source=self.name, binding=None)

@@ -373,4 +373,8 @@ def is_disconnect(error: BaseException) -> bool:
     problem that retrying cannot fix."""
     if isinstance(error, UpstreamError):
         return error.sqlstate == "08001"
-    return isinstance(error, psycopg2.OperationalError | psycopg2.InterfaceError)
+    if isinstance(error, psycopg2.OperationalError | psycopg2.InterfaceError):
+        return True
+    # A dropped replication stream surfaces as an error without a SQLSTATE ("no COPY in
+    # progress"); errors the server sends carry one and are not retried here.
+    return isinstance(error, psycopg2.DatabaseError) and error.pgcode is None
