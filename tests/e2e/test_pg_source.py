@@ -21,14 +21,15 @@ import psycopg2
 import pytest
 
 from tests.support.postgres import DATABASE, PASSWORD, SUPERUSER, PostgresCluster
-from tests.support.service_process import ServiceProcess
 from tests.support.sql_stack import SqlStack, sql_stack
 from tidemark.clients.adapter import AdapterClient, StatementError, StatementResult
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SqlStack]:
-    with sql_stack(tmp_path_factory.mktemp("pgsrc"), adapters=1, engine="local") as running:
+    with sql_stack(
+        tmp_path_factory.mktemp("pgsrc"), adapters=1, engine="local", sources=True
+    ) as running:
         yield running
 
 
@@ -123,42 +124,6 @@ async def test_create_source_errors_create_nothing(
 
 
 # -- ingestion ----------------------------------------------------------------------------
-
-
-class SourcesProcess:
-    """The sources process of the stack, which can be killed and started again."""
-
-    def __init__(self, stack: SqlStack) -> None:
-        self.stack = stack
-        self.process = self.start()
-
-    def start(self) -> ServiceProcess:
-        return ServiceProcess(
-            "services.sources",
-            [
-                "--listen",
-                "127.0.0.1:0",
-                "--storage",
-                self.stack.storage.address,
-                "--oracle",
-                self.stack.oracle.address,
-                "--catalog",
-                self.stack.catalog.address,
-            ],
-        )
-
-    def kill9(self) -> None:
-        self.process.kill()
-
-    def restart(self) -> None:
-        self.process = self.start()
-
-
-@pytest.fixture(scope="module")
-def sources(stack: SqlStack) -> Iterator[SourcesProcess]:
-    running = SourcesProcess(stack)
-    yield running
-    running.process.kill()
 
 
 COLUMNS = "id, name, amount, flag, at"
@@ -278,7 +243,7 @@ async def create_source(
 
 
 async def test_insert_update_delete_upstream(
-    client: AdapterClient, postgres: PostgresCluster, sources: SourcesProcess
+    client: AdapterClient, postgres: PostgresCluster, stack: SqlStack
 ) -> None:
     make_upstream(postgres, "orders", "iud_pub", 500)
     await create_source(client, postgres, "iud", "iud_pub", "orders AS iud_orders")
@@ -299,27 +264,35 @@ async def test_insert_update_delete_upstream(
 
 
 async def test_kill_9_of_the_sources_process_mid_stream(
-    client: AdapterClient, postgres: PostgresCluster, sources: SourcesProcess
+    client: AdapterClient, postgres: PostgresCluster, stack: SqlStack
 ) -> None:
     make_upstream(postgres, "k_orders", "k_pub", 200)
     await create_source(client, postgres, "k", "k_pub", "k_orders")
     await wait_equal(client, postgres, "k_orders", "k_orders")
     writer = Writer(postgres, "k_orders", 10_000)
+    restarted = []
     try:
         for _ in range(3):
             await asyncio.sleep(1.5)
-            sources.kill9()
+            assert stack.sources is not None
+            stack.sources.kill()  # SIGKILL
             await asyncio.sleep(0.5)
-            sources.restart()
+            restarted.append(stack.start_sources())
         await asyncio.sleep(1.5)
     finally:
         writer.stop()
     assert writer.commits > 50
     await wait_equal(client, postgres, "k_orders", "k_orders")
+    # Each new process went on from the binding the killed one had recorded.
+    for process in restarted:
+        record = process.wait_for_record(
+            lambda r: r.get("event") == "source_recovered" and r.get("source", "").endswith(".k")
+        )
+        assert record.get("offset", 0) > 0
 
 
 async def test_upstream_restart_mid_stream(
-    client: AdapterClient, postgres: PostgresCluster, sources: SourcesProcess
+    client: AdapterClient, postgres: PostgresCluster, stack: SqlStack
 ) -> None:
     make_upstream(postgres, "r_orders", "r_pub", 200)
     await create_source(client, postgres, "rs", "r_pub", "r_orders")
@@ -333,4 +306,5 @@ async def test_upstream_restart_mid_stream(
         writer.stop()
     assert writer.commits > 50
     await wait_equal(client, postgres, "r_orders", "r_orders")
-    sources.process.wait_for_record(lambda r: r.get("event") == "postgres_disconnected")
+    assert stack.sources is not None
+    stack.sources.wait_for_record(lambda r: r.get("event") == "postgres_disconnected")
