@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 from services.adapter.catalog_cache import CatalogState
 from services.adapter.catalog_names import qualify_new, resolve
@@ -24,13 +25,17 @@ from services.adapter.session import Settings
 from services.adapter.source_ddl import create_ingested_source
 from services.adapter.sql import statements as ast
 from services.adapter.sql.errors import SqlError
+from tidemark.logging import get_logger
 from tidemark.sources.postgres.upstream import (
     ConnectionParams,
     UpstreamError,
     UpstreamTable,
+    drop_slot,
     publication_tables,
 )
 from tidemark.v1 import catalog_pb2
+
+log = get_logger("services.adapter.ddl_connections")
 
 INVALID_PARAMETER = "22023"
 DEFAULT_PORT = 5432
@@ -179,3 +184,31 @@ def _subsource_names(statement: ast.CreatePostgresSource, tables: list[UpstreamT
     if statement.tables is None:
         return [t.name for t in tables]
     return [ref.alias or ref.upstream[-1] for ref in statement.tables]
+
+
+def slot_dropper(
+    state: CatalogState, item: catalog_pb2.CatalogItem
+) -> Callable[[], Awaitable[str | None]] | None:
+    """For a dropped PostgreSQL source: what drops its replication slot upstream once the
+    drop is committed (else the slot would keep WAL upstream forever). Best effort: an
+    unreachable upstream gets a notice naming the slot to drop by hand."""
+    if item.WhichOneof("body") != "source" or not item.source.postgres.slot:
+        return None
+    spec = item.source.postgres
+    connection = state.get(spec.connection_id)
+    if connection is None:
+        return None
+    params = connection_params(state, connection)
+
+    async def run() -> str | None:
+        try:
+            await asyncio.to_thread(drop_slot, params, spec.slot)
+        except UpstreamError as error:
+            log.warning("postgres_slot_not_dropped", slot=spec.slot, error=error.message)
+            return (
+                f'could not drop replication slot "{spec.slot}" upstream ({error.message}); '
+                f"drop it there: SELECT pg_drop_replication_slot('{spec.slot}')"
+            )
+        return None
+
+    return run

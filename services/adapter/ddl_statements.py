@@ -363,7 +363,13 @@ class DdlStatements:
             if item.id not in target_ids:
                 notices.append(f"drop cascades to {kind_name(item)} {full_name(item)}")
         collections = [c for c in (contents_collection(i) for i in dropped) if c is not None]
-        return DdlOutcome(tag, notices, dropped_collections=collections)
+        hooks = [ddl_connections.slot_dropper(state, i) for i in dropped]
+        return DdlOutcome(
+            tag,
+            notices,
+            dropped_collections=collections,
+            after_commit=[h for h in hooks if h is not None],
+        )
 
 
 def _new_relation_name(

@@ -261,6 +261,12 @@ async def test_insert_update_delete_upstream(
     assert final[(1, "row 1", Decimal("1.25"), False, datetime.datetime(2024, 1, 1, 0, 0, 1))] == 2
     progress = await ok(client, 'SELECT "offset" FROM iud_progress')
     assert len(progress.rows) == 1 and int(progress.rows[0][0]) > 0
+    slots = "SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE 'tidemark_iud_%'"
+    assert len(postgres.query(slots)) == 1
+    # Dropping the source drops its subsources, its progress and its slot upstream.
+    await ok(client, "DROP SOURCE iud")
+    assert postgres.query(slots) == []
+    assert (await fails(client, "SELECT * FROM iud_orders")).code == "42P01"
 
 
 async def test_kill_9_of_the_sources_process_mid_stream(

@@ -9,6 +9,7 @@ and ships as a self-contained wheel (``psycopg2-binary``), so nothing needs comp
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -208,3 +209,33 @@ def _table(cur: Any, oid: int, namespace: str, name: str) -> UpstreamTable:
             ) from None
         columns.append(UpstreamColumn(column, type_oid))
     return UpstreamTable(oid, namespace, name, tuple(columns))
+
+
+def drop_slot(params: ConnectionParams, slot: str, within: float = 15.0) -> None:
+    """Drops replication slot ``slot`` if it exists, ending the session that streams from
+    it (a sources process about to notice its source is gone). UpstreamError when that
+    cannot be done within ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            with contextlib.closing(connect(params)) as conn:
+                conn.autocommit = True
+                with conn.cursor() as cur:
+                    cur.execute(
+                        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                        "WHERE slot_name = %s AND active_pid IS NOT NULL",
+                        (slot,),
+                    )
+                    cur.execute(
+                        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                        "WHERE slot_name = %s",
+                        (slot,),
+                    )
+                    return
+        except psycopg2.Error as error:
+            # The slot was still active (a reader reconnected in between): try again.
+            if time.monotonic() > deadline:
+                raise UpstreamError(
+                    NOT_IN_PREREQUISITE_STATE, str(error).strip().splitlines()[0]
+                ) from None
+            time.sleep(0.3)
