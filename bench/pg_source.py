@@ -136,8 +136,9 @@ async def measure(args: argparse.Namespace, pg: PostgresCluster, stack: SqlStack
         writer.stop()
         stopped = time.time()
         # Let the last commits arrive.
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and len(seen) < len(writer.committed):
+        for _ in range(300):
+            if len(seen) >= len(writer.committed):
+                break
             await asyncio.sleep(0.1)
         follower.cancel()
         with contextlib.suppress(asyncio.CancelledError):
