@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from tidemark.clients.oracle import OracleClient
-from tidemark.clients.storage import Capability, StorageClient
+from tidemark.clients.storage import Capability, CollectionInfo, StorageClient
 from tidemark.columnar import Row, frontier_bound
 from tidemark.errors import FailedPrecondition, NotFound, TidemarkError
 from tidemark.logging import get_logger
@@ -162,14 +162,17 @@ class Ingestion:
     # -- recovery -------------------------------------------------------------------------
 
     async def _recover(self, progress_read: Capability) -> None:
+        progress_info = None
         for collection_id in self.targets.collections():
             info = await self.storage.describe(collection_id)
             upper = frontier_bound(info.upper)
             if upper is None:
                 raise CollectionClosed(f"collection {collection_id} is closed for writes")
             self._upper[collection_id] = upper
-        progress_upper = self._upper[self.targets.progress]
-        self._binding = await self._read_binding(progress_read, progress_upper)
+            if collection_id == self.targets.progress:
+                progress_info = info
+        assert progress_info is not None
+        self._binding = await self._read_binding(progress_read, progress_info)
         binding = self._binding
         if binding is None:
             log.info("source_recovered", source=self.name, binding=None)
@@ -203,9 +206,19 @@ class Ingestion:
         )
         await self.reader.confirm(binding.offset)
 
-    async def _read_binding(self, capability: Capability, upper: int) -> Binding | None:
-        if upper == 0:
-            return None
+    async def _read_binding(self, capability: Capability, info: CollectionInfo) -> Binding | None:
+        upper = frontier_bound(info.upper)
+        since = frontier_bound(info.since)
+        assert upper is not None
+        if since is None or since >= upper:
+            # Nothing readable: a new collection (its since is its upper), or one whose
+            # history ran away, which would lose the binding.
+            if info.rows == 0:
+                return None
+            raise FailedPrecondition(
+                f"source {self.name}: progress collection {info.collection_id} cannot be "
+                f"read at {upper - 1} (since {since}), its binding is lost"
+            )
         snapshot = await self.storage.snapshot(capability, upper - 1)
         rows = [row for row, count in snapshot.version().items() for _ in range(count)]
         if not rows:
