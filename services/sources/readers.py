@@ -20,4 +20,4 @@ def load_generator_reader(plan: SourcePlan) -> SourceReader:
 READERS: dict[int, ReaderFactory] = {
     catalog_pb2.SOURCE_FORMAT_LOAD_GENERATOR: load_generator_reader,
 }
-"""A new kind of source registers its format here (and in ``tidemark.sources.plan``)."""
+"""The formats the sources process ingests; a new kind of source registers its reader here."""

@@ -5,7 +5,8 @@ subsource, and its progress collection). The *binding protocol* makes the set of
 exactly once all the same:
 
 - **Binding first.** For each batch ``(previous, offset]`` the loop takes a write timestamp
-  ``t`` from the oracle and appends, at ``t``, the progress collection's change (retract the
+  ``t`` from the oracle (the very first batch: the time the collections start at, see
+  :meth:`Ingestion._record`) and appends, at ``t``, the progress collection's change (retract the
   old binding row, insert ``(offset, previous, t)``) with ``expected_upper``. That commit
   *defines* what time ``t`` holds: the batch, in every subsource.
 - **Then the data.** Each subsource gets the batch's changes for it at ``t`` (an empty
@@ -22,7 +23,8 @@ exactly once all the same:
   (progress first) move to a fresh oracle write timestamp plus one, so a read of a quiet
   source at the oracle's read timestamp waits at most about that long, not for the next
   batch. Not before the first batch is recorded: a new source's first batch is its initial
-  data (a snapshot), and reads wait for it rather than see the source empty.
+  data (a snapshot), bound to the time its collections start at, and reads wait for it
+  rather than see the source empty.
 
 Any lost compare (another process wrote), lost lease or reader error ends :meth:`run` with an
 exception; the caller starts over with a new reader, and recovery puts everything right.
@@ -260,8 +262,15 @@ class Ingestion:
                 pending.cancel()
 
     async def _record(self, batch: SourceBatch) -> None:
-        t = await self.oracle.write_ts(self.timeline)
         previous = self._binding
+        first = previous is None
+        if first:
+            # The first batch (a snapshot, maybe) lands at the time the collections start
+            # at: no read can have seen them there yet (their uppers have not passed it), so
+            # no read ever sees the source without its initial data.
+            t = max(self._upper.values())
+        else:
+            t = await self.oracle.write_ts(self.timeline)
         binding = Binding(
             batch.offset,
             previous.offset if previous is not None else None,
@@ -287,6 +296,8 @@ class Ingestion:
         self.stats.last_offset = batch.offset
         if self.on_batch is not None:
             self.on_batch(batch, t)
+        if first:
+            await self._advance()  # reads that waited for the snapshot need no more
 
     async def _advance(self) -> None:
         """Every upper to a fresh write timestamp plus one, progress first."""
