@@ -156,6 +156,11 @@ async def create_ingested_source(
         await member(item_name, relations[upstream], catalog_pb2.SOURCE_ROLE_SUBSOURCE, upstream)
     await member(progress_name, PROGRESS_SCHEMA, catalog_pb2.SOURCE_ROLE_PROGRESS, "")
     notices = []
+    if statement.in_cluster is not None:
+        notices.append(
+            f"IN CLUSTER {statement.in_cluster} has no effect: every source is ingested by the "
+            "sources process"
+        )
     if members:
         listed = ", ".join(item for item, _ in members)
         notices.append(f"source {full_name(primary)} has subsources {listed}")

@@ -55,4 +55,4 @@ READERS: dict[int, ReaderFactory] = {
     catalog_pb2.SOURCE_FORMAT_LOAD_GENERATOR: load_generator_reader,
     catalog_pb2.SOURCE_FORMAT_POSTGRES: postgres_reader,
 }
-"""A new kind of source registers its format here (and in ``tidemark.sources.plan``)."""
+"""The formats the sources process ingests; a new kind of source registers its reader here."""

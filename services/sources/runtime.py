@@ -130,11 +130,8 @@ class SourcesRuntime:
             await asyncio.sleep(min(self.settings.retry_max, 0.1 * 2**failures))
 
     def _reconcile(self) -> None:
-        wanted = {
-            id_: plan
-            for id_, plan in source_plans(self._contents.items()).items()
-            if plan.format in self.readers and plan.complete()
-        }
+        plans = source_plans(self._contents.items(), self.readers.keys())
+        wanted = {id_: plan for id_, plan in plans.items() if plan.complete()}
         for id_, running in list(self._running.items()):
             plan = wanted.get(id_)
             if plan is None or plan.key() != running.plan.key():

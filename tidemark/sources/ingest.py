@@ -5,7 +5,8 @@ subsource, and its progress collection). The *binding protocol* makes the set of
 exactly once all the same:
 
 - **Binding first.** For each batch ``(previous, offset]`` the loop takes a write timestamp
-  ``t`` from the oracle and appends, at ``t``, the progress collection's change (retract the
+  ``t`` from the oracle (the very first batch: the time the collections start at, see
+  :meth:`Ingestion._record`) and appends, at ``t``, the progress collection's change (retract the
   old binding row, insert ``(offset, previous, t)``) with ``expected_upper``. That commit
   *defines* what time ``t`` holds: the batch, in every subsource.
 - **Then the data.** Each subsource gets the batch's changes for it at ``t`` (an empty
@@ -22,7 +23,8 @@ exactly once all the same:
   (progress first) move to a fresh oracle write timestamp plus one, so a read of a quiet
   source at the oracle's read timestamp waits at most about that long, not for the next
   batch. Not before the first batch is recorded: a new source's first batch is its initial
-  data (a snapshot), and reads wait for it rather than see the source empty.
+  data (a snapshot), bound to the time its collections start at, and reads wait for it
+  rather than see the source empty.
 
 Any lost compare (another process wrote), lost lease or reader error ends :meth:`run` with an
 exception; the caller starts over with a new reader, and recovery puts everything right.
@@ -36,7 +38,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from tidemark.clients.oracle import OracleClient
-from tidemark.clients.storage import Capability, StorageClient
+from tidemark.clients.storage import Capability, CollectionInfo, StorageClient
 from tidemark.columnar import Row, frontier_bound
 from tidemark.errors import FailedPrecondition, NotFound, TidemarkError
 from tidemark.logging import get_logger
@@ -162,18 +164,17 @@ class Ingestion:
     # -- recovery -------------------------------------------------------------------------
 
     async def _recover(self, progress_read: Capability) -> None:
+        progress_info = None
         for collection_id in self.targets.collections():
             info = await self.storage.describe(collection_id)
             upper = frontier_bound(info.upper)
             if upper is None:
                 raise CollectionClosed(f"collection {collection_id} is closed for writes")
             self._upper[collection_id] = upper
-        progress_upper = self._upper[self.targets.progress]
-        progress_info = await self.storage.describe(self.targets.progress)
-        # A progress collection never written to has no binding; its since may equal its
-        # upper (it was created at that time), so there is no time to read it at.
-        written = progress_info.rows > 0 or progress_info.batch_count > 0
-        self._binding = await self._read_binding(progress_read, progress_upper) if written else None
+            if collection_id == self.targets.progress:
+                progress_info = info
+        assert progress_info is not None
+        self._binding = await self._read_binding(progress_read, progress_info)
         binding = self._binding
         if binding is None:
             log.info("source_recovered", source=self.name, binding=None)
@@ -207,9 +208,19 @@ class Ingestion:
         )
         await self.reader.confirm(binding.offset)
 
-    async def _read_binding(self, capability: Capability, upper: int) -> Binding | None:
-        if upper == 0:
-            return None
+    async def _read_binding(self, capability: Capability, info: CollectionInfo) -> Binding | None:
+        upper = frontier_bound(info.upper)
+        since = frontier_bound(info.since)
+        assert upper is not None
+        if since is None or since >= upper:
+            # Nothing readable: a new collection (its since is its upper), or one whose
+            # history ran away, which would lose the binding.
+            if info.rows == 0:
+                return None
+            raise FailedPrecondition(
+                f"source {self.name}: progress collection {info.collection_id} cannot be "
+                f"read at {upper - 1} (since {since}), its binding is lost"
+            )
         snapshot = await self.storage.snapshot(capability, upper - 1)
         rows = [row for row, count in snapshot.version().items() for _ in range(count)]
         if not rows:
@@ -251,8 +262,15 @@ class Ingestion:
                 pending.cancel()
 
     async def _record(self, batch: SourceBatch) -> None:
-        t = await self.oracle.write_ts(self.timeline)
         previous = self._binding
+        first = previous is None
+        if first:
+            # The first batch (a snapshot, maybe) lands at the time the collections start
+            # at: no read can have seen them there yet (their uppers have not passed it), so
+            # no read ever sees the source without its initial data.
+            t = max(self._upper.values())
+        else:
+            t = await self.oracle.write_ts(self.timeline)
         binding = Binding(
             batch.offset,
             previous.offset if previous is not None else None,
@@ -278,6 +296,8 @@ class Ingestion:
         self.stats.last_offset = batch.offset
         if self.on_batch is not None:
             self.on_batch(batch, t)
+        if first:
+            await self._advance()  # reads that waited for the snapshot need no more
 
     async def _advance(self) -> None:
         """Every upper to a fresh write timestamp plus one, progress first."""

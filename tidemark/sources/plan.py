@@ -10,7 +10,7 @@ without receives no data, only upper moves.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from tidemark.catalog_items import collection_of
@@ -20,7 +20,8 @@ from tidemark.v1 import catalog_pb2
 INGESTED_FORMATS = frozenset(
     {catalog_pb2.SOURCE_FORMAT_LOAD_GENERATOR, catalog_pb2.SOURCE_FORMAT_POSTGRES}
 )
-"""Source formats the sources process runs an ingestion for (CDCv2 is fed from outside)."""
+"""Source formats the sources process runs an ingestion for by default (CDCv2 is fed from
+outside); the sources process passes the formats it has readers for."""
 
 
 @dataclass(frozen=True)
@@ -79,8 +80,10 @@ class SourcePlan:
         return ".".join(p for p in (n.database, n.schema, n.item) if p)
 
 
-def source_plans(items: Iterable[catalog_pb2.CatalogItem]) -> dict[str, SourcePlan]:
-    """The sources among ``items`` that need an ingestion, by primary id."""
+def source_plans(
+    items: Iterable[catalog_pb2.CatalogItem], formats: Collection[int] = INGESTED_FORMATS
+) -> dict[str, SourcePlan]:
+    """The sources among ``items`` whose format is one of ``formats``, by primary id."""
     primaries: dict[str, catalog_pb2.CatalogItem] = {}
     members: dict[str, list[catalog_pb2.CatalogItem]] = {}
     items = list(items)
@@ -89,7 +92,7 @@ def source_plans(items: Iterable[catalog_pb2.CatalogItem]) -> dict[str, SourcePl
         if item.WhichOneof("body") != "source":
             continue
         if item.source.role == catalog_pb2.SOURCE_ROLE_PRIMARY:
-            if item.source.format in INGESTED_FORMATS:
+            if item.source.format in formats:
                 primaries[item.id] = item
         elif item.source.primary_id:
             members.setdefault(item.source.primary_id, []).append(item)
