@@ -139,3 +139,22 @@ def changes_equal(a: dict[str, list[tuple[Row, int]]], b: dict[str, list[tuple[R
         return out
 
     return summed(a) == summed(b)
+
+
+def test_quiet_tables_still_move_the_offset(upstream: PostgresCluster) -> None:
+    """Writes elsewhere in the database move the offset with empty batches (so confirming
+    them frees WAL), and such a batch replays as empty."""
+    p = params(upstream)
+    upstream.execute("DROP TABLE IF EXISTS r_elsewhere", "CREATE TABLE r_elsewhere (x int)")
+    replication = Replication(p, "rp", "quiet_slot", publication_tables(p, "rp", ["r_items"]))
+    snapshot = replication.snapshot()
+    upstream.execute("INSERT INTO r_elsewhere SELECT generate_series(1, 1000)")
+    empty = next(replication.stream(snapshot.offset, lambda: snapshot.offset, lambda: False))
+    assert empty.changes == {} and empty.commit_times_us == []
+    assert empty.offset > snapshot.offset
+    again = replication.replay(snapshot.offset, empty.offset)
+    assert (again.offset, again.changes) == (empty.offset, {})
+    upstream.execute("INSERT INTO r_items (id) VALUES (77)")
+    after = next(replication.stream(empty.offset, lambda: empty.offset, lambda: False))
+    assert after.changes == {"public.r_items": [((77,) + (None,) * 9, 1)]}
+    replication.drop_slot()
