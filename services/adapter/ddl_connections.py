@@ -30,6 +30,7 @@ from tidemark.sources.postgres.upstream import (
     ConnectionParams,
     UpstreamError,
     UpstreamTable,
+    check_reachable,
     drop_slot,
     publication_tables,
 )
@@ -61,9 +62,11 @@ def create_secret(
     return DdlOutcome("CREATE SECRET")
 
 
-def create_connection(
+async def create_connection(
     statement: ast.CreateConnection, settings: Settings, draft: CatalogDraft
 ) -> DdlOutcome:
+    """CREATE CONNECTION, once a session with the upstream could be opened (as Materialize
+    validates a connection by default); 08001 otherwise, and nothing is created."""
     state = draft.state
     name = qualify_new(state, settings, statement.name, statement.position)
     skipped = check_new_relation_name(
@@ -90,15 +93,19 @@ def create_connection(
         secret = resolve(state, settings, secret_name, ("secret",), statement.position)
         postgres.password_secret_id = secret.id
         depends.append(secret.id)
-    draft.create(
-        catalog_pb2.CatalogItem(
-            id=draft.allocate(),
-            name=name,
-            owner=OWNER,
-            depends_on=depends,
-            connection=catalog_pb2.Connection(postgres=postgres),
-        )
+    item = catalog_pb2.CatalogItem(
+        id="u1",
+        name=name,
+        owner=OWNER,
+        depends_on=depends,
+        connection=catalog_pb2.Connection(postgres=postgres),
     )
+    try:
+        await asyncio.to_thread(check_reachable, connection_params(state, item))
+    except UpstreamError as error:
+        raise SqlError(error.sqlstate, error.message, statement.position) from None
+    item.id = draft.allocate()
+    draft.create(item)
     return DdlOutcome("CREATE CONNECTION")
 
 

@@ -97,7 +97,7 @@ class DdlStatements:
             if isinstance(statement, ast.CreateSecret):
                 return ddl_connections.create_secret(statement, settings, draft)
             if isinstance(statement, ast.CreateConnection):
-                return ddl_connections.create_connection(statement, settings, draft)
+                return await ddl_connections.create_connection(statement, settings, draft)
             if isinstance(statement, ast.CreateView):
                 return await self._create_view(statement, settings, draft, maker)
             if isinstance(statement, ast.CreateIndex):

@@ -20,6 +20,7 @@ from decimal import Decimal
 import psycopg2
 import pytest
 
+from tests.support.ports import free_port
 from tests.support.postgres import DATABASE, PASSWORD, SUPERUSER, PostgresCluster
 from tests.support.sql_stack import SqlStack, sql_stack
 from tidemark.clients.adapter import AdapterClient, StatementError, StatementResult
@@ -117,6 +118,21 @@ async def test_create_source_errors_create_nothing(
     assert created.tag == "CREATE SOURCE"
     columns = await ok(client, "SHOW COLUMNS FROM full_copy")
     assert [(r[0], r[2]) for r in columns.rows] == [("id", "bigint"), ("v", "text")]
+    shown = await ok(client, "SHOW SOURCES")
+    assert ("e_src", "postgres") in shown.rows and ("full_copy", "subsource") in shown.rows
+    assert ("e_src_progress", "progress") in shown.rows
+    assert ("e_conn", "postgres") in (await ok(client, "SHOW CONNECTIONS")).rows
+    secrets = await ok(client, "SHOW SECRETS")
+    assert secrets.rows == [("e_conn_pw",)]
+    assert PASSWORD not in repr(secrets)
+    # A connection is checked when it is created: an upstream nobody answers at fails.
+    unreachable = await fails(
+        client,
+        f"CREATE CONNECTION e_dead TO POSTGRES (HOST '127.0.0.1', PORT {free_port()}, "
+        f"USER 'x', DATABASE 'y')",
+    )
+    assert unreachable.code == "08001"
+    assert not [r for r in (await ok(client, "SHOW CONNECTIONS")).rows if r[0] == "e_dead"]
     dropped = await fails(client, "DROP SECRET e_conn_pw")
     assert dropped.code == "2BP01"
     await ok(client, "DROP SOURCE e_src CASCADE")

@@ -36,6 +36,8 @@ ShowKind = Literal[
     "indexes",
     "clusters",
     "sources",
+    "secrets",
+    "connections",
     "databases",
     "schemas",
 ]

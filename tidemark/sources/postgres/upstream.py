@@ -100,11 +100,19 @@ def connect(params: ConnectionParams, **kwargs: Any) -> Any:
     try:
         return psycopg2.connect(**params.dsn_args(), **kwargs)
     except psycopg2.OperationalError as error:
-        text = str(error).strip().replace(params.password, "****") if params.password else ""
+        text = str(error).strip().splitlines()[0] if str(error).strip() else "no answer"
+        if params.password:
+            text = text.replace(params.password, "****")
         raise UpstreamError(
             CONNECTION_FAILURE,
             f"cannot connect to PostgreSQL at {params.host}:{params.port}: {text}",
         ) from None
+
+
+def check_reachable(params: ConnectionParams) -> None:
+    """Opens and closes a session: UpstreamError 08001 when PostgreSQL cannot be reached or
+    refuses the credentials."""
+    connect(params).close()
 
 
 def publication_tables(
