@@ -25,6 +25,8 @@ from tests.support.postgres import DATABASE, PASSWORD, SUPERUSER, PostgresCluste
 from tests.support.sql_stack import SqlStack, sql_stack
 from tidemark.clients.adapter import AdapterClient, StatementError, StatementResult
 
+pytestmark = pytest.mark.postgres
+
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SqlStack]:

@@ -15,6 +15,8 @@ from tidemark.columnar import ColumnType, Row
 from tidemark.sources.postgres.replication import Batch, Replication, parse_lsn
 from tidemark.sources.postgres.upstream import ConnectionParams, UpstreamError, publication_tables
 
+pytestmark = pytest.mark.postgres
+
 
 def params(pg: PostgresCluster) -> ConnectionParams:
     return ConnectionParams(pg.host, pg.port, SUPERUSER, PASSWORD, DATABASE)
