@@ -18,7 +18,6 @@ from tests.integration.test_source_ingest import (
     new_id,
     until,
 )
-# The storage, oracle and crash-injecting client fixtures of the binding protocol tests.
 from tests.integration.test_source_ingest import clients as clients
 from tests.integration.test_source_ingest import services as services
 from tests.support.postgres import DATABASE, PASSWORD, SUPERUSER, PostgresCluster
@@ -30,6 +29,8 @@ from tidemark.sources.postgres.reader import PostgresReader
 from tidemark.sources.postgres.upstream import ConnectionParams, UpstreamTable, publication_tables
 from tidemark.sources.progress import PROGRESS_SCHEMA
 
+# ``services`` and ``clients`` (imported above) are the fixtures of the binding protocol's own
+# tests: a storage service, an oracle, and a storage client that can fail chosen appends.
 pytestmark = pytest.mark.postgres
 
 TIMELINE = "data"
