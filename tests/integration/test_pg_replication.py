@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import threading
+import time
 from collections import Counter
 
 import pytest
@@ -121,12 +122,19 @@ def test_snapshot_stream_and_replay(upstream: PostgresCluster) -> None:
     # Feedback moves the slot's confirmed flush LSN.
     confirmed_at = seen[-1].offset
     upstream.execute("INSERT INTO r_items (id) VALUES (4)")
-    for _ in replication.stream(confirmed_at, lambda: confirmed_at, lambda: False):
-        break
-    rows = upstream.query(
+    slot_lsn = (
         "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name='test_slot'"
     )
-    assert parse_lsn(rows[0][0]) == confirmed_at
+    flushed = 0
+    for _ in replication.stream(confirmed_at, lambda: confirmed_at, lambda: False):
+        # The stream is still open: the server reads our feedback while it serves us.
+        for _ in range(50):
+            flushed = parse_lsn(upstream.query(slot_lsn)[0][0])
+            if flushed == confirmed_at:
+                break
+            time.sleep(0.1)
+        break
+    assert flushed == confirmed_at
     replication.drop_slot()
 
 

@@ -39,6 +39,7 @@ BATCH_WINDOW_S = 0.05
 BATCH_MAX_CHANGES = 50_000
 FEEDBACK_INTERVAL_S = 5.0
 EMPTY_BATCH_INTERVAL_S = 5.0
+SILENCE_LIMIT_S = 6 * FEEDBACK_INTERVAL_S
 
 
 def parse_lsn(text: str) -> int:
@@ -255,6 +256,13 @@ class Replication:
                     last_feedback, sent = now, flush
                 message = cur.read_message()
                 if message is None:
+                    # We ask for a keepalive with every feedback: a silent server is gone
+                    # (a network partition does not close the socket).
+                    silent = time.time() - cur.io_timestamp.timestamp()
+                    if silent > SILENCE_LIMIT_S:
+                        raise psycopg2.OperationalError(
+                            f"no message from PostgreSQL for {silent:.0f} s"
+                        )
                     if current is None:
                         # The server's keepalives carry how far it has decoded: every
                         # transaction committed before that has been sent already.
