@@ -141,7 +141,14 @@ async def create_postgres_source(
         None if statement.tables is None else [".".join(ref.upstream) for ref in statement.tables]
     )
     try:
-        tables = await asyncio.to_thread(publication_tables, params, statement.publication, wanted)
+        tables = await asyncio.to_thread(
+            publication_tables,
+            params,
+            statement.publication,
+            wanted,
+            statement.schemas,
+            [".".join(reference) for reference in statement.text_columns],
+        )
     except UpstreamError as error:
         raise SqlError(
             error.sqlstate, error.message, statement.position, hint=error.hint or ""

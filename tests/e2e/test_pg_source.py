@@ -135,6 +135,22 @@ async def test_create_source_errors_create_nothing(
     )
     assert unreachable.code == "08001"
     assert not [r for r in (await ok(client, "SHOW CONNECTIONS")).rows if r[0] == "e_dead"]
+    # TEXT COLUMNS replicates a column of a type Tidemark lacks as its text.
+    postgres.execute("INSERT INTO e_odd VALUES (1, '2024-05-06 07:08:09+00')")
+    await ok(
+        client,
+        "CREATE SOURCE e_txt FROM POSTGRES CONNECTION e_conn (PUBLICATION 'e_pub', "
+        "TEXT COLUMNS (e_odd.at)) FOR TABLES (e_odd)",
+    )
+    postgres.execute("INSERT INTO e_odd VALUES (2, NULL), (3, '2025-01-01 00:00:00.5+00')")
+    expected = Counter(tuple(r) for r in postgres.query("SELECT id, at::text FROM e_odd"))
+    for _ in range(100):
+        got = Counter(tuple(r) for r in (await ok(client, "SELECT id, at FROM e_odd")).rows)
+        if got == expected:
+            break
+        await asyncio.sleep(0.2)
+    assert got == expected
+    await ok(client, "DROP SOURCE e_txt")
     dropped = await fails(client, "DROP SECRET e_conn_pw")
     assert dropped.code == "2BP01"
     await ok(client, "DROP SOURCE e_src CASCADE")

@@ -56,6 +56,17 @@ def test_publication_checks(upstream: PostgresCluster) -> None:
     with pytest.raises(UpstreamError) as absent:
         publication_tables(p, "rp", ["r_nothing"])
     assert absent.value.sqlstate == "42704"
+    (odd_as_text,) = publication_tables(p, "rp", ["r_odd"], text_columns=["r_odd.p"])
+    assert [(c.column.name, c.column.type) for c in odd_as_text.columns] == [
+        ("id", ColumnType.INT64),
+        ("p", ColumnType.TEXT),
+    ]
+    with pytest.raises(UpstreamError) as unknown:
+        publication_tables(p, "rp", ["r_odd"], text_columns=["r_odd.nope", "r_odd.p"])
+    assert unknown.value.sqlstate == "42703"
+    with pytest.raises(UpstreamError) as no_schema:
+        publication_tables(p, "rp", None, schemas=["elsewhere"])
+    assert "publishes no tables in schemas elsewhere" in no_schema.value.message
     (items,) = publication_tables(p, "rp", ["public.r_items"])
     assert [(c.column.name, c.column.type) for c in items.columns] == [
         ("id", ColumnType.INT64),

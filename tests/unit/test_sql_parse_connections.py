@@ -83,6 +83,22 @@ def test_create_postgres_source() -> None:
     assert (some.in_cluster, some.if_not_exists, some.progress_name) == ("c", True, "s_lsn")
 
 
+def test_text_columns_and_for_schemas() -> None:
+    source = one(
+        "CREATE SOURCE s FROM POSTGRES CONNECTION pg (PUBLICATION 'p', TEXT COLUMNS "
+        "(t.at, other.t2.shape)) FOR SCHEMAS (public, other)"
+    )
+    assert isinstance(source, st.CreatePostgresSource)
+    assert source.text_columns == (("t", "at"), ("other", "t2", "shape"))
+    assert (source.tables, source.schemas) == (None, ("public", "other"))
+    with pytest.raises(SqlError) as error:
+        parse(
+            "CREATE SOURCE s FROM POSTGRES CONNECTION pg (PUBLICATION 'p', TEXT COLUMNS (at)) "
+            "FOR ALL TABLES"
+        )
+    assert "table.at" in error.value.message
+
+
 @pytest.mark.parametrize(
     "sql",
     [
