@@ -166,9 +166,9 @@ async def create_postgres_source(
         )
     # The slot is named after the source's name and creation time: unique upstream, and
     # only [a-z0-9_] as PostgreSQL requires.
-    slot = "tidemark_" + "".join(
-        c if c.isalnum() else "_" for c in f"{name.item}_{time.time_ns()}".lower()
-    )
+    readable = "".join(c if c.isascii() and c.isalnum() else "_" for c in name.item.lower())
+    # The unique part first: PostgreSQL cuts slot names at 63 characters.
+    slot = f"tidemark_{time.time_ns()}_{readable}"
     spec = catalog_pb2.PostgresSource(
         connection_id=connection.id,
         publication=statement.publication,

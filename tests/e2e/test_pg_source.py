@@ -295,7 +295,7 @@ async def test_insert_update_delete_upstream(
     assert final[(1, "row 1", Decimal("1.25"), False, datetime.datetime(2024, 1, 1, 0, 0, 1))] == 2
     progress = await ok(client, 'SELECT "offset" FROM iud_progress')
     assert len(progress.rows) == 1 and int(progress.rows[0][0]) > 0
-    slots = "SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE 'tidemark_iud_%'"
+    slots = "SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE 'tidemark_%_iud'"
     assert len(postgres.query(slots)) == 1
     # Dropping the source drops its subsources, its progress and its slot upstream.
     await ok(client, "DROP SOURCE iud")
