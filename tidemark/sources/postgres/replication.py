@@ -345,7 +345,7 @@ class Replication:
         gone: the tables now (through a temporary slot's snapshot at L2) less every change
         of (snapshot_lsn, L2], which the source's slot still holds because nothing past
         ``snapshot_lsn`` was confirmed."""
-        now = self._snapshot_through(f"{self.slot}_replay", temporary=True)
+        now = self._snapshot_through(f"{self.slot[:55]}_replay", temporary=True)
         fence = f"fence-{time.time_ns()}".encode()
         with contextlib.closing(connect(self.params)) as conn:
             conn.autocommit = True
