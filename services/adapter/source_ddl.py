@@ -38,6 +38,8 @@ from tidemark.sources.progress import PROGRESS_SCHEMA
 from tidemark.v1 import catalog_pb2
 
 INVALID_PARAMETER = "22023"
+MAX_TPCH_SCALE_FACTOR = 0.05
+"""About 300k line items, some 55 MiB as one Arrow append (64 MiB is a gRPC message's limit)."""
 FEATURE_NOT_SUPPORTED = "0A000"
 
 
@@ -51,6 +53,13 @@ def load_generator_spec(statement: ast.CreateSource) -> LoadGeneratorSpec:
         raise SqlError(INVALID_PARAMETER, "MAX CARDINALITY applies to COUNTER only", position)
     if options.scale_factor is not None and generator != "TPCH":
         raise SqlError(INVALID_PARAMETER, "SCALE FACTOR applies to TPCH only", position)
+    if options.scale_factor is not None and options.scale_factor > MAX_TPCH_SCALE_FACTOR:
+        raise SqlError(
+            INVALID_PARAMETER,
+            f"SCALE FACTOR is at most {MAX_TPCH_SCALE_FACTOR}: a table's initial data is one "
+            "storage append, and lineitem's outgrows one beyond that",
+            position,
+        )
     if generator in SINGLE_OUTPUT and statement.for_all_tables:
         raise SqlError(
             INVALID_PARAMETER,

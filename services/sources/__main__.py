@@ -25,6 +25,12 @@ class SourcesConfig(ServiceConfig):
         timelines.CATALOG, help="the oracle timeline catalog times live in"
     )
     holder: str = setting("sources", help="the holder name of this process's storage capabilities")
+    storage_timeout: float = setting(
+        300.0,
+        help="seconds one storage call may take: a source's initial data (TPCH at a large "
+        "scale factor) is one append per relation",
+        metavar="SECONDS",
+    )
     advance_interval: float = setting(
         0.2,
         help="seconds between moves of a quiet source's uppers to the oracle's write time "
@@ -42,7 +48,7 @@ class SourcesConfig(ServiceConfig):
 
 
 async def main(config: SourcesConfig) -> None:
-    storage = StorageClient(config.storage)
+    storage = StorageClient(config.storage, timeout=config.storage_timeout)
     oracle = OracleClient(config.oracle)
     catalog = CatalogClient(config.catalog)
     runtime = SourcesRuntime(catalog, storage, oracle, config.runtime_settings())

@@ -49,13 +49,13 @@ class CrashingStorage(StorageClient):
         super().__init__(address)
         self.victims = set()
 
-    async def append(
-        self, capability: Any, updates: Any, new_upper: Any, **kw: Any
+    async def append_ipc(
+        self, capability: Any, arrow_ipc: bytes, new_upper: Any, **kw: Any
     ) -> AppendResult:
-        if capability.collection_id in self.victims and updates:
+        if capability.collection_id in self.victims and arrow_ipc:
             self.victims.discard(capability.collection_id)
             raise Crash(capability.collection_id)
-        return await super().append(capability, updates, new_upper, **kw)
+        return await super().append_ipc(capability, arrow_ipc, new_upper, **kw)
 
 
 @pytest.fixture(scope="module")

@@ -40,8 +40,9 @@ from dataclasses import dataclass
 from tidemark.clients.oracle import OracleClient
 from tidemark.clients.storage import Capability, CollectionInfo, StorageClient
 from tidemark.columnar import Row, frontier_bound
-from tidemark.errors import FailedPrecondition, NotFound, TidemarkError
+from tidemark.errors import FailedPrecondition, InvalidArgument, NotFound, TidemarkError
 from tidemark.logging import get_logger
+from tidemark.rpc.server import MAX_MESSAGE_BYTES
 from tidemark.sources.progress import Binding
 from tidemark.sources.reader import Changes, SourceBatch, SourceReader
 
@@ -50,8 +51,18 @@ log = get_logger("tidemark.sources.ingest")
 DEFAULT_ADVANCE_INTERVAL = 0.2
 
 
+MAX_APPEND_BYTES = MAX_MESSAGE_BYTES - 2**20
+"""The largest Arrow IPC payload one append takes (the gRPC message limit, less room for the
+request's other fields)."""
+
+
 class CollectionClosed(FailedPrecondition):
     """A collection of the source is closed for writes (dropped)."""
+
+
+class BatchTooLarge(InvalidArgument):
+    """A batch's data for one collection does not fit in one storage append, and a batch is
+    one append per collection (its data appears at one time)."""
 
 
 @dataclass(frozen=True)
@@ -318,8 +329,15 @@ class Ingestion:
                 f"collection {collection_id}'s upper {expected} is already past time {t}"
             )
         started = time.monotonic()
-        result = await self.storage.append(
-            self._write[collection_id], updates, t + 1, expected_upper=expected
+        data = await self.storage.encode_updates(collection_id, updates)
+        if len(data) > MAX_APPEND_BYTES:
+            raise BatchTooLarge(
+                f"source {self.name}: a batch for collection {collection_id} is "
+                f"{len(data) / 2**20:.0f} MiB ({len(updates)} updates), more than one storage "
+                f"append carries ({MAX_APPEND_BYTES / 2**20:.0f} MiB)"
+            )
+        result = await self.storage.append_ipc(
+            self._write[collection_id], data, t + 1, expected_upper=expected
         )
         upper = frontier_bound(result.upper)
         self._upper[collection_id] = t + 1 if upper is None else upper
