@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,7 @@ from tidemark.clients.oracle import OracleClient
 from tidemark.clients.storage import StorageClient
 from tidemark.columnar import Row, frontier_bound
 from tidemark.sources.ingest import Ingestion, IngestTargets
+from tidemark.sources.postgres import offsets
 from tidemark.sources.postgres.reader import PostgresReader
 from tidemark.sources.postgres.upstream import ConnectionParams, UpstreamTable, publication_tables
 from tidemark.sources.progress import PROGRESS_SCHEMA
@@ -182,3 +184,52 @@ async def test_a_crash_after_a_stream_binding_is_repaired_by_replay(
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await second.reader.close()
+
+
+class CrashOnAppend(CrashingStorage):
+    """Fails the ``n``-th append with data to ``collection`` (once)."""
+
+    def __init__(self, address: str, collection: str, n: int) -> None:
+        super().__init__(address)
+        self.collection = collection
+        self.left = n
+
+    async def append_ipc(self, capability: Any, data: Any, new_upper: Any, **kw: Any) -> Any:
+        if capability.collection_id == self.collection and len(data) > 0:
+            self.left -= 1
+            if self.left == 0:
+                raise Crash(self.collection)
+        return await super().append_ipc(capability, data, new_upper, **kw)
+
+
+async def test_a_crash_in_the_middle_of_a_snapshot_in_parts(
+    clients: tuple[CrashingStorage, OracleClient],
+    services: tuple[str, str],
+    postgres: PostgresCluster,
+    tables: list[UpstreamTable],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A snapshot too large for one append goes in parts; a process that dies after some of
+    them resumes with the rest (cut from a rebuilt snapshot, the same way)."""
+    monkeypatch.setattr(offsets, "SNAPSHOT_PART_BYTES", 400)
+    storage, oracle = clients
+    targets = await make_targets(storage, tables)
+    crashing = CrashOnAppend(services[0], targets.outputs["public.ing_a"], 3)
+    first = ingestion(crashing, oracle, targets, postgres, "ing_parts", tables)
+    with pytest.raises(Crash):
+        await asyncio.wait_for(first.run(), 30)
+    await first.reader.close()
+    await crashing.close()
+    assert 0 < sum((await contents(storage, targets.outputs["public.ing_a"])).values()) < 50
+    postgres.execute("DELETE FROM ing_a WHERE id > 40", "INSERT INTO ing_b VALUES (99, 'late')")
+    second = ingestion(storage, oracle, targets, postgres, "ing_parts", tables)
+    task = asyncio.create_task(second.run())
+    try:
+        await wait_equal(storage, targets, postgres, ["ing_a", "ing_b"])
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await second.reader.close()
+    progress = await contents(storage, targets.progress)
+    ((position, *_),) = progress
+    assert position > 0
