@@ -10,6 +10,7 @@ from tidemark.sources.postgres.offsets import (
     encode_offset,
     part_index,
     part_offsets,
+    row_size,
     snapshot_parts,
 )
 from tidemark.sources.postgres.replication import Batch
@@ -54,9 +55,12 @@ def test_parts_depend_on_the_contents_only() -> None:
     assert sorted(held, key=repr) == sorted(
         [("public.a", r) for r in rows_a] + [("public.b", r) for r in rows_b], key=repr
     )
-    assert all(
-        sum(len(repr(r)) + 16 for p in part.values() for r, _ in p) <= 1000 for part in parts
-    )
+    assert all(sum(row_size(r) for p in part.values() for r, _ in p) <= 1000 for part in parts)
+
+
+def test_a_snapshot_that_fits_is_one_part_as_it_came() -> None:
+    batch = snapshot([(2, "b"), (1, "a")], [(None, None)])
+    assert snapshot_parts(batch, ["public.a", "public.b"]) == [batch.changes]
 
 
 def test_one_part_names_every_table_even_when_empty() -> None:

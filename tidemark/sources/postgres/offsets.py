@@ -8,7 +8,9 @@ source's history:
   most 64 MiB, a snapshot of a large table more);
 - every later batch ends at an upstream commit (or a keepalive's LSN) ``(lsn, 0)``, lsn > L.
 
-The parts are a function of the snapshot's contents alone (rows sorted, then cut by size),
+Each part is its own batch at its own time, so while a snapshot larger than one part loads,
+a read can see the parts recorded so far (a snapshot within one part, the usual case, is
+never seen partly). The parts are a function of the snapshot's contents alone (rows sorted, then cut by size),
 so a snapshot rebuilt after a crash (``Replication.replay_snapshot``) cuts into the same
 parts, and a part can be derived again or the remaining parts made after a restart.
 """
@@ -39,17 +41,31 @@ def decode_offset(offset: bytes) -> tuple[int, int]:
     return int(lsn), int(part)
 
 
+def row_size(row: Row) -> int:
+    """About how many bytes a row takes: its text and bytes, 8 for anything else."""
+    return 16 + sum(len(v) if isinstance(v, str | bytes) else 8 for v in row)
+
+
+def _order(row: Row) -> tuple[tuple[bool, object], ...]:
+    # A column's values share a type; NULLs sort last.
+    return tuple((v is None, v) for v in row)
+
+
 def snapshot_parts(snapshot: Batch, keys: Sequence[str], limit: int | None = None) -> list[Part]:
     """The snapshot's rows cut into parts of about ``limit`` bytes (at least one part, which
-    names every table, so the first batch reaches every subsource)."""
+    names every table, so the first batch reaches every subsource). Within a part order does
+    not matter, so a snapshot that fits in one is not sorted."""
     budget = SNAPSHOT_PART_BYTES if limit is None else limit
+    total = sum(row_size(row) * diff for pairs in snapshot.changes.values() for row, diff in pairs)
+    if total <= budget:
+        return [{key: list(snapshot.changes.get(key, [])) for key in keys}]
     parts: list[Part] = [{key: [] for key in keys}]
     used = 0
     for key in keys:
         rows = [row for row, diff in snapshot.changes.get(key, []) for _ in range(diff)]
-        rows.sort(key=repr)
+        rows.sort(key=_order)
         for row in rows:
-            size = len(repr(row)) + 16
+            size = row_size(row)
             if used and used + size > budget:
                 parts.append({})
                 used = 0
