@@ -10,9 +10,10 @@ source's history:
 
 Each part is its own batch at its own time, so while a snapshot larger than one part loads,
 a read can see the parts recorded so far (a snapshot within one part, the usual case, is
-never seen partly). The parts are a function of the snapshot's contents alone (rows sorted, then cut by size),
-so a snapshot rebuilt after a crash (``Replication.replay_snapshot``) cuts into the same
-parts, and a part can be derived again or the remaining parts made after a restart.
+never seen partly). The parts are a function of the snapshot's contents alone (rows
+sorted, then cut by size), so a snapshot rebuilt after a crash
+(``Replication.replay_snapshot``) cuts into the same parts, and a part can be derived again
+or the remaining parts made after a restart.
 """
 
 from __future__ import annotations
