@@ -17,7 +17,7 @@ along (``ddl.drop_closure``).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from services.adapter.catalog_names import full_name, qualify_new
 from services.adapter.ddl import (
@@ -94,11 +94,12 @@ async def create_ingested_source(
     relations: Mapping[str, RelationSchema],
     primary_relation: str | None,
     configure: catalog_pb2.Source,
+    depends_on: Sequence[str] = (),
 ) -> DdlOutcome:
     """The items of a source whose upstream has ``relations`` (by upstream name):
     ``primary_relation`` is the one the source item itself holds (``None``: it holds none,
     every relation is a subsource). ``configure`` carries the format's spec fields, merged
-    into the primary item."""
+    into the primary item; ``depends_on`` the ids the primary needs (a connection)."""
     state = draft.state
     name = qualify_new(state, settings, statement.name, statement.position)
     skipped = check_new_relation_name(
@@ -121,7 +122,9 @@ async def create_ingested_source(
 
     primary_schema = relations[primary_relation] if primary_relation else PROGRESS_SCHEMA
     primary_id = await maker.make(draft, primary_schema)
-    primary = catalog_pb2.CatalogItem(id=primary_id, name=name, owner=OWNER)
+    primary = catalog_pb2.CatalogItem(
+        id=primary_id, name=name, owner=OWNER, depends_on=list(depends_on)
+    )
     primary.source.MergeFrom(configure)
     primary.source.format = source_format  # type: ignore[assignment]
     primary.source.schema.CopyFrom(primary_schema.to_proto())

@@ -27,6 +27,9 @@ class SourcePlan:
     primary: catalog_pb2.CatalogItem
     members: tuple[catalog_pb2.CatalogItem, ...]
     """The subsources and the progress item, by id."""
+    dependencies: tuple[catalog_pb2.CatalogItem, ...] = ()
+    """The items the primary depends on (a connection, its secrets), by id: what a reader
+    may need to reach the upstream."""
 
     @property
     def id(self) -> str:
@@ -65,7 +68,7 @@ class SourcePlan:
 
     def key(self) -> bytes:
         """Equal for plans that ingest the same way (a changed plan restarts its task)."""
-        parts = [self.primary, *sorted(self.members, key=lambda i: i.id)]
+        parts = [self.primary, *self.members, *self.dependencies]
         return b"|".join(p.SerializeToString(deterministic=True) for p in parts)
 
     def name(self) -> str:
@@ -79,7 +82,10 @@ def source_plans(
     """The sources among ``items`` whose format is one of ``formats``, by primary id."""
     primaries: dict[str, catalog_pb2.CatalogItem] = {}
     members: dict[str, list[catalog_pb2.CatalogItem]] = {}
+    by_id: dict[str, catalog_pb2.CatalogItem] = {}
     for item in items:
+        if item.id:
+            by_id[item.id] = item
         if item.WhichOneof("body") != "source":
             continue
         if item.source.role == catalog_pb2.SOURCE_ROLE_PRIMARY:
@@ -88,6 +94,27 @@ def source_plans(
         elif item.source.primary_id:
             members.setdefault(item.source.primary_id, []).append(item)
     return {
-        id_: SourcePlan(primary, tuple(sorted(members.get(id_, []), key=lambda i: i.id)))
+        id_: SourcePlan(
+            primary,
+            tuple(sorted(members.get(id_, []), key=lambda i: i.id)),
+            _dependencies(primary, by_id),
+        )
         for id_, primary in primaries.items()
     }
+
+
+def _dependencies(
+    primary: catalog_pb2.CatalogItem, by_id: dict[str, catalog_pb2.CatalogItem]
+) -> tuple[catalog_pb2.CatalogItem, ...]:
+    """What ``primary`` depends on, and what those depend on in turn (a connection's
+    secrets), in id order."""
+    found: dict[str, catalog_pb2.CatalogItem] = {}
+    pending = list(primary.depends_on)
+    while pending:
+        id_ = pending.pop()
+        item = by_id.get(id_)
+        if item is None or id_ in found:
+            continue
+        found[id_] = item
+        pending.extend(item.depends_on)
+    return tuple(found[id_] for id_ in sorted(found))
