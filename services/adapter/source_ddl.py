@@ -100,8 +100,8 @@ async def create_ingested_source(
     """The items of a source whose upstream has ``relations`` (by upstream name):
     ``primary_relation`` is the one the source item itself holds (``None``: it holds none,
     every relation is a subsource). ``configure`` carries the format's spec fields, merged
-    into the primary item. ``item_names`` renames subsources (default: the upstream name);
-    the primary depends on ``depends_on`` (e.g. a connection)."""
+    into the primary item; ``depends_on`` the ids the primary needs (a connection).
+    ``item_names`` renames subsources (default: the upstream name)."""
     state = draft.state
     name = qualify_new(state, settings, statement.name, statement.position)
     skipped = check_new_relation_name(

@@ -32,9 +32,15 @@ class SourcesConfig(ServiceConfig):
         metavar="SECONDS",
     )
     advance_interval: float = setting(
-        0.2,
-        help="seconds between moves of a quiet source's uppers to the oracle's write time "
-        "(a read of a source at the current time waits at most about this long)",
+        1.0,
+        help="seconds between moves of a quiet source's uppers to the oracle's write time",
+        metavar="SECONDS",
+    )
+    read_poll_interval: float = setting(
+        0.05,
+        help="seconds between looks at the oracle's read time: once it reaches a quiet "
+        "source's uppers (a read would wait), they move at once (0: only every "
+        "--advance-interval)",
         metavar="SECONDS",
     )
 
@@ -44,6 +50,7 @@ class SourcesConfig(ServiceConfig):
             data_timeline=self.data_timeline,
             catalog_timeline=self.catalog_timeline,
             advance_interval=self.advance_interval,
+            read_poll_interval=self.read_poll_interval,
         )
 
 

@@ -13,8 +13,11 @@ import pytest
 
 from tests.support.sql_stack import SqlStack, sql_stack
 from tidemark import timelines
+from tidemark.catalog_items import CATALOG_HOLDER, collection_of
 from tidemark.clients.adapter import AdapterClient, StatementError, StatementResult
+from tidemark.clients.catalog import CatalogClient
 from tidemark.clients.oracle import OracleClient
+from tidemark.clients.storage import StorageClient
 from tidemark.sources.loadgen import LoadGeneratorSpec, generator_for
 
 
@@ -86,10 +89,16 @@ async def test_a_counter_grows_with_its_progress_and_reads_do_not_stall(a: Adapt
     # A quiet source answers without waiting for its next tick.
     await ok(a, "CREATE SOURCE slow FROM LOAD GENERATOR COUNTER (TICK INTERVAL '1h')")
     await until_count(a, "slow", 1)
-    started = time.monotonic()
-    for _ in range(5):
+    await ok(a, "CREATE TABLE elsewhere (x bigint)")
+    waits = []
+    for number in range(5):
+        # A write elsewhere moves the oracle's read time past the quiet source's upper; the
+        # sources process notices and moves it on, well before its next advance (1 s).
+        await ok(a, f"INSERT INTO elsewhere VALUES ({number})")
+        started = time.monotonic()
         assert (await counter_state(a, "slow"))[:2] == (1, 1)
-    assert time.monotonic() - started < 5
+        waits.append(time.monotonic() - started)
+    assert sorted(waits)[2] < 0.5, waits
     assert (await fails(a, "INSERT INTO tick VALUES (0)")).code == "42809"
     assert (await fails(a, "DROP SOURCE tick_progress")).code == "2BP01"
 
@@ -144,6 +153,7 @@ async def test_a_materialized_view_over_auction_matches_a_recomputation(
     assert [r[0] for r in (await ok(a, "SHOW COLUMNS FROM bids")).rows] == [
         "id", "buyer", "auction_id", "amount", "bid_time"
     ]  # fmt: skip
+    await check_holds(stack, "house", 7)
     query = (
         "SELECT a.id, a.item, count(*) AS bids, max(b.amount) AS top, o.name AS organization "
         "FROM auctions a JOIN bids b ON b.auction_id = a.id JOIN users u ON u.id = a.seller "
@@ -172,6 +182,30 @@ async def test_a_materialized_view_over_auction_matches_a_recomputation(
     stack.sources.wait_for_record(
         lambda r: r.get("event") == "source_stopping" and r.get("source", "").endswith("house")
     )
+
+
+async def check_holds(stack: SqlStack, source: str, relations: int) -> None:
+    """Every collection of the source (itself, its subsources, its progress relation) carries
+    the catalog's durable read hold and the sources process's write capability."""
+    async with OracleClient(stack.oracle.address) as oracle:
+        at = await oracle.read_ts(timelines.CATALOG)
+    async with CatalogClient(stack.catalog.address) as catalog:
+        items = (await catalog.snapshot_at(at)).items
+    (primary,) = [i for i in items if i.WhichOneof("body") == "source" and i.name.item == source]
+    members = [i for i in items if i.source.primary_id == primary.id]
+    collections = [collection_of(i) for i in (primary, *members)]
+    assert len(collections) == relations
+    async with StorageClient(stack.storage.address) as storage:
+        for collection in collections:
+            deadline = time.monotonic() + 30
+            while True:
+                held = (await storage.describe(collection)).capabilities
+                critical = [c for c in held if c.critical and c.holder == CATALOG_HOLDER]
+                writers = [c for c in held if c.kind == "write" and c.holder == "sources"]
+                if critical and writers:
+                    break
+                assert time.monotonic() < deadline, (collection, held)
+                await asyncio.sleep(0.2)
 
 
 async def test_kill_9_of_the_sources_process_loses_and_doubles_no_tick(

@@ -59,3 +59,19 @@ def test_only_formats_with_a_reader_are_ingested() -> None:
     table = catalog_pb2.CatalogItem(id="u8", table=catalog_pb2.Table(collection_id="u8"))
     assert source_plans([cdc, table]) == {}
     assert set(source_plans([cdc], formats={catalog_pb2.SOURCE_FORMAT_CDCV2})) == {"u7"}
+
+
+def test_what_the_source_depends_on_comes_along_and_changes_restart_it() -> None:
+    """A PostgreSQL source depends on a connection, which depends on a secret: the reader
+    gets both, and a change to either changes the plan (its ingestion restarts)."""
+    secret = catalog_pb2.CatalogItem(id="u20", database=catalog_pb2.Database())
+    connection = catalog_pb2.CatalogItem(id="u21", depends_on=["u20"], schema=catalog_pb2.Schema())
+    primary = item("u22", PRIMARY, upstream="counter")
+    primary.depends_on.append("u21")
+    items = [secret, connection, primary, item("u23", PROGRESS, "u22")]
+    plan = source_plans(items)["u22"]
+    assert [d.id for d in plan.dependencies] == ["u20", "u21"]
+    changed_secret = catalog_pb2.CatalogItem(
+        id="u20", owner="rotated", database=catalog_pb2.Database()
+    )
+    assert source_plans([changed_secret, *items[1:]])["u22"].key() != plan.key()

@@ -19,12 +19,14 @@ exactly once all the same:
   re-derives (``replay``) and which is appended at ``t`` with ``expected_upper`` — a second
   process doing the same loses the compare, so nothing is doubled. Ingestion then resumes
   after ``offset``.
-- **Time moves on without data.** Every ``advance_interval`` without a batch, all uppers
-  (progress first) move to a fresh oracle write timestamp plus one, so a read of a quiet
-  source at the oracle's read timestamp waits at most about that long, not for the next
-  batch. Not before the first batch is recorded: a new source's first batch is its initial
-  data (a snapshot), bound to the time its collections start at, and reads wait for it
-  rather than see the source empty.
+- **Time moves on without data.** Without a batch, all uppers (progress first) move to a
+  fresh oracle write timestamp plus one as soon as the oracle's read timestamp reaches them
+  (polled every ``read_poll_interval``: a write elsewhere was applied, and a read of the
+  source at the new read timestamp would wait), and every ``advance_interval`` regardless.
+  A read of a quiet source so waits about one poll, never for the next batch. Not before
+  the first batch is recorded: a new source's first batch is its initial data (a snapshot),
+  bound to the time its collections start at, and reads wait for it rather than see the
+  source empty.
 
 Any lost compare (another process wrote), lost lease or reader error ends :meth:`run` with an
 exception; the caller starts over with a new reader, and recovery puts everything right.
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from tidemark.clients.oracle import OracleClient
@@ -48,7 +50,8 @@ from tidemark.sources.reader import Changes, SourceBatch, SourceReader
 
 log = get_logger("tidemark.sources.ingest")
 
-DEFAULT_ADVANCE_INTERVAL = 0.2
+DEFAULT_ADVANCE_INTERVAL = 1.0
+DEFAULT_READ_POLL_INTERVAL = 0.05
 
 
 MAX_APPEND_BYTES = MAX_MESSAGE_BYTES - 2**20
@@ -107,6 +110,8 @@ class Ingestion:
         timeline: str,
         holder: str,
         advance_interval: float = DEFAULT_ADVANCE_INTERVAL,
+        read_poll_interval: float = DEFAULT_READ_POLL_INTERVAL,
+        read_ts: Callable[[], Awaitable[int]] | None = None,
         lease_renew_every: float = 10.0,
         on_batch: BatchObserver | None = None,
     ) -> None:
@@ -118,6 +123,9 @@ class Ingestion:
         self.timeline = timeline
         self.holder = holder
         self.advance_interval = advance_interval
+        self.read_poll_interval = read_poll_interval
+        self._read_ts = read_ts or (lambda: oracle.read_ts(timeline))
+        self._advanced_at = time.monotonic()
         self.lease_renew_every = lease_renew_every
         self.on_batch = on_batch
         self.stats = IngestStats()
@@ -247,30 +255,50 @@ class Ingestion:
     async def _ingest(self) -> None:
         batches = aiter(self.reader.batches())
         pending: asyncio.Task[SourceBatch] | None = None
+        ended = False
         try:
             while True:
-                if pending is None:
+                if pending is None and not ended:
                     pending = asyncio.ensure_future(anext(batches))
-                done, _ = await asyncio.wait({pending}, timeout=self.advance_interval)
+                if pending is not None:
+                    done, _ = await asyncio.wait({pending}, timeout=self._wait_seconds())
+                else:
+                    done = set()
+                    await asyncio.sleep(self._wait_seconds())
                 if not done:
                     # Not before the first batch (a snapshot, maybe): a read of a new source
                     # waits for its initial data rather than seeing it empty.
-                    if self._binding is not None:
+                    if self._binding is not None and await self._advance_due():
                         await self._advance()
                     continue
+                assert pending is not None
                 try:
                     batch = pending.result()
                 except StopAsyncIteration:
-                    pending = None
                     log.info("source_upstream_ended", source=self.name)
-                    while True:  # keep time moving for readers
-                        await asyncio.sleep(self.advance_interval)
-                        await self._advance()
-                pending = None
+                    ended = True  # keep time moving for readers
+                    continue
+                finally:
+                    pending = None
                 await self._record(batch)
         finally:
             if pending is not None and not pending.done():
                 pending.cancel()
+
+    def _wait_seconds(self) -> float:
+        if self.read_poll_interval > 0:
+            return min(self.read_poll_interval, self.advance_interval)
+        return self.advance_interval
+
+    async def _advance_due(self) -> bool:
+        """Whether to move the uppers now: ``advance_interval`` has passed since they last
+        moved, or a read is waiting (the oracle's read timestamp has reached the uppers: a
+        write elsewhere, e.g. to a table, was applied since)."""
+        if time.monotonic() - self._advanced_at >= self.advance_interval:
+            return True
+        if self.read_poll_interval <= 0:
+            return False
+        return await self._read_ts() >= min(self._upper.values())
 
     async def _record(self, batch: SourceBatch) -> None:
         previous = self._binding
@@ -312,6 +340,7 @@ class Ingestion:
 
     async def _advance(self) -> None:
         """Every upper to a fresh write timestamp plus one, progress first."""
+        self._advanced_at = time.monotonic()
         t = await self.oracle.write_ts(self.timeline)
         await self._append(self.targets.progress, [], t)
         others = [c for c in self.targets.collections() if c != self.targets.progress]
@@ -370,3 +399,26 @@ def _summed(changes: Changes) -> dict[str, dict[Row, int]]:
         if kept:
             out[name] = kept
     return out
+
+
+class SharedReadTs:
+    """The oracle's read timestamp for many ingestions polling it: one oracle call per
+    ``max_age`` seconds, however many ask (a value at most that old only delays an advance
+    by as much)."""
+
+    def __init__(self, oracle: OracleClient, timeline: str, max_age: float) -> None:
+        self.oracle = oracle
+        self.timeline = timeline
+        self.max_age = max_age
+        self._value = 0
+        self._at = -float("inf")
+        self._lock = asyncio.Lock()
+
+    async def __call__(self) -> int:
+        if time.monotonic() - self._at < self.max_age:
+            return self._value
+        async with self._lock:
+            if time.monotonic() - self._at >= self.max_age:
+                self._value = await self.oracle.read_ts(self.timeline)
+                self._at = time.monotonic()
+            return self._value
