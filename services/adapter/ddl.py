@@ -67,6 +67,9 @@ class DdlOutcome:
     tag: str
     notices: list[str] = field(default_factory=list)
     dropped_collections: list[str] = field(default_factory=list)
+    # Run once the catalog append has succeeded (e.g. dropping a replication slot
+    # upstream); each may return a notice.
+    after_commit: list[Callable[[], Awaitable[str | None]]] = field(default_factory=list)
 
 
 class CatalogDraft:
@@ -221,6 +224,10 @@ class DdlRunner:
                     await self.cache.wait_for(upper + 1, CATALOG_WAIT_SECONDS)
                     continue
                 await self._release(outcome.dropped_collections)
+                for hook in outcome.after_commit:
+                    notice = await hook()
+                    if notice is not None:
+                        outcome.notices.append(notice)
                 return outcome
             raise SqlError(
                 "40001",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 from services.adapter.catalog_cache import CatalogState
 from services.adapter.catalog_names import qualify_new, resolve
@@ -24,13 +25,18 @@ from services.adapter.session import Settings
 from services.adapter.source_ddl import create_ingested_source
 from services.adapter.sql import statements as ast
 from services.adapter.sql.errors import SqlError
+from tidemark.logging import get_logger
 from tidemark.sources.postgres.upstream import (
     ConnectionParams,
     UpstreamError,
     UpstreamTable,
+    check_reachable,
+    drop_slot,
     publication_tables,
 )
 from tidemark.v1 import catalog_pb2
+
+log = get_logger("services.adapter.ddl_connections")
 
 INVALID_PARAMETER = "22023"
 DEFAULT_PORT = 5432
@@ -56,9 +62,11 @@ def create_secret(
     return DdlOutcome("CREATE SECRET")
 
 
-def create_connection(
+async def create_connection(
     statement: ast.CreateConnection, settings: Settings, draft: CatalogDraft
 ) -> DdlOutcome:
+    """CREATE CONNECTION, once a session with the upstream could be opened (as Materialize
+    validates a connection by default); 08001 otherwise, and nothing is created."""
     state = draft.state
     name = qualify_new(state, settings, statement.name, statement.position)
     skipped = check_new_relation_name(
@@ -85,15 +93,19 @@ def create_connection(
         secret = resolve(state, settings, secret_name, ("secret",), statement.position)
         postgres.password_secret_id = secret.id
         depends.append(secret.id)
-    draft.create(
-        catalog_pb2.CatalogItem(
-            id=draft.allocate(),
-            name=name,
-            owner=OWNER,
-            depends_on=depends,
-            connection=catalog_pb2.Connection(postgres=postgres),
-        )
+    item = catalog_pb2.CatalogItem(
+        id="u1",
+        name=name,
+        owner=OWNER,
+        depends_on=depends,
+        connection=catalog_pb2.Connection(postgres=postgres),
     )
+    try:
+        await asyncio.to_thread(check_reachable, connection_params(state, item))
+    except UpstreamError as error:
+        raise SqlError(error.sqlstate, error.message, statement.position) from None
+    item.id = draft.allocate()
+    draft.create(item)
     return DdlOutcome("CREATE CONNECTION")
 
 
@@ -129,7 +141,14 @@ async def create_postgres_source(
         None if statement.tables is None else [".".join(ref.upstream) for ref in statement.tables]
     )
     try:
-        tables = await asyncio.to_thread(publication_tables, params, statement.publication, wanted)
+        tables = await asyncio.to_thread(
+            publication_tables,
+            params,
+            statement.publication,
+            wanted,
+            statement.schemas,
+            [".".join(reference) for reference in statement.text_columns],
+        )
     except UpstreamError as error:
         raise SqlError(
             error.sqlstate, error.message, statement.position, hint=error.hint or ""
@@ -147,9 +166,9 @@ async def create_postgres_source(
         )
     # The slot is named after the source's name and creation time: unique upstream, and
     # only [a-z0-9_] as PostgreSQL requires.
-    slot = "tidemark_" + "".join(
-        c if c.isalnum() else "_" for c in f"{name.item}_{time.time_ns()}".lower()
-    )
+    readable = "".join(c if c.isascii() and c.isalnum() else "_" for c in name.item.lower())
+    # The unique part first: PostgreSQL cuts slot names at 63 characters.
+    slot = f"tidemark_{time.time_ns()}_{readable}"
     spec = catalog_pb2.PostgresSource(
         connection_id=connection.id,
         publication=statement.publication,
@@ -179,3 +198,31 @@ def _subsource_names(statement: ast.CreatePostgresSource, tables: list[UpstreamT
     if statement.tables is None:
         return [t.name for t in tables]
     return [ref.alias or ref.upstream[-1] for ref in statement.tables]
+
+
+def slot_dropper(
+    state: CatalogState, item: catalog_pb2.CatalogItem
+) -> Callable[[], Awaitable[str | None]] | None:
+    """For a dropped PostgreSQL source: what drops its replication slot upstream once the
+    drop is committed (else the slot would keep WAL upstream forever). Best effort: an
+    unreachable upstream gets a notice naming the slot to drop by hand."""
+    if item.WhichOneof("body") != "source" or not item.source.postgres.slot:
+        return None
+    spec = item.source.postgres
+    connection = state.get(spec.connection_id)
+    if connection is None:
+        return None
+    params = connection_params(state, connection)
+
+    async def run() -> str | None:
+        try:
+            await asyncio.to_thread(drop_slot, params, spec.slot)
+        except UpstreamError as error:
+            log.warning("postgres_slot_not_dropped", slot=spec.slot, error=error.message)
+            return (
+                f'could not drop replication slot "{spec.slot}" upstream ({error.message}); '
+                f"drop it there: SELECT pg_drop_replication_slot('{spec.slot}')"
+            )
+        return None
+
+    return run

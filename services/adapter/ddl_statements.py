@@ -97,7 +97,7 @@ class DdlStatements:
             if isinstance(statement, ast.CreateSecret):
                 return ddl_connections.create_secret(statement, settings, draft)
             if isinstance(statement, ast.CreateConnection):
-                return ddl_connections.create_connection(statement, settings, draft)
+                return await ddl_connections.create_connection(statement, settings, draft)
             if isinstance(statement, ast.CreateView):
                 return await self._create_view(statement, settings, draft, maker)
             if isinstance(statement, ast.CreateIndex):
@@ -363,7 +363,13 @@ class DdlStatements:
             if item.id not in target_ids:
                 notices.append(f"drop cascades to {kind_name(item)} {full_name(item)}")
         collections = [c for c in (contents_collection(i) for i in dropped) if c is not None]
-        return DdlOutcome(tag, notices, dropped_collections=collections)
+        hooks = [ddl_connections.slot_dropper(state, i) for i in dropped]
+        return DdlOutcome(
+            tag,
+            notices,
+            dropped_collections=collections,
+            after_commit=[h for h in hooks if h is not None],
+        )
 
 
 def _new_relation_name(

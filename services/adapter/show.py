@@ -17,6 +17,8 @@ _KINDS: dict[str, tuple[str, ...]] = {
     "materialized views": ("materialized_view",),
     "indexes": ("index",),
     "sources": ("source",),
+    "secrets": ("secret",),
+    "connections": ("connection",),
 }
 
 
@@ -69,12 +71,17 @@ def show_objects(statement: ast.ShowObjects, view: CatalogView, settings: Settin
         return text_outcome(tag, ["name", "cluster"], mv_rows)
     if kind == "sources":
         return text_outcome(tag, ["name", "type"], [(i.name.item, source_type(i)) for i in items])
+    if kind == "connections":
+        kinds = [(i.name.item, i.connection.WhichOneof("kind") or "?") for i in items]
+        return text_outcome(tag, ["name", "type"], kinds)
+    # SHOW SECRETS lists names only: a secret's value is never shown.
     return text_outcome(tag, ["name"], [(i.name.item,) for i in items])
 
 
 _SOURCE_FORMATS = {
     catalog_pb2.SOURCE_FORMAT_CDCV2: "cdcv2",
     catalog_pb2.SOURCE_FORMAT_LOAD_GENERATOR: "load-generator",
+    catalog_pb2.SOURCE_FORMAT_POSTGRES: "postgres",
 }
 
 

@@ -38,6 +38,8 @@ from tidemark.sources.progress import PROGRESS_SCHEMA
 from tidemark.v1 import catalog_pb2
 
 INVALID_PARAMETER = "22023"
+MAX_TPCH_SCALE_FACTOR = 0.05
+"""About 300k line items, some 55 MiB as one Arrow append (64 MiB is a gRPC message's limit)."""
 FEATURE_NOT_SUPPORTED = "0A000"
 
 
@@ -51,6 +53,13 @@ def load_generator_spec(statement: ast.CreateSource) -> LoadGeneratorSpec:
         raise SqlError(INVALID_PARAMETER, "MAX CARDINALITY applies to COUNTER only", position)
     if options.scale_factor is not None and generator != "TPCH":
         raise SqlError(INVALID_PARAMETER, "SCALE FACTOR applies to TPCH only", position)
+    if options.scale_factor is not None and options.scale_factor > MAX_TPCH_SCALE_FACTOR:
+        raise SqlError(
+            INVALID_PARAMETER,
+            f"SCALE FACTOR is at most {MAX_TPCH_SCALE_FACTOR}: a table's initial data is one "
+            "storage append, and lineitem's outgrows one beyond that",
+            position,
+        )
     if generator in SINGLE_OUTPUT and statement.for_all_tables:
         raise SqlError(
             INVALID_PARAMETER,
@@ -91,8 +100,8 @@ async def create_ingested_source(
     """The items of a source whose upstream has ``relations`` (by upstream name):
     ``primary_relation`` is the one the source item itself holds (``None``: it holds none,
     every relation is a subsource). ``configure`` carries the format's spec fields, merged
-    into the primary item. ``item_names`` renames subsources (default: the upstream name);
-    the primary depends on ``depends_on`` (e.g. a connection)."""
+    into the primary item; ``depends_on`` the ids the primary needs (a connection).
+    ``item_names`` renames subsources (default: the upstream name)."""
     state = draft.state
     name = qualify_new(state, settings, statement.name, statement.position)
     skipped = check_new_relation_name(
@@ -156,6 +165,11 @@ async def create_ingested_source(
         await member(item_name, relations[upstream], catalog_pb2.SOURCE_ROLE_SUBSOURCE, upstream)
     await member(progress_name, PROGRESS_SCHEMA, catalog_pb2.SOURCE_ROLE_PROGRESS, "")
     notices = []
+    if statement.in_cluster is not None:
+        notices.append(
+            f"IN CLUSTER {statement.in_cluster} has no effect: every source is ingested by the "
+            "sources process"
+        )
     if members:
         listed = ", ".join(item for item, _ in members)
         notices.append(f"source {full_name(primary)} has subsources {listed}")

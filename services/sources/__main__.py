@@ -25,10 +25,22 @@ class SourcesConfig(ServiceConfig):
         timelines.CATALOG, help="the oracle timeline catalog times live in"
     )
     holder: str = setting("sources", help="the holder name of this process's storage capabilities")
+    storage_timeout: float = setting(
+        300.0,
+        help="seconds one storage call may take: a source's initial data (TPCH at a large "
+        "scale factor) is one append per relation",
+        metavar="SECONDS",
+    )
     advance_interval: float = setting(
-        0.2,
-        help="seconds between moves of a quiet source's uppers to the oracle's write time "
-        "(a read of a source at the current time waits at most about this long)",
+        1.0,
+        help="seconds between moves of a quiet source's uppers to the oracle's write time",
+        metavar="SECONDS",
+    )
+    read_poll_interval: float = setting(
+        0.05,
+        help="seconds between looks at the oracle's read time: once it reaches a quiet "
+        "source's uppers (a read would wait), they move at once (0: only every "
+        "--advance-interval)",
         metavar="SECONDS",
     )
 
@@ -38,11 +50,12 @@ class SourcesConfig(ServiceConfig):
             data_timeline=self.data_timeline,
             catalog_timeline=self.catalog_timeline,
             advance_interval=self.advance_interval,
+            read_poll_interval=self.read_poll_interval,
         )
 
 
 async def main(config: SourcesConfig) -> None:
-    storage = StorageClient(config.storage)
+    storage = StorageClient(config.storage, timeout=config.storage_timeout)
     oracle = OracleClient(config.oracle)
     catalog = CatalogClient(config.catalog)
     runtime = SourcesRuntime(catalog, storage, oracle, config.runtime_settings())

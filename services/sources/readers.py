@@ -22,11 +22,12 @@ def load_generator_reader(plan: SourcePlan) -> SourceReader:
 
 def postgres_reader(plan: SourcePlan) -> SourceReader:
     spec = plan.primary.source.postgres
-    connection = plan.dependency(spec.connection_id)
+    dependencies = {item.id: item for item in plan.dependencies}
+    connection = dependencies.get(spec.connection_id)
     if connection is None:
         raise ValueError(f"source {plan.name()}: its connection {spec.connection_id} is gone")
     postgres = connection.connection.postgres
-    secret = plan.dependency(postgres.password_secret_id)
+    secret = dependencies.get(postgres.password_secret_id)
     params = ConnectionParams(
         postgres.host,
         postgres.port,
@@ -55,4 +56,4 @@ READERS: dict[int, ReaderFactory] = {
     catalog_pb2.SOURCE_FORMAT_LOAD_GENERATOR: load_generator_reader,
     catalog_pb2.SOURCE_FORMAT_POSTGRES: postgres_reader,
 }
-"""A new kind of source registers its format here (and in ``tidemark.sources.plan``)."""
+"""The formats the sources process ingests; a new kind of source registers its reader here."""

@@ -24,7 +24,7 @@ from tidemark.clients.oracle import OracleClient
 from tidemark.clients.storage import StorageClient
 from tidemark.errors import FailedPrecondition
 from tidemark.logging import get_logger
-from tidemark.sources.ingest import CollectionClosed, Ingestion
+from tidemark.sources.ingest import CollectionClosed, Ingestion, SharedReadTs
 from tidemark.sources.plan import SourcePlan, source_plans
 from tidemark.sources.reader import SourceBatch
 from tidemark.tasks import cancel_and_wait
@@ -37,7 +37,8 @@ class RuntimeSettings:
     holder: str = "sources"
     data_timeline: str = timelines.DATA
     catalog_timeline: str = timelines.CATALOG
-    advance_interval: float = 0.2
+    advance_interval: float = 1.0
+    read_poll_interval: float = 0.05
     retry_initial: float = 0.2
     retry_max: float = 5.0
 
@@ -66,6 +67,10 @@ class SourcesRuntime:
         self._contents = CatalogContents()
         self._changed = asyncio.Event()
         self._running: dict[str, _Running] = {}
+        # One look at the oracle's read time per poll, for every source.
+        self._read_ts = SharedReadTs(
+            oracle, self.settings.data_timeline, self.settings.read_poll_interval / 2
+        )
         self._task: asyncio.Task[None] | None = None
         self.follow_error: str | None = "the catalog has not been read yet"
 
@@ -130,11 +135,8 @@ class SourcesRuntime:
             await asyncio.sleep(min(self.settings.retry_max, 0.1 * 2**failures))
 
     def _reconcile(self) -> None:
-        wanted = {
-            id_: plan
-            for id_, plan in source_plans(self._contents.items()).items()
-            if plan.format in self.readers and plan.complete()
-        }
+        plans = source_plans(self._contents.items(), self.readers.keys())
+        wanted = {id_: plan for id_, plan in plans.items() if plan.complete()}
         for id_, running in list(self._running.items()):
             plan = wanted.get(id_)
             if plan is None or plan.key() != running.plan.key():
@@ -164,6 +166,8 @@ class SourcesRuntime:
                 timeline=self.settings.data_timeline,
                 holder=self.settings.holder,
                 advance_interval=self.settings.advance_interval,
+                read_poll_interval=self.settings.read_poll_interval,
+                read_ts=self._read_ts,
                 on_batch=lambda batch, t: self._observe(name, batch, t),
             )
             running = self._running.get(plan.id)

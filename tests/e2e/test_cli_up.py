@@ -291,6 +291,17 @@ async def test_up_serves_sql_and_keeps_its_data_across_restarts(tmp_path: Path) 
         assert listed.returncode == 0, listed.stderr
         assert ["orders", "table"] in table_rows(listed.stdout)
         assert ["spend", "materialized view"] in table_rows(listed.stdout)
+        # The README's load generator: the supervised sources process ingests it.
+        counted = sql(
+            first.endpoint("adapter"),
+            "CREATE SOURCE counter FROM LOAD GENERATOR COUNTER (TICK INTERVAL '100ms');",
+            "SELECT min(counter) FROM counter;",
+        )
+        assert counted.returncode == 0, counted.stderr
+        assert table_rows(counted.stdout) == [["1"]], counted.stdout
+        assert ["counter_progress", "progress"] in table_rows(
+            sql(first.endpoint("adapter"), "\\d").stdout
+        )
     finally:
         assert first.interrupt() == 0
     assert any("stopping" in line for line in first.lines)

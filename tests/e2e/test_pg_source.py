@@ -20,15 +20,19 @@ from decimal import Decimal
 import psycopg2
 import pytest
 
+from tests.support.ports import free_port
 from tests.support.postgres import DATABASE, PASSWORD, SUPERUSER, PostgresCluster
-from tests.support.service_process import ServiceProcess
 from tests.support.sql_stack import SqlStack, sql_stack
 from tidemark.clients.adapter import AdapterClient, StatementError, StatementResult
+
+pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SqlStack]:
-    with sql_stack(tmp_path_factory.mktemp("pgsrc"), adapters=1, engine="local") as running:
+    with sql_stack(
+        tmp_path_factory.mktemp("pgsrc"), adapters=1, engine="local", sources=True
+    ) as running:
         yield running
 
 
@@ -116,6 +120,37 @@ async def test_create_source_errors_create_nothing(
     assert created.tag == "CREATE SOURCE"
     columns = await ok(client, "SHOW COLUMNS FROM full_copy")
     assert [(r[0], r[2]) for r in columns.rows] == [("id", "bigint"), ("v", "text")]
+    shown = await ok(client, "SHOW SOURCES")
+    assert ("e_src", "postgres") in shown.rows and ("full_copy", "subsource") in shown.rows
+    assert ("e_src_progress", "progress") in shown.rows
+    assert ("e_conn", "postgres") in (await ok(client, "SHOW CONNECTIONS")).rows
+    secrets = await ok(client, "SHOW SECRETS")
+    assert secrets.rows == [("e_conn_pw",)]
+    assert PASSWORD not in repr(secrets)
+    # A connection is checked when it is created: an upstream nobody answers at fails.
+    unreachable = await fails(
+        client,
+        f"CREATE CONNECTION e_dead TO POSTGRES (HOST '127.0.0.1', PORT {free_port()}, "
+        f"USER 'x', DATABASE 'y')",
+    )
+    assert unreachable.code == "08001"
+    assert not [r for r in (await ok(client, "SHOW CONNECTIONS")).rows if r[0] == "e_dead"]
+    # TEXT COLUMNS replicates a column of a type Tidemark lacks as its text.
+    postgres.execute("INSERT INTO e_odd VALUES (1, '2024-05-06 07:08:09+00')")
+    await ok(
+        client,
+        "CREATE SOURCE e_txt FROM POSTGRES CONNECTION e_conn (PUBLICATION 'e_pub', "
+        "TEXT COLUMNS (e_odd.at)) FOR TABLES (e_odd)",
+    )
+    postgres.execute("INSERT INTO e_odd VALUES (2, NULL), (3, '2025-01-01 00:00:00.5+00')")
+    expected = Counter(tuple(r) for r in postgres.query("SELECT id, at::text FROM e_odd"))
+    for _ in range(100):
+        got = Counter(tuple(r) for r in (await ok(client, "SELECT id, at FROM e_odd")).rows)
+        if got == expected:
+            break
+        await asyncio.sleep(0.2)
+    assert got == expected
+    await ok(client, "DROP SOURCE e_txt")
     dropped = await fails(client, "DROP SECRET e_conn_pw")
     assert dropped.code == "2BP01"
     await ok(client, "DROP SOURCE e_src CASCADE")
@@ -123,42 +158,6 @@ async def test_create_source_errors_create_nothing(
 
 
 # -- ingestion ----------------------------------------------------------------------------
-
-
-class SourcesProcess:
-    """The sources process of the stack, which can be killed and started again."""
-
-    def __init__(self, stack: SqlStack) -> None:
-        self.stack = stack
-        self.process = self.start()
-
-    def start(self) -> ServiceProcess:
-        return ServiceProcess(
-            "services.sources",
-            [
-                "--listen",
-                "127.0.0.1:0",
-                "--storage",
-                self.stack.storage.address,
-                "--oracle",
-                self.stack.oracle.address,
-                "--catalog",
-                self.stack.catalog.address,
-            ],
-        )
-
-    def kill9(self) -> None:
-        self.process.kill()
-
-    def restart(self) -> None:
-        self.process = self.start()
-
-
-@pytest.fixture(scope="module")
-def sources(stack: SqlStack) -> Iterator[SourcesProcess]:
-    running = SourcesProcess(stack)
-    yield running
-    running.process.kill()
 
 
 COLUMNS = "id, name, amount, flag, at"
@@ -278,7 +277,7 @@ async def create_source(
 
 
 async def test_insert_update_delete_upstream(
-    client: AdapterClient, postgres: PostgresCluster, sources: SourcesProcess
+    client: AdapterClient, postgres: PostgresCluster, stack: SqlStack
 ) -> None:
     make_upstream(postgres, "orders", "iud_pub", 500)
     await create_source(client, postgres, "iud", "iud_pub", "orders AS iud_orders")
@@ -296,30 +295,44 @@ async def test_insert_update_delete_upstream(
     assert final[(1, "row 1", Decimal("1.25"), False, datetime.datetime(2024, 1, 1, 0, 0, 1))] == 2
     progress = await ok(client, 'SELECT "offset" FROM iud_progress')
     assert len(progress.rows) == 1 and int(progress.rows[0][0]) > 0
+    slots = "SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE 'tidemark_%_iud'"
+    assert len(postgres.query(slots)) == 1
+    # Dropping the source drops its subsources, its progress and its slot upstream.
+    await ok(client, "DROP SOURCE iud")
+    assert postgres.query(slots) == []
+    assert (await fails(client, "SELECT * FROM iud_orders")).code == "42P01"
 
 
 async def test_kill_9_of_the_sources_process_mid_stream(
-    client: AdapterClient, postgres: PostgresCluster, sources: SourcesProcess
+    client: AdapterClient, postgres: PostgresCluster, stack: SqlStack
 ) -> None:
     make_upstream(postgres, "k_orders", "k_pub", 200)
     await create_source(client, postgres, "k", "k_pub", "k_orders")
     await wait_equal(client, postgres, "k_orders", "k_orders")
     writer = Writer(postgres, "k_orders", 10_000)
+    restarted = []
     try:
         for _ in range(3):
             await asyncio.sleep(1.5)
-            sources.kill9()
+            assert stack.sources is not None
+            stack.sources.kill()  # SIGKILL
             await asyncio.sleep(0.5)
-            sources.restart()
+            restarted.append(stack.start_sources())
         await asyncio.sleep(1.5)
     finally:
         writer.stop()
     assert writer.commits > 50
     await wait_equal(client, postgres, "k_orders", "k_orders")
+    # Each new process went on from the binding the killed one had recorded.
+    for process in restarted:
+        record = process.wait_for_record(
+            lambda r: r.get("event") == "source_recovered" and r.get("source", "").endswith(".k")
+        )
+        assert record.get("offset", 0) > 0
 
 
 async def test_upstream_restart_mid_stream(
-    client: AdapterClient, postgres: PostgresCluster, sources: SourcesProcess
+    client: AdapterClient, postgres: PostgresCluster, stack: SqlStack
 ) -> None:
     make_upstream(postgres, "r_orders", "r_pub", 200)
     await create_source(client, postgres, "rs", "r_pub", "r_orders")
@@ -333,4 +346,62 @@ async def test_upstream_restart_mid_stream(
         writer.stop()
     assert writer.commits > 50
     await wait_equal(client, postgres, "r_orders", "r_orders")
-    sources.process.wait_for_record(lambda r: r.get("event") == "postgres_disconnected")
+    assert stack.sources is not None
+    stack.sources.wait_for_record(lambda r: r.get("event") == "postgres_disconnected")
+
+
+async def test_upstream_transactions_stay_whole_across_tables(
+    client: AdapterClient, postgres: PostgresCluster, stack: SqlStack
+) -> None:
+    """A transaction moving rows between two upstream tables is never seen half done: every
+    read of both subsources (at one timestamp) counts all the rows."""
+    postgres.execute(
+        "DROP PUBLICATION IF EXISTS m_pub",
+        "DROP TABLE IF EXISTS m_left, m_right",
+        "CREATE TABLE m_left (id bigint, v text)",
+        "CREATE TABLE m_right (id bigint, v text)",
+        "ALTER TABLE m_left REPLICA IDENTITY FULL",
+        "ALTER TABLE m_right REPLICA IDENTITY FULL",
+        "INSERT INTO m_left SELECT g, 'v' || g FROM generate_series(1, 100) g",
+        "CREATE PUBLICATION m_pub FOR TABLE m_left, m_right",
+    )
+    await connect_upstream(client, postgres, "m_conn")
+    await ok(
+        client,
+        "CREATE SOURCE m FROM POSTGRES CONNECTION m_conn (PUBLICATION 'm_pub') FOR ALL TABLES",
+    )
+    total = "SELECT (SELECT count(*) FROM m_left) + (SELECT count(*) FROM m_right)"
+    first = await ok(client, total)
+    assert first.rows == [(100,)]
+
+    def move() -> None:
+        with contextlib.closing(postgres.connect()) as conn, conn.cursor() as cur:
+            for moved in range(1, 61):
+                # Rows go right; every fifth move sends one back.
+                source, target = ("m_right", "m_left") if moved % 5 == 0 else ("m_left", "m_right")
+                cur.execute(
+                    f"WITH gone AS (DELETE FROM {source} WHERE id = (SELECT min(id) FROM "
+                    f"{source}) RETURNING *) INSERT INTO {target} SELECT * FROM gone"
+                )
+                conn.commit()
+                time.sleep(0.02)
+
+    mover = asyncio.get_running_loop().run_in_executor(None, move)
+    reads = 0
+    while not mover.done():
+        assert (await ok(client, total)).rows == [(100,)]
+        reads += 1
+    await mover
+    assert reads > 3
+    await wait_columns_equal(client, postgres, "m_left")
+    await wait_columns_equal(client, postgres, "m_right")
+
+
+async def wait_columns_equal(client: AdapterClient, pg: PostgresCluster, table: str) -> None:
+    expected = Counter(tuple(r) for r in pg.query(f"SELECT id, v FROM {table}"))
+    for _ in range(300):
+        got = Counter(tuple(r) for r in (await ok(client, f"SELECT id, v FROM {table}")).rows)
+        if got == expected:
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{table} differs from upstream")

@@ -21,7 +21,7 @@ from tests.support.service_process import ServiceProcess
 from tests.support.storage import FAST_SETTINGS, embedded_backends, start_storage
 from tidemark.clients.adapter import AdapterClient
 
-NAMES = ("oracle", "storage", "catalog", "compute", "adapter")
+NAMES = ("oracle", "storage", "catalog", "sources", "compute", "adapter")
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -86,6 +86,13 @@ def start(directory: Path) -> Deployment:
             ],
         )
         catalog = processes["catalog"].address
+        processes["sources"] = ServiceProcess(
+            "services.sources",
+            [
+                *("--listen", "127.0.0.1:0", "--storage", storage, "--oracle", oracle),
+                *("--catalog", catalog, *metrics("sources")),
+            ],
+        )
         processes["compute"] = ServiceProcess(
             "services.compute",
             [
@@ -253,6 +260,28 @@ async def test_metrics_move_with_appends_and_peeks(deployment: Deployment) -> No
         assert (gauge, received[1]) in samples, gauge
     assert value(samples, "tidemark_compute_dataflow_failed", dataflow=dataflow) == 0
     assert value(samples, "tidemark_compute_step_seconds_count", kind="step") >= 1
+
+
+async def test_sources_metrics_count_a_load_generators_batches(deployment: Deployment) -> None:
+    for name in NAMES:
+        await eventually_serving(deployment.address(name))
+    async with AdapterClient(deployment.address("adapter")) as client:
+        result = await client.execute(
+            "CREATE SOURCE metered FROM LOAD GENERATOR COUNTER (TICK INTERVAL '50ms')"
+        )
+        assert result.error is None, result.error
+    source = "tidemark.public.metered"
+    deadline = time.monotonic() + 30
+    while True:
+        samples = deployment.scrape("sources")
+        batches = value(samples, "tidemark_sources_batches_total", source=source)
+        if batches >= 3:
+            break
+        assert time.monotonic() < deadline, "the counter's batches are not counted"
+        await asyncio.sleep(0.2)
+    assert value(samples, "tidemark_sources_rows_total", source=source) >= batches
+    assert value(samples, "tidemark_sources_running") >= 1
+    assert value(samples, "tidemark_sources_bound_at_ms", source=source) > 1.7e12
 
 
 async def test_compute_is_live_but_not_ready_while_it_cannot_reach_its_catalog(

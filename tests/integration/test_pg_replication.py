@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import threading
+import time
 from collections import Counter
 
 import pytest
@@ -14,6 +15,8 @@ from tests.support.postgres import DATABASE, PASSWORD, SUPERUSER, PostgresCluste
 from tidemark.columnar import ColumnType, Row
 from tidemark.sources.postgres.replication import Batch, Replication, parse_lsn
 from tidemark.sources.postgres.upstream import ConnectionParams, UpstreamError, publication_tables
+
+pytestmark = pytest.mark.postgres
 
 
 def params(pg: PostgresCluster) -> ConnectionParams:
@@ -53,6 +56,17 @@ def test_publication_checks(upstream: PostgresCluster) -> None:
     with pytest.raises(UpstreamError) as absent:
         publication_tables(p, "rp", ["r_nothing"])
     assert absent.value.sqlstate == "42704"
+    (odd_as_text,) = publication_tables(p, "rp", ["r_odd"], text_columns=["r_odd.p"])
+    assert [(c.column.name, c.column.type) for c in odd_as_text.columns] == [
+        ("id", ColumnType.INT64),
+        ("p", ColumnType.TEXT),
+    ]
+    with pytest.raises(UpstreamError) as unknown:
+        publication_tables(p, "rp", ["r_odd"], text_columns=["r_odd.nope", "r_odd.p"])
+    assert unknown.value.sqlstate == "42703"
+    with pytest.raises(UpstreamError) as no_schema:
+        publication_tables(p, "rp", None, schemas=["elsewhere"])
+    assert "publishes no tables in schemas elsewhere" in no_schema.value.message
     (items,) = publication_tables(p, "rp", ["public.r_items"])
     assert [(c.column.name, c.column.type) for c in items.columns] == [
         ("id", ColumnType.INT64),
@@ -119,12 +133,19 @@ def test_snapshot_stream_and_replay(upstream: PostgresCluster) -> None:
     # Feedback moves the slot's confirmed flush LSN.
     confirmed_at = seen[-1].offset
     upstream.execute("INSERT INTO r_items (id) VALUES (4)")
-    for _ in replication.stream(confirmed_at, lambda: confirmed_at, lambda: False):
-        break
-    rows = upstream.query(
+    slot_lsn = (
         "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name='test_slot'"
     )
-    assert parse_lsn(rows[0][0]) == confirmed_at
+    flushed = 0
+    for _ in replication.stream(confirmed_at, lambda: confirmed_at, lambda: False):
+        # The stream is still open: the server reads our feedback while it serves us.
+        for _ in range(50):
+            flushed = parse_lsn(upstream.query(slot_lsn)[0][0])
+            if flushed == confirmed_at:
+                break
+            time.sleep(0.1)
+        break
+    assert flushed == confirmed_at
     replication.drop_slot()
 
 
@@ -139,3 +160,22 @@ def changes_equal(a: dict[str, list[tuple[Row, int]]], b: dict[str, list[tuple[R
         return out
 
     return summed(a) == summed(b)
+
+
+def test_quiet_tables_still_move_the_offset(upstream: PostgresCluster) -> None:
+    """Writes elsewhere in the database move the offset with empty batches (so confirming
+    them frees WAL), and such a batch replays as empty."""
+    p = params(upstream)
+    upstream.execute("DROP TABLE IF EXISTS r_elsewhere", "CREATE TABLE r_elsewhere (x int)")
+    replication = Replication(p, "rp", "quiet_slot", publication_tables(p, "rp", ["r_items"]))
+    snapshot = replication.snapshot()
+    upstream.execute("INSERT INTO r_elsewhere SELECT generate_series(1, 1000)")
+    empty = next(replication.stream(snapshot.offset, lambda: snapshot.offset, lambda: False))
+    assert empty.changes == {} and empty.commit_times_us == []
+    assert empty.offset > snapshot.offset
+    again = replication.replay(snapshot.offset, empty.offset)
+    assert (again.offset, again.changes) == (empty.offset, {})
+    upstream.execute("INSERT INTO r_items (id) VALUES (77)")
+    after = next(replication.stream(empty.offset, lambda: empty.offset, lambda: False))
+    assert after.changes == {"public.r_items": [((77,) + (None,) * 9, 1)]}
+    replication.drop_slot()

@@ -5,7 +5,8 @@ subsource, and its progress collection). The *binding protocol* makes the set of
 exactly once all the same:
 
 - **Binding first.** For each batch ``(previous, offset]`` the loop takes a write timestamp
-  ``t`` from the oracle and appends, at ``t``, the progress collection's change (retract the
+  ``t`` from the oracle (the very first batch: the time the collections start at, see
+  :meth:`Ingestion._record`) and appends, at ``t``, the progress collection's change (retract the
   old binding row, insert ``(offset, previous, t)``) with ``expected_upper``. That commit
   *defines* what time ``t`` holds: the batch, in every subsource.
 - **Then the data.** Each subsource gets the batch's changes for it at ``t`` (an empty
@@ -18,11 +19,14 @@ exactly once all the same:
   re-derives (``replay``) and which is appended at ``t`` with ``expected_upper`` — a second
   process doing the same loses the compare, so nothing is doubled. Ingestion then resumes
   after ``offset``.
-- **Time moves on without data.** Every ``advance_interval`` without a batch, all uppers
-  (progress first) move to a fresh oracle write timestamp plus one, so a read of a quiet
-  source at the oracle's read timestamp waits at most about that long, not for the next
-  batch. Not before the first batch is recorded: a new source's first batch is its initial
-  data (a snapshot), and reads wait for it rather than see the source empty.
+- **Time moves on without data.** Without a batch, all uppers (progress first) move to a
+  fresh oracle write timestamp plus one as soon as the oracle's read timestamp reaches them
+  (polled every ``read_poll_interval``: a write elsewhere was applied, and a read of the
+  source at the new read timestamp would wait), and every ``advance_interval`` regardless.
+  A read of a quiet source so waits about one poll, never for the next batch. Not before
+  the first batch is recorded: a new source's first batch is its initial data (a snapshot),
+  bound to the time its collections start at, and reads wait for it rather than see the
+  source empty.
 
 Any lost compare (another process wrote), lost lease or reader error ends :meth:`run` with an
 exception; the caller starts over with a new reader, and recovery puts everything right.
@@ -32,24 +36,36 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from tidemark.clients.oracle import OracleClient
-from tidemark.clients.storage import Capability, StorageClient
+from tidemark.clients.storage import Capability, CollectionInfo, StorageClient
 from tidemark.columnar import Row, frontier_bound
-from tidemark.errors import FailedPrecondition, NotFound, TidemarkError
+from tidemark.errors import FailedPrecondition, InvalidArgument, NotFound, TidemarkError
 from tidemark.logging import get_logger
+from tidemark.rpc.server import MAX_MESSAGE_BYTES
 from tidemark.sources.progress import Binding
 from tidemark.sources.reader import Changes, SourceBatch, SourceReader
 
 log = get_logger("tidemark.sources.ingest")
 
-DEFAULT_ADVANCE_INTERVAL = 0.2
+DEFAULT_ADVANCE_INTERVAL = 1.0
+DEFAULT_READ_POLL_INTERVAL = 0.05
+
+
+MAX_APPEND_BYTES = MAX_MESSAGE_BYTES - 2**20
+"""The largest Arrow IPC payload one append takes (the gRPC message limit, less room for the
+request's other fields)."""
 
 
 class CollectionClosed(FailedPrecondition):
     """A collection of the source is closed for writes (dropped)."""
+
+
+class BatchTooLarge(InvalidArgument):
+    """A batch's data for one collection does not fit in one storage append, and a batch is
+    one append per collection (its data appears at one time)."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +110,8 @@ class Ingestion:
         timeline: str,
         holder: str,
         advance_interval: float = DEFAULT_ADVANCE_INTERVAL,
+        read_poll_interval: float = DEFAULT_READ_POLL_INTERVAL,
+        read_ts: Callable[[], Awaitable[int]] | None = None,
         lease_renew_every: float = 10.0,
         on_batch: BatchObserver | None = None,
     ) -> None:
@@ -105,6 +123,9 @@ class Ingestion:
         self.timeline = timeline
         self.holder = holder
         self.advance_interval = advance_interval
+        self.read_poll_interval = read_poll_interval
+        self._read_ts = read_ts or (lambda: oracle.read_ts(timeline))
+        self._advanced_at = time.monotonic()
         self.lease_renew_every = lease_renew_every
         self.on_batch = on_batch
         self.stats = IngestStats()
@@ -162,14 +183,17 @@ class Ingestion:
     # -- recovery -------------------------------------------------------------------------
 
     async def _recover(self, progress_read: Capability) -> None:
+        progress_info = None
         for collection_id in self.targets.collections():
             info = await self.storage.describe(collection_id)
             upper = frontier_bound(info.upper)
             if upper is None:
                 raise CollectionClosed(f"collection {collection_id} is closed for writes")
             self._upper[collection_id] = upper
-        progress_upper = self._upper[self.targets.progress]
-        self._binding = await self._read_binding(progress_read, progress_upper)
+            if collection_id == self.targets.progress:
+                progress_info = info
+        assert progress_info is not None
+        self._binding = await self._read_binding(progress_read, progress_info)
         binding = self._binding
         if binding is None:
             log.info("source_recovered", source=self.name, binding=None)
@@ -203,9 +227,19 @@ class Ingestion:
         )
         await self.reader.confirm(binding.offset)
 
-    async def _read_binding(self, capability: Capability, upper: int) -> Binding | None:
-        if upper == 0:
-            return None
+    async def _read_binding(self, capability: Capability, info: CollectionInfo) -> Binding | None:
+        upper = frontier_bound(info.upper)
+        since = frontier_bound(info.since)
+        assert upper is not None
+        if since is None or since >= upper:
+            # Nothing readable: a new collection (its since is its upper), or one whose
+            # history ran away, which would lose the binding.
+            if info.rows == 0:
+                return None
+            raise FailedPrecondition(
+                f"source {self.name}: progress collection {info.collection_id} cannot be "
+                f"read at {upper - 1} (since {since}), its binding is lost"
+            )
         snapshot = await self.storage.snapshot(capability, upper - 1)
         rows = [row for row, count in snapshot.version().items() for _ in range(count)]
         if not rows:
@@ -221,34 +255,61 @@ class Ingestion:
     async def _ingest(self) -> None:
         batches = aiter(self.reader.batches())
         pending: asyncio.Task[SourceBatch] | None = None
+        ended = False
         try:
             while True:
-                if pending is None:
+                if pending is None and not ended:
                     pending = asyncio.ensure_future(anext(batches))
-                done, _ = await asyncio.wait({pending}, timeout=self.advance_interval)
+                if pending is not None:
+                    done, _ = await asyncio.wait({pending}, timeout=self._wait_seconds())
+                else:
+                    done = set()
+                    await asyncio.sleep(self._wait_seconds())
                 if not done:
                     # Not before the first batch (a snapshot, maybe): a read of a new source
                     # waits for its initial data rather than seeing it empty.
-                    if self._binding is not None:
+                    if self._binding is not None and await self._advance_due():
                         await self._advance()
                     continue
+                assert pending is not None
                 try:
                     batch = pending.result()
                 except StopAsyncIteration:
-                    pending = None
                     log.info("source_upstream_ended", source=self.name)
-                    while True:  # keep time moving for readers
-                        await asyncio.sleep(self.advance_interval)
-                        await self._advance()
-                pending = None
+                    ended = True  # keep time moving for readers
+                    continue
+                finally:
+                    pending = None
                 await self._record(batch)
         finally:
             if pending is not None and not pending.done():
                 pending.cancel()
 
+    def _wait_seconds(self) -> float:
+        if self.read_poll_interval > 0:
+            return min(self.read_poll_interval, self.advance_interval)
+        return self.advance_interval
+
+    async def _advance_due(self) -> bool:
+        """Whether to move the uppers now: ``advance_interval`` has passed since they last
+        moved, or a read is waiting (the oracle's read timestamp has reached the uppers: a
+        write elsewhere, e.g. to a table, was applied since)."""
+        if time.monotonic() - self._advanced_at >= self.advance_interval:
+            return True
+        if self.read_poll_interval <= 0:
+            return False
+        return await self._read_ts() >= min(self._upper.values())
+
     async def _record(self, batch: SourceBatch) -> None:
-        t = await self.oracle.write_ts(self.timeline)
         previous = self._binding
+        first = previous is None
+        if first:
+            # The first batch (a snapshot, maybe) lands at the time the collections start
+            # at: no read can have seen them there yet (their uppers have not passed it), so
+            # no read ever sees the source without its initial data.
+            t = max(self._upper.values())
+        else:
+            t = await self.oracle.write_ts(self.timeline)
         binding = Binding(
             batch.offset,
             previous.offset if previous is not None else None,
@@ -274,9 +335,12 @@ class Ingestion:
         self.stats.last_offset = batch.offset
         if self.on_batch is not None:
             self.on_batch(batch, t)
+        if first:
+            await self._advance()  # reads that waited for the snapshot need no more
 
     async def _advance(self) -> None:
         """Every upper to a fresh write timestamp plus one, progress first."""
+        self._advanced_at = time.monotonic()
         t = await self.oracle.write_ts(self.timeline)
         await self._append(self.targets.progress, [], t)
         others = [c for c in self.targets.collections() if c != self.targets.progress]
@@ -294,8 +358,15 @@ class Ingestion:
                 f"collection {collection_id}'s upper {expected} is already past time {t}"
             )
         started = time.monotonic()
-        result = await self.storage.append(
-            self._write[collection_id], updates, t + 1, expected_upper=expected
+        data = await self.storage.encode_updates(collection_id, updates)
+        if len(data) > MAX_APPEND_BYTES:
+            raise BatchTooLarge(
+                f"source {self.name}: a batch for collection {collection_id} is "
+                f"{len(data) / 2**20:.0f} MiB ({len(updates)} updates), more than one storage "
+                f"append carries ({MAX_APPEND_BYTES / 2**20:.0f} MiB)"
+            )
+        result = await self.storage.append_ipc(
+            self._write[collection_id], data, t + 1, expected_upper=expected
         )
         upper = frontier_bound(result.upper)
         self._upper[collection_id] = t + 1 if upper is None else upper
@@ -328,3 +399,26 @@ def _summed(changes: Changes) -> dict[str, dict[Row, int]]:
         if kept:
             out[name] = kept
     return out
+
+
+class SharedReadTs:
+    """The oracle's read timestamp for many ingestions polling it: one oracle call per
+    ``max_age`` seconds, however many ask (a value at most that old only delays an advance
+    by as much)."""
+
+    def __init__(self, oracle: OracleClient, timeline: str, max_age: float) -> None:
+        self.oracle = oracle
+        self.timeline = timeline
+        self.max_age = max_age
+        self._value = 0
+        self._at = -float("inf")
+        self._lock = asyncio.Lock()
+
+    async def __call__(self) -> int:
+        if time.monotonic() - self._at < self.max_age:
+            return self._value
+        async with self._lock:
+            if time.monotonic() - self._at >= self.max_age:
+                self._value = await self.oracle.read_ts(self.timeline)
+                self._at = time.monotonic()
+            return self._value

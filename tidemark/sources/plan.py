@@ -10,7 +10,7 @@ without receives no data, only upper moves.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from tidemark.catalog_items import collection_of
@@ -20,7 +20,8 @@ from tidemark.v1 import catalog_pb2
 INGESTED_FORMATS = frozenset(
     {catalog_pb2.SOURCE_FORMAT_LOAD_GENERATOR, catalog_pb2.SOURCE_FORMAT_POSTGRES}
 )
-"""Source formats the sources process runs an ingestion for (CDCv2 is fed from outside)."""
+"""Source formats the sources process runs an ingestion for by default (CDCv2 is fed from
+outside); the sources process passes the formats it has readers for."""
 
 
 @dataclass(frozen=True)
@@ -28,11 +29,9 @@ class SourcePlan:
     primary: catalog_pb2.CatalogItem
     members: tuple[catalog_pb2.CatalogItem, ...]
     """The subsources and the progress item, by id."""
-    context: tuple[catalog_pb2.CatalogItem, ...] = ()
-    """What the primary depends on, transitively (a connection and its secret), by id."""
-
-    def dependency(self, global_id: str) -> catalog_pb2.CatalogItem | None:
-        return next((item for item in self.context if item.id == global_id), None)
+    dependencies: tuple[catalog_pb2.CatalogItem, ...] = ()
+    """The items the primary depends on (a connection, its secrets), by id: what a reader
+    may need to reach the upstream."""
 
     @property
     def id(self) -> str:
@@ -71,7 +70,7 @@ class SourcePlan:
 
     def key(self) -> bytes:
         """Equal for plans that ingest the same way (a changed plan restarts its task)."""
-        parts = [self.primary, *sorted(self.members, key=lambda i: i.id), *self.context]
+        parts = [self.primary, *self.members, *self.dependencies]
         return b"|".join(p.SerializeToString(deterministic=True) for p in parts)
 
     def name(self) -> str:
@@ -79,17 +78,20 @@ class SourcePlan:
         return ".".join(p for p in (n.database, n.schema, n.item) if p)
 
 
-def source_plans(items: Iterable[catalog_pb2.CatalogItem]) -> dict[str, SourcePlan]:
-    """The sources among ``items`` that need an ingestion, by primary id."""
+def source_plans(
+    items: Iterable[catalog_pb2.CatalogItem], formats: Collection[int] = INGESTED_FORMATS
+) -> dict[str, SourcePlan]:
+    """The sources among ``items`` whose format is one of ``formats``, by primary id."""
     primaries: dict[str, catalog_pb2.CatalogItem] = {}
     members: dict[str, list[catalog_pb2.CatalogItem]] = {}
-    items = list(items)
-    by_id = {item.id: item for item in items}
+    by_id: dict[str, catalog_pb2.CatalogItem] = {}
     for item in items:
+        if item.id:
+            by_id[item.id] = item
         if item.WhichOneof("body") != "source":
             continue
         if item.source.role == catalog_pb2.SOURCE_ROLE_PRIMARY:
-            if item.source.format in INGESTED_FORMATS:
+            if item.source.format in formats:
                 primaries[item.id] = item
         elif item.source.primary_id:
             members.setdefault(item.source.primary_id, []).append(item)
@@ -104,15 +106,17 @@ def source_plans(items: Iterable[catalog_pb2.CatalogItem]) -> dict[str, SourcePl
 
 
 def _dependencies(
-    item: catalog_pb2.CatalogItem, by_id: dict[str, catalog_pb2.CatalogItem]
+    primary: catalog_pb2.CatalogItem, by_id: dict[str, catalog_pb2.CatalogItem]
 ) -> tuple[catalog_pb2.CatalogItem, ...]:
+    """What ``primary`` depends on, and what those depend on in turn (a connection's
+    secrets), in id order."""
     found: dict[str, catalog_pb2.CatalogItem] = {}
-    pending = list(item.depends_on)
+    pending = list(primary.depends_on)
     while pending:
-        global_id = pending.pop()
-        other = by_id.get(global_id)
-        if other is None or global_id in found:
+        id_ = pending.pop()
+        item = by_id.get(id_)
+        if item is None or id_ in found:
             continue
-        found[global_id] = other
-        pending.extend(other.depends_on)
-    return tuple(found[k] for k in sorted(found))
+        found[id_] = item
+        pending.extend(item.depends_on)
+    return tuple(found[id_] for id_ in sorted(found))

@@ -4,7 +4,8 @@
     CREATE CONNECTION [IF NOT EXISTS] name TO POSTGRES (HOST 'h', PORT 5432, USER 'u',
         PASSWORD SECRET s, DATABASE 'd')
     CREATE SOURCE [IF NOT EXISTS] name [IN CLUSTER c] FROM POSTGRES CONNECTION conn
-        (PUBLICATION 'p') FOR ALL TABLES | FOR TABLES (t1, schema.t2 AS alias)
+        (PUBLICATION 'p' [, TEXT COLUMNS (t.c, schema.t.c)])
+        FOR ALL TABLES | FOR TABLES (t1, schema.t2 AS alias) | FOR SCHEMAS (s1, s2)
         [EXPOSE PROGRESS AS progress_name]
 
 A secret's value never reaches a statement's ``text``: it is masked there, so neither logs nor
@@ -109,10 +110,27 @@ def postgres_source(
     cursor.expect("CONNECTION")
     connection = cursor.qualified_name("a connection name")
     publication: str | None = None
+    text_columns: list[QualifiedName] = []
     for part in split_top_level(cursor.parenthesized()):
         option_cursor = Cursor(cursor.sql, part)
         at = option_cursor.position()
         option = option_cursor.identifier("a source option").upper()
+        if option == "TEXT" and option_cursor.accept("COLUMNS"):
+            option_cursor.accept_type(TokenType.EQ)
+            for column in split_top_level(option_cursor.parenthesized()):
+                column_cursor = Cursor(cursor.sql, column)
+                reference = column_cursor.qualified_name("a column as table.column")
+                column_cursor.expect_end()
+                if len(reference) < 2:
+                    raise SqlError(
+                        SYNTAX_ERROR,
+                        f"TEXT COLUMNS names each column with its table: {reference[0]} "
+                        f"needs table.{reference[0]}",
+                        at,
+                    )
+                text_columns.append(reference)
+            option_cursor.expect_end()
+            continue
         option_cursor.accept_type(TokenType.EQ)
         if option != "PUBLICATION":
             raise not_supported(f"POSTGRES source option {option}", at)
@@ -121,8 +139,15 @@ def postgres_source(
     if publication is None:
         raise SqlError(SYNTAX_ERROR, "a POSTGRES source needs (PUBLICATION '...')", where)
     tables: tuple[st.PostgresTableRef, ...] | None
+    schemas: tuple[str, ...] | None = None
     if cursor.accept("FOR", "ALL", "TABLES"):
         tables = None
+    elif cursor.accept("FOR", "SCHEMAS"):
+        tables = None
+        schemas = tuple(
+            Cursor(cursor.sql, part).identifier("a schema name")
+            for part in split_top_level(cursor.parenthesized())
+        )
     elif cursor.accept("FOR", "TABLES"):
         refs = []
         for part in split_top_level(cursor.parenthesized()):
@@ -142,7 +167,8 @@ def postgres_source(
         token = cursor.peek()
         near = f'"{token.text}"' if token is not None else "end of input"
         raise cursor.error(
-            f"syntax error at or near {near}: expected FOR ALL TABLES or FOR TABLES (...)"
+            f"syntax error at or near {near}: expected FOR ALL TABLES, FOR TABLES (...) or "
+            "FOR SCHEMAS (...)"
         )
     progress = None
     if cursor.accept("EXPOSE", "PROGRESS", "AS"):
@@ -158,4 +184,6 @@ def postgres_source(
         in_cluster=in_cluster,
         if_not_exists=if_not_exists,
         progress_name=progress,
+        schemas=schemas,
+        text_columns=tuple(text_columns),
     )

@@ -50,6 +50,8 @@ _SHOW_KINDS: dict[str, st.ShowKind] = {
     "INDICES": "indexes",
     "CLUSTERS": "clusters",
     "SOURCES": "sources",
+    "SECRETS": "secrets",
+    "CONNECTIONS": "connections",
     "DATABASES": "databases",
     "SCHEMAS": "schemas",
 }

@@ -37,6 +37,8 @@ ShowKind = Literal[
     "indexes",
     "clusters",
     "sources",
+    "secrets",
+    "connections",
     "databases",
     "schemas",
 ]
@@ -134,8 +136,8 @@ class PostgresTableRef:
 
 @dataclass(frozen=True)
 class CreatePostgresSource(Statement):
-    """``CREATE SOURCE s FROM POSTGRES CONNECTION c (PUBLICATION 'p') FOR ALL TABLES | FOR
-    TABLES (t1, s.t2 AS alias)``."""
+    """``CREATE SOURCE s FROM POSTGRES CONNECTION c (PUBLICATION 'p' [, TEXT COLUMNS (...)])
+    FOR ALL TABLES | FOR TABLES (t1, s.t2 AS alias) | FOR SCHEMAS (s1, ...)``."""
 
     name: QualifiedName
     connection: QualifiedName
@@ -146,6 +148,10 @@ class CreatePostgresSource(Statement):
     if_not_exists: bool = False
     # EXPOSE PROGRESS AS name; None: <source>_progress.
     progress_name: str | None = None
+    # FOR SCHEMAS (...): the publication's tables in these schemas.
+    schemas: tuple[str, ...] | None = None
+    # TEXT COLUMNS (t.c, ...): columns replicated as their text form, whatever their type.
+    text_columns: tuple[QualifiedName, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """``PostgresReader``: a PostgreSQL publication as a :class:`SourceReader`.
 
-Offsets are LSNs (8 bytes, big-endian). The first batch is the initial snapshot at the
-replication slot's consistent point; every later batch holds whole upstream transactions and
-ends at the last one's commit end LSN. ``confirm`` becomes the slot's flush LSN, so
-PostgreSQL keeps exactly the WAL that ``replay`` may still need.
+Offsets are ``(lsn, part)`` (:mod:`tidemark.sources.postgres.offsets`). The first batches are
+the initial snapshot at the replication slot's consistent point, in parts; every later batch
+holds whole upstream transactions and ends at the last one's commit end LSN. ``confirm``
+becomes the slot's flush LSN, so PostgreSQL keeps exactly the WAL that ``replay`` may still
+need.
 
 The replication protocol runs on a thread of its own (psycopg2 blocks). When the upstream
 goes away (a restart, a dropped connection) the thread reconnects with backoff and resumes
@@ -20,9 +21,11 @@ from collections.abc import AsyncIterator, Mapping
 
 from tidemark.columnar import RelationSchema
 from tidemark.logging import get_logger
+from tidemark.sources.postgres import offsets
+from tidemark.sources.postgres.offsets import FINAL_PART, STREAM_PART, decode_offset, encode_offset
 from tidemark.sources.postgres.replication import Batch, Replication, format_lsn, is_disconnect
 from tidemark.sources.postgres.upstream import ConnectionParams, UpstreamTable
-from tidemark.sources.reader import Changes, SourceBatch, SourceReader, decode_u64, encode_u64
+from tidemark.sources.reader import Changes, SourceBatch, SourceReader
 
 log = get_logger("tidemark.sources.postgres")
 
@@ -44,14 +47,17 @@ class PostgresReader(SourceReader):
         self.tables = tables
         self._confirmed = 0
         self._stop = threading.Event()
-        self._queue: queue.Queue[Batch | BaseException] = queue.Queue(QUEUE_DEPTH)
+        self._queue: queue.Queue[SourceBatch | BaseException] = queue.Queue(QUEUE_DEPTH)
         self._thread: threading.Thread | None = None
 
     def schemas(self) -> Mapping[str, RelationSchema]:
         return {t.key: t.schema for t in self.tables}
 
+    def position(self, offset: bytes) -> int:
+        return decode_offset(offset)[0]
+
     async def start(self, resume_offset: bytes | None) -> None:
-        resume = None if resume_offset is None else decode_u64(resume_offset)
+        resume = None if resume_offset is None else decode_offset(resume_offset)
         self._thread = threading.Thread(
             target=self._run, args=(resume,), name="postgres-replication", daemon=True
         )
@@ -64,19 +70,21 @@ class PostgresReader(SourceReader):
                 continue
             if isinstance(item, BaseException):
                 raise item
-            assert isinstance(item, Batch)
-            yield SourceBatch(encode_u64(item.offset), item.changes)
+            yield item
 
     async def replay(self, from_offset: bytes | None, to_offset: bytes) -> Changes:
-        end = decode_u64(to_offset)
-        if from_offset is None:
-            batch = await asyncio.to_thread(self.replication.replay_snapshot, end)
-        else:
-            batch = await asyncio.to_thread(self.replication.replay, decode_u64(from_offset), end)
+        lsn, part = decode_offset(to_offset)
+        if part != STREAM_PART:
+            snapshot = await asyncio.to_thread(self.replication.replay_snapshot, lsn)
+            parts = self._parts(snapshot)
+            return parts[offsets.part_index(part, len(parts))]
+        assert from_offset is not None, "the first batch is the snapshot"
+        start = decode_offset(from_offset)[0]
+        batch = await asyncio.to_thread(self.replication.replay, start, lsn)
         return batch.changes
 
     async def confirm(self, offset: bytes) -> None:
-        self._confirmed = max(self._confirmed, decode_u64(offset))
+        self._confirmed = max(self._confirmed, decode_offset(offset)[0])
 
     async def close(self) -> None:
         self._stop.set()
@@ -85,13 +93,13 @@ class PostgresReader(SourceReader):
 
     # -- the replication thread -------------------------------------------------------------
 
-    def _take(self) -> Batch | BaseException | None:
+    def _take(self) -> SourceBatch | BaseException | None:
         try:
             return self._queue.get(timeout=0.5)
         except queue.Empty:
             return None
 
-    def _hand_over(self, item: Batch | BaseException) -> bool:
+    def _hand_over(self, item: SourceBatch | BaseException) -> bool:
         """Puts ``item`` on the queue, waiting for room; False once the reader is closed."""
         while not self._stop.is_set():
             try:
@@ -101,20 +109,38 @@ class PostgresReader(SourceReader):
                 continue
         return False
 
-    def _run(self, resume: int | None) -> None:
+    def _parts(self, snapshot: Batch) -> list[offsets.Part]:
+        return offsets.snapshot_parts(snapshot, [t.key for t in self.tables])
+
+    def _run(self, resume: tuple[int, int] | None) -> None:
         try:
+            snapshot: Batch | None
             if resume is None:
                 snapshot = self.replication.snapshot()
+                start, done = snapshot.offset, 0
+            else:
+                start, done = resume
+                # Mid-snapshot: make the snapshot's remaining parts (from a rebuilt one).
+                snapshot = (
+                    self.replication.replay_snapshot(start)
+                    if done not in (STREAM_PART, FINAL_PART)
+                    else None
+                )
+            if snapshot is not None:
+                parts = self._parts(snapshot)
                 log.info(
                     "postgres_snapshot",
                     slot=self.replication.slot,
                     lsn=format_lsn(snapshot.offset),
                     rows=snapshot.size,
+                    parts=len(parts),
+                    resumed_after_part=done,
                 )
-                if not self._hand_over(snapshot):
-                    return
-                resume = snapshot.offset
-            self._follow(resume)
+                marks = offsets.part_offsets(snapshot.offset, len(parts))
+                for mark, part in list(zip(marks, parts, strict=True))[done:]:
+                    if not self._hand_over(SourceBatch(mark, part)):
+                        return
+            self._follow(start)
         except BaseException as error:  # handed to the ingestion, which starts over
             self._hand_over(error)
 
@@ -126,7 +152,7 @@ class PostgresReader(SourceReader):
                     start, lambda: self._confirmed, self._stop.is_set
                 ):
                     failures = 0
-                    if not self._hand_over(batch):
+                    if not self._hand_over(SourceBatch(encode_offset(batch.offset), batch.changes)):
                         return
                     start = batch.offset
                 return

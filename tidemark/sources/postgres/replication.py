@@ -38,6 +38,8 @@ from tidemark.sources.postgres.upstream import (
 BATCH_WINDOW_S = 0.05
 BATCH_MAX_CHANGES = 50_000
 FEEDBACK_INTERVAL_S = 5.0
+EMPTY_BATCH_INTERVAL_S = 5.0
+SILENCE_LIMIT_S = 6 * FEEDBACK_INTERVAL_S
 
 
 def parse_lsn(text: str) -> int:
@@ -230,9 +232,10 @@ class Replication:
         confirmed: Callable[[], int],
         stopped: Callable[[], bool],
         messages: bool = False,
-    ) -> Iterator[_Transaction | None]:
+    ) -> Iterator[_Transaction | _Idle]:
         """Each whole upstream transaction committed after ``start``, in commit order;
-        None whenever nothing has arrived for a while (so callers can flush or stop)."""
+        ``_Idle`` whenever nothing has arrived for a while between transactions (so callers
+        can flush or stop), with the LSN the server has decoded up to."""
         decoder = _Decoder(self.tables)
         options = {"proto_version": "1", "publication_names": self.publication}
         if messages:
@@ -253,8 +256,17 @@ class Replication:
                     last_feedback, sent = now, flush
                 message = cur.read_message()
                 if message is None:
+                    # We ask for a keepalive with every feedback: a silent server is gone
+                    # (a network partition does not close the socket).
+                    silent = time.time() - cur.io_timestamp.timestamp()
+                    if silent > SILENCE_LIMIT_S:
+                        raise psycopg2.OperationalError(
+                            f"no message from PostgreSQL for {silent:.0f} s"
+                        )
                     if current is None:
-                        yield None
+                        # The server's keepalives carry how far it has decoded: every
+                        # transaction committed before that has been sent already.
+                        yield _Idle(int(cur.wal_end))
                     select.select([cur], [], [], BATCH_WINDOW_S)
                     continue
                 decoded = pgoutput.decode(message.payload)
@@ -278,11 +290,15 @@ class Replication:
     ) -> Iterator[Batch]:
         """Batches of whole transactions after ``start``, until ``stopped()``: a batch is
         cut once no more transactions arrive within BATCH_WINDOW_S, or at BATCH_MAX_CHANGES.
-        ``confirmed()`` is the LSN the slot may forget up to, sent upstream as feedback."""
+        While the publication's tables are quiet, an empty batch moves the offset to where
+        the server has decoded (at most every EMPTY_BATCH_INTERVAL_S), so confirming it lets
+        PostgreSQL recycle the WAL of everything else written meanwhile. ``confirmed()`` is
+        the LSN the slot may forget up to, sent upstream as feedback."""
         pending = Batch(start)
         opened = 0.0
+        last_cut = time.monotonic()
         for transaction in self._transactions(start, confirmed, stopped):
-            if transaction is not None:
+            if isinstance(transaction, _Transaction):
                 if not pending.commit_times_us:
                     opened = time.monotonic()
                 pending.merge(transaction.changes)
@@ -290,25 +306,38 @@ class Replication:
                     time.monotonic() - opened < BATCH_WINDOW_S
                 ):
                     continue
-            if pending.commit_times_us:
-                yield pending
-                pending = Batch(pending.offset)
+            elif not pending.commit_times_us:
+                now = time.monotonic()
+                if (
+                    transaction.decoded > pending.offset
+                    and now - last_cut >= EMPTY_BATCH_INTERVAL_S
+                ):
+                    last_cut = now
+                    yield Batch(transaction.decoded)
+                    pending = Batch(transaction.decoded)
+                continue
+            last_cut = time.monotonic()
+            yield pending
+            pending = Batch(pending.offset)
 
     def replay(self, prev: int, offset: int) -> Batch:
-        """Exactly the batch (prev, offset] once more."""
+        """Exactly the batch (prev, offset] once more: the transactions committed in it
+        (none, for an empty batch cut at a keepalive's LSN)."""
         batch = Batch(prev)
         for transaction in self._transactions(prev, lambda: prev, lambda: False):
-            if transaction is None:
+            if isinstance(transaction, _Idle):
+                if transaction.decoded >= offset:
+                    batch.offset = offset
+                    return batch
                 continue
+            assert transaction.commit is not None
+            if transaction.commit.end_lsn > offset:
+                # The first transaction after the batch: it ended at a keepalive's LSN.
+                batch.offset = offset
+                return batch
             batch.merge(transaction.changes)
             if batch.offset == offset:
                 return batch
-            if batch.offset > offset:
-                raise UpstreamError(
-                    NOT_IN_PREREQUISITE_STATE,
-                    f"replaying up to {format_lsn(offset)} met a commit at "
-                    f"{format_lsn(batch.offset)} instead",
-                )
         raise AssertionError("unreachable: replay never stops")
 
     def replay_snapshot(self, snapshot_lsn: int) -> Batch:
@@ -316,7 +345,7 @@ class Replication:
         gone: the tables now (through a temporary slot's snapshot at L2) less every change
         of (snapshot_lsn, L2], which the source's slot still holds because nothing past
         ``snapshot_lsn`` was confirmed."""
-        now = self._snapshot_through(f"{self.slot}_replay", temporary=True)
+        now = self._snapshot_through(f"{self.slot[:55]}_replay", temporary=True)
         fence = f"fence-{time.time_ns()}".encode()
         with contextlib.closing(connect(self.params)) as conn:
             conn.autocommit = True
@@ -330,7 +359,7 @@ class Replication:
                 table[row] = table.get(row, 0) + diff
         stream = self._transactions(snapshot_lsn, lambda: snapshot_lsn, lambda: False, True)
         for transaction in stream:
-            if transaction is None:
+            if isinstance(transaction, _Idle):
                 continue
             if any(m.content == fence for m in transaction.messages):
                 break
@@ -355,6 +384,12 @@ class Replication:
         return batch
 
 
+@dataclass(frozen=True)
+class _Idle:
+    # The LSN the server had decoded up to at its last message.
+    decoded: int
+
+
 @dataclass
 class _Transaction:
     changes: Batch
@@ -373,4 +408,8 @@ def is_disconnect(error: BaseException) -> bool:
     problem that retrying cannot fix."""
     if isinstance(error, UpstreamError):
         return error.sqlstate == "08001"
-    return isinstance(error, psycopg2.OperationalError | psycopg2.InterfaceError)
+    if isinstance(error, psycopg2.OperationalError | psycopg2.InterfaceError):
+        return True
+    # A dropped replication stream surfaces as an error without a SQLSTATE ("no COPY in
+    # progress"); errors the server sends carry one and are not retried here.
+    return isinstance(error, psycopg2.DatabaseError) and error.pgcode is None

@@ -9,6 +9,7 @@ and ships as a self-contained wheel (``psycopg2-binary``), so nothing needs comp
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import psycopg2
 import psycopg2.extensions
 
-from tidemark.columnar import Column, RelationSchema
+from tidemark.columnar import Column, ColumnType, RelationSchema
 from tidemark.sources.postgres.types import UnsupportedType, tidemark_column
 
 # SQLSTATEs for what CREATE SOURCE reports.
@@ -99,20 +100,34 @@ def connect(params: ConnectionParams, **kwargs: Any) -> Any:
     try:
         return psycopg2.connect(**params.dsn_args(), **kwargs)
     except psycopg2.OperationalError as error:
-        text = str(error).strip().replace(params.password, "****") if params.password else ""
+        text = str(error).strip().splitlines()[0] if str(error).strip() else "no answer"
+        if params.password:
+            text = text.replace(params.password, "****")
         raise UpstreamError(
             CONNECTION_FAILURE,
             f"cannot connect to PostgreSQL at {params.host}:{params.port}: {text}",
         ) from None
 
 
+def check_reachable(params: ConnectionParams) -> None:
+    """Opens and closes a session: UpstreamError 08001 when PostgreSQL cannot be reached or
+    refuses the credentials."""
+    connect(params).close()
+
+
 def publication_tables(
-    params: ConnectionParams, publication: str, wanted: Sequence[str] | None
+    params: ConnectionParams,
+    publication: str,
+    wanted: Sequence[str] | None,
+    schemas: Sequence[str] | None = None,
+    text_columns: Sequence[str] = (),
 ) -> list[UpstreamTable]:
     """The publication's tables (only ``wanted``, each ``name`` or ``schema.name``, when
-    given), checked: the publication exists and publishes inserts, updates, deletes and
-    truncates; each table has REPLICA IDENTITY FULL; each column type has a Tidemark
-    counterpart. UpstreamError otherwise."""
+    given; only those in ``schemas``, when given), checked: the publication exists and
+    publishes inserts, updates and deletes; each table has REPLICA IDENTITY FULL; each
+    column type has a Tidemark counterpart, or the column is one of ``text_columns``
+    (``table.column`` or ``schema.table.column``), replicated as text. UpstreamError
+    otherwise."""
     with contextlib.closing(connect(params)) as conn, conn.cursor() as cur:
         cur.execute("SHOW wal_level")
         (wal_level,) = cur.fetchone()
@@ -148,6 +163,9 @@ def publication_tables(
         )
         found = cur.fetchall()
         chosen = _choose(found, wanted, publication)
+        if schemas is not None:
+            chosen = [row for row in chosen if row[1] in set(schemas)]
+        as_text = {tuple(reference.split(".")) for reference in text_columns}
         tables = []
         for oid, namespace, name, identity in chosen:
             if identity != "f":
@@ -158,12 +176,30 @@ def publication_tables(
                     f"run upstream: ALTER TABLE {_quote(namespace)}.{_quote(name)} "
                     f"REPLICA IDENTITY FULL",
                 )
-            tables.append(_table(cur, oid, namespace, name))
+            tables.append(_table(cur, oid, namespace, name, as_text))
         if not tables:
             raise UpstreamError(
-                NOT_IN_PREREQUISITE_STATE, f'publication "{publication}" publishes no tables'
+                NOT_IN_PREREQUISITE_STATE,
+                f'publication "{publication}" publishes no tables'
+                + (f" in schemas {', '.join(schemas)}" if schemas is not None else ""),
             )
+        _check_text_columns(tables, as_text)
         return tables
+
+
+def _text_column(namespace: str, name: str, column: str, as_text: set[tuple[str, ...]]) -> bool:
+    return (name, column) in as_text or (namespace, name, column) in as_text
+
+
+def _check_text_columns(tables: list[UpstreamTable], as_text: set[tuple[str, ...]]) -> None:
+    known: set[tuple[str, ...]] = {(t.name, c.column.name) for t in tables for c in t.columns}
+    known |= {(t.namespace, t.name, c.column.name) for t in tables for c in t.columns}
+    for reference in sorted(as_text - known):
+        raise UpstreamError(
+            "42703",
+            f"TEXT COLUMNS names {'.'.join(reference)}, which is not a column of the "
+            f"source's tables",
+        )
 
 
 def _choose(
@@ -189,7 +225,9 @@ def _choose(
     return chosen
 
 
-def _table(cur: Any, oid: int, namespace: str, name: str) -> UpstreamTable:
+def _table(
+    cur: Any, oid: int, namespace: str, name: str, as_text: set[tuple[str, ...]]
+) -> UpstreamTable:
     cur.execute(
         "SELECT a.attname, a.atttypid, a.atttypmod, format_type(a.atttypid, a.atttypmod) "
         "FROM pg_attribute a WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped "
@@ -198,13 +236,47 @@ def _table(cur: Any, oid: int, namespace: str, name: str) -> UpstreamTable:
     )
     columns = []
     for column_name, type_oid, modifier, type_name in cur.fetchall():
+        if _text_column(namespace, name, column_name, as_text):
+            columns.append(UpstreamColumn(Column(column_name, ColumnType.TEXT), type_oid))
+            continue
         try:
             column = tidemark_column(column_name, type_oid, modifier, type_name)
         except UnsupportedType as error:
             raise UpstreamError(
                 FEATURE_NOT_SUPPORTED,
                 f'table "{namespace}.{name}": {error}',
-                "exclude the table from the source, or change the column's type upstream",
+                f"replicate the column as text: (PUBLICATION '...', TEXT COLUMNS "
+                f"({name}.{column_name})), or leave the table out",
             ) from None
         columns.append(UpstreamColumn(column, type_oid))
     return UpstreamTable(oid, namespace, name, tuple(columns))
+
+
+def drop_slot(params: ConnectionParams, slot: str, within: float = 15.0) -> None:
+    """Drops replication slot ``slot`` if it exists, ending the session that streams from
+    it (a sources process about to notice its source is gone). UpstreamError when that
+    cannot be done within ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            with contextlib.closing(connect(params)) as conn:
+                conn.autocommit = True
+                with conn.cursor() as cur:
+                    cur.execute(
+                        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                        "WHERE slot_name = %s AND active_pid IS NOT NULL",
+                        (slot,),
+                    )
+                    cur.execute(
+                        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                        "WHERE slot_name = %s",
+                        (slot,),
+                    )
+                    return
+        except psycopg2.Error as error:
+            # The slot was still active (a reader reconnected in between): try again.
+            if time.monotonic() > deadline:
+                raise UpstreamError(
+                    NOT_IN_PREREQUISITE_STATE, str(error).strip().splitlines()[0]
+                ) from None
+            time.sleep(0.3)
