@@ -25,6 +25,7 @@ from tests.support.postgres import DATABASE, PASSWORD, SUPERUSER, PostgresCluste
 from tidemark.clients.oracle import OracleClient
 from tidemark.clients.storage import StorageClient
 from tidemark.columnar import Row, frontier_bound
+from tidemark.sources import ingest
 from tidemark.sources.ingest import Ingestion, IngestTargets
 from tidemark.sources.postgres import offsets
 from tidemark.sources.postgres.reader import PostgresReader
@@ -233,3 +234,28 @@ async def test_a_crash_in_the_middle_of_a_snapshot_in_parts(
     progress = await contents(storage, targets.progress)
     ((position, *_),) = progress
     assert position > 0
+
+
+async def test_a_snapshot_larger_than_a_message_lands_whole_at_one_time(
+    clients: tuple[CrashingStorage, OracleClient],
+    postgres: PostgresCluster,
+    tables: list[UpstreamTable],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch more than one append message carries goes as one chunked append: the whole
+    snapshot of each table at the snapshot's one time."""
+    monkeypatch.setattr(ingest, "MAX_APPEND_BYTES", 600)
+    monkeypatch.setattr(ingest, "CHUNK_BYTES", 300)
+    storage, oracle = clients
+    targets = await make_targets(storage, tables)
+    run = ingestion(storage, oracle, targets, postgres, "ing_chunked", tables)
+    task = asyncio.create_task(run.run())
+    try:
+        await wait_equal(storage, targets, postgres, ["ing_a", "ing_b"])
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await run.reader.close()
+    for table, rows in (("ing_a", 50), ("ing_b", 30)):
+        updates, _ = await history(storage, targets.outputs[f"public.{table}"])
+        assert len(updates) == rows and len({time for _, time, _ in updates}) == 1

@@ -41,8 +41,8 @@ from dataclasses import dataclass
 
 from tidemark.clients.oracle import OracleClient
 from tidemark.clients.storage import Capability, CollectionInfo, StorageClient
-from tidemark.columnar import Row, frontier_bound
-from tidemark.errors import FailedPrecondition, InvalidArgument, NotFound, TidemarkError
+from tidemark.columnar import Row, from_ipc, frontier_bound, slices, to_ipc
+from tidemark.errors import FailedPrecondition, NotFound, TidemarkError
 from tidemark.logging import get_logger
 from tidemark.rpc.server import MAX_MESSAGE_BYTES
 from tidemark.sources.progress import Binding
@@ -55,17 +55,13 @@ DEFAULT_READ_POLL_INTERVAL = 0.05
 
 
 MAX_APPEND_BYTES = MAX_MESSAGE_BYTES - 2**20
-"""The largest Arrow IPC payload one append takes (the gRPC message limit, less room for the
-request's other fields)."""
+"""The largest Arrow IPC payload one Append message takes (the gRPC message limit, less room
+for the request's other fields); a larger batch goes as one chunked append."""
+CHUNK_BYTES = 16 << 20
 
 
 class CollectionClosed(FailedPrecondition):
     """A collection of the source is closed for writes (dropped)."""
-
-
-class BatchTooLarge(InvalidArgument):
-    """A batch's data for one collection does not fit in one storage append, and a batch is
-    one append per collection (its data appears at one time)."""
 
 
 @dataclass(frozen=True)
@@ -360,14 +356,14 @@ class Ingestion:
         started = time.monotonic()
         data = await self.storage.encode_updates(collection_id, updates)
         if len(data) > MAX_APPEND_BYTES:
-            raise BatchTooLarge(
-                f"source {self.name}: a batch for collection {collection_id} is "
-                f"{len(data) / 2**20:.0f} MiB ({len(updates)} updates), more than one storage "
-                f"append carries ({MAX_APPEND_BYTES / 2**20:.0f} MiB)"
+            # More than one message carries: the same append, in several messages.
+            result = await self.storage.append_chunked(
+                self._write[collection_id], _chunks(data), t + 1, expected_upper=expected
             )
-        result = await self.storage.append_ipc(
-            self._write[collection_id], data, t + 1, expected_upper=expected
-        )
+        else:
+            result = await self.storage.append_ipc(
+                self._write[collection_id], data, t + 1, expected_upper=expected
+            )
         upper = frontier_bound(result.upper)
         self._upper[collection_id] = t + 1 if upper is None else upper
         log.debug(
@@ -377,6 +373,11 @@ class Ingestion:
             rows=len(updates),
             seconds=round(time.monotonic() - started, 4),
         )
+
+
+def _chunks(data: bytes) -> list[bytes]:
+    """An IPC payload too large for one message as compressed IPC streams of CHUNK_BYTES."""
+    return [to_ipc(part, compress=True) for part in slices(from_ipc(data), 1 << 30, CHUNK_BYTES)]
 
 
 def _timed(changes: list[tuple[Row, int]], t: int) -> list[tuple[Row, int, int]]:

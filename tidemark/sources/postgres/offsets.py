@@ -3,17 +3,17 @@
 An offset is 16 bytes, big-endian ``(lsn, part)``, so that byte order is the order of the
 source's history:
 
-- the initial snapshot at the slot's consistent point ``L`` is one or more batches
-  ``(L, 1)``, ``(L, 2)``, ..., the last one ``(L, FINAL_PART)`` (a storage append carries at
-  most 64 MiB, a snapshot of a large table more);
+- the initial snapshot at the slot's consistent point ``L`` is one batch ``(L, FINAL_PART)``,
+  or, beyond ``SNAPSHOT_PART_BYTES`` (more than the sources process should hold at once),
+  several ``(L, 1)``, ``(L, 2)``, ..., the last one ``(L, FINAL_PART)``;
 - every later batch ends at an upstream commit (or a keepalive's LSN) ``(lsn, 0)``, lsn > L.
 
 Each part is its own batch at its own time, so while a snapshot larger than one part loads,
-a read can see the parts recorded so far (a snapshot within one part, the usual case, is
-never seen partly). The parts are a function of the snapshot's contents alone (rows
-sorted, then cut by size), so a snapshot rebuilt after a crash
-(``Replication.replay_snapshot``) cuts into the same parts, and a part can be derived again
-or the remaining parts made after a restart.
+a read can see the parts recorded so far; a snapshot within one part (up to 1 GiB of row
+text: one storage append of any size, sent in chunks) is never seen partly. The parts are a
+function of the snapshot's contents alone (rows sorted, then cut by size), so a snapshot
+rebuilt after a crash (``Replication.replay_snapshot``) cuts into the same parts, and a part
+can be derived again or the remaining parts made after a restart.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from tidemark.sources.postgres.replication import Batch
 
 FINAL_PART = 2**64 - 1
 STREAM_PART = 0
-# What one part holds at most, estimated from the rows' text (well below the 64 MiB a
-# storage append carries, as Arrow takes more for some types than their text).
-SNAPSHOT_PART_BYTES = 16 * 2**20
+# What one part holds at most, estimated from the rows' text: what the sources process holds
+# in memory at once (one part is one append, whatever its size: storage takes it in chunks).
+SNAPSHOT_PART_BYTES = 2**30
 
 Part = dict[str, list[tuple[Row, int]]]
 
