@@ -14,7 +14,14 @@ import pytest
 from tests.support.sql_stack import SqlStack, sql_stack
 from tidemark import timelines
 from tidemark.catalog_items import CATALOG_HOLDER, collection_of
-from tidemark.clients.adapter import AdapterClient, StatementError, StatementResult
+from tidemark.clients.adapter import (
+    AdapterClient,
+    Change,
+    Changes,
+    StatementError,
+    StatementResult,
+    SubscribeError,
+)
 from tidemark.clients.catalog import CatalogClient
 from tidemark.clients.oracle import OracleClient
 from tidemark.clients.storage import StorageClient
@@ -117,6 +124,24 @@ async def test_options_a_generator_does_not_take_are_refused(
     a: AdapterClient, sql: str, code: str
 ) -> None:
     assert (await fails(a, sql)).code == code
+
+
+async def test_subscribe_to_a_counter_sees_each_tick_once_in_time_order(a: AdapterClient) -> None:
+    await ok(a, "CREATE SOURCE sub FROM LOAD GENERATOR COUNTER (TICK INTERVAL '50ms')")
+    await until_count(a, "sub", 1)
+    seen: list[Change] = []
+    async with asyncio.timeout(60):
+        async for event in a.subscribe("SUBSCRIBE sub"):
+            assert not isinstance(event, SubscribeError), event
+            if isinstance(event, Changes):
+                seen.extend(event.changes)
+            if len(seen) >= 10:
+                break
+    values = [c.row[0] for c in sorted(seen, key=lambda c: (c.timestamp, c.row))]
+    assert all(c.diff == 1 for c in seen)
+    # The snapshot then one value per tick (or a few, bound together): 1, 2, 3, ... in order.
+    assert values == list(range(1, len(values) + 1))
+    assert len({c.timestamp for c in seen}) > 2
 
 
 async def test_max_cardinality_keeps_the_newest_values(a: AdapterClient) -> None:
