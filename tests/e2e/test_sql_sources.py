@@ -171,6 +171,15 @@ async def test_a_materialized_view_over_auction_matches_a_recomputation(
     for name in ("organizations", "users", "accounts", "auctions", "bids"):
         assert listed[name] == "subsource"
     assert listed["house"] == "load-generator" and listed["house_progress"] == "progress"
+    assert (await ok(a, "SHOW SUBSOURCES ON house")).rows == [
+        ("accounts", "subsource"),
+        ("auctions", "subsource"),
+        ("bids", "subsource"),
+        ("house_progress", "progress"),
+        ("organizations", "subsource"),
+        ("users", "subsource"),
+    ]
+    assert ("house_progress", "progress") in (await ok(a, "SHOW SUBSOURCES")).rows
     # A second AUCTION in the same schema would take the same subsource names.
     clash = await fails(a, "CREATE SOURCE again FROM LOAD GENERATOR AUCTION FOR ALL TABLES")
     assert clash.code == "42P07" and "organizations" in clash.message

@@ -48,6 +48,7 @@ _SHOW_KINDS: dict[str, st.ShowKind] = {
     "INDICES": "indexes",
     "CLUSTERS": "clusters",
     "SOURCES": "sources",
+    "SUBSOURCES": "subsources",
     "DATABASES": "databases",
     "SCHEMAS": "schemas",
 }
@@ -743,7 +744,7 @@ def _show_objects(cursor: Cursor, text: str, where: int, kind: st.ShowKind) -> s
             in_cluster = _in_cluster(cursor)
         elif cursor.accept("FROM") or cursor.accept("IN"):
             within = cursor.qualified_name("a schema name")
-        elif kind == "indexes" and cursor.accept("ON"):
+        elif kind in ("indexes", "subsources") and cursor.accept("ON"):
             on = cursor.qualified_name("a relation name")
         else:
             raise cursor.error()

@@ -27,6 +27,7 @@ ShowKind = Literal[
     "indexes",
     "clusters",
     "sources",
+    "subsources",
     "databases",
     "schemas",
 ]
@@ -200,7 +201,7 @@ class ShowObjects(Statement):
     kind: ShowKind
     # FROM/IN schema (or database for SHOW SCHEMAS).
     within: QualifiedName | None = None
-    # SHOW INDEXES ON relation.
+    # SHOW INDEXES ON relation, SHOW SUBSOURCES ON source.
     on: QualifiedName | None = None
     # ... IN CLUSTER c.
     in_cluster: str | None = None
