@@ -19,6 +19,7 @@ _KINDS: dict[str, tuple[str, ...]] = {
     "sources": ("source",),
     "secrets": ("secret",),
     "connections": ("connection",),
+    "subsources": ("source",),
 }
 
 
@@ -69,6 +70,8 @@ def show_objects(statement: ast.ShowObjects, view: CatalogView, settings: Settin
             or clusters.get(i.materialized_view.cluster_id) == statement.in_cluster
         ]
         return text_outcome(tag, ["name", "cluster"], mv_rows)
+    if kind == "subsources":
+        return _show_subsources(statement, view, settings, items)
     if kind == "sources":
         return text_outcome(tag, ["name", "type"], [(i.name.item, source_type(i)) for i in items])
     if kind == "connections":
@@ -94,6 +97,29 @@ def source_type(item: catalog_pb2.CatalogItem) -> str:
     if role == catalog_pb2.SOURCE_ROLE_PROGRESS:
         return "progress"
     return _SOURCE_FORMATS.get(item.source.format, "source")
+
+
+def _show_subsources(
+    statement: ast.ShowObjects,
+    view: CatalogView,
+    settings: Settings,
+    items: list[catalog_pb2.CatalogItem],
+) -> Outcome:
+    """Materialize's SHOW SUBSOURCES [ON source]: the subsources and progress relations, of
+    the current (or named) schema or of one source."""
+    if statement.on is not None:
+        source = view.resolve(statement.on, settings.values, statement.position)
+        items = [
+            i
+            for i in view.dependents(source.id)
+            if i.WhichOneof("body") == "source" and i.source.primary_id == source.id
+        ]
+    rows = [
+        (i.name.item, source_type(i))
+        for i in items
+        if i.source.role != catalog_pb2.SOURCE_ROLE_PRIMARY
+    ]
+    return text_outcome("SHOW {rows}", ["name", "type"], sorted(rows))
 
 
 def _show_indexes(

@@ -43,11 +43,12 @@ README_SUBSCRIBE = "SUBSCRIBE spend;"
 
 
 def free_port_range(width: int) -> int:
-    """A base port such that ``base .. base + width - 1`` are all free right now."""
+    """A base port such that ``base .. base + width - 1`` are all free right now, and the
+    metrics ports 100 above them too."""
     for _ in range(200):
         base = random.randint(20_000, 60_000)
         try:
-            for port in range(base, base + width):
+            for port in [*range(base, base + width), *range(base + 100, base + 100 + width)]:
                 with socket.socket() as sock:
                     sock.bind(("127.0.0.1", port))
         except OSError:

@@ -147,7 +147,7 @@ def test_rows_fit_the_schemas_the_catalog_records(generator: str) -> None:
 # -- AUCTION ----------------------------------------------------------------------------------
 
 
-def test_auction_has_materializes_relations_and_consistent_references() -> None:
+def test_auction_makes_the_relations_materialize_makes_with_consistent_references() -> None:
     auction = generator_for(spec("AUCTION"))
     assert {name: schema.names for name, schema in auction.schemas().items()} == {
         "organizations": ["id", "name"],

@@ -67,3 +67,10 @@ def test_errors(sql: str, code: str, at: str) -> None:
         parse(sql)
     assert caught.value.code == code, caught.value
     assert caught.value.position == sql.rindex(at) + 1, caught.value
+
+
+def test_show_subsources() -> None:
+    (on,) = parse("SHOW SUBSOURCES ON house")
+    assert isinstance(on, st.ShowObjects) and on.kind == "subsources" and on.on == ("house",)
+    (within,) = parse("SHOW SUBSOURCES FROM s")
+    assert isinstance(within, st.ShowObjects) and within.within == ("s",) and within.on is None

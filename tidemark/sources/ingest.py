@@ -126,6 +126,8 @@ class Ingestion:
         self.on_batch = on_batch
         self.stats = IngestStats()
         self._write: dict[str, Capability] = {}
+        self._held: list[Capability] = []
+        """Every capability this run acquired and has not dropped yet."""
         self._upper: dict[str, int] = {}
         self._binding: Binding | None = None
         unknown = set(targets.outputs) - set(reader.schemas())
@@ -136,45 +138,45 @@ class Ingestion:
 
     async def run(self) -> None:
         """Recover, then ingest until cancelled or until something fails (raised)."""
-        progress_read: Capability | None = await self._acquire()
         try:
+            progress_read = await self._acquire()
             async with self.storage.keep_alive(
                 list(self._write.values()), every=self.lease_renew_every
             ):
-                assert progress_read is not None
                 await self._recover(progress_read)
-                await self.storage.drop(progress_read)
-                progress_read = None
+                await self._drop(progress_read)
                 resume = self._binding.offset if self._binding is not None else None
                 await self.reader.start(resume)
                 await self._ingest()
         finally:
-            await self._release(progress_read)
+            for capability in list(self._held):
+                await self._drop(capability)
+            self._write.clear()
 
     async def _acquire(self) -> Capability:
         """Write capabilities on every collection; the progress collection's read one."""
         progress_read: Capability | None = None
         for collection_id in self.targets.collections():
             pair = await self.storage.acquire(collection_id, self.holder)
+            self._held.extend(c for c in (pair.read, pair.write) if c.usable)
             if not pair.write.usable:
                 raise CollectionClosed(f"collection {collection_id} is closed for writes")
             self._write[collection_id] = pair.write
             if collection_id == self.targets.progress and pair.read.usable:
                 progress_read = pair.read
             elif pair.read.usable:
-                await self.storage.drop(pair.read)
+                await self._drop(pair.read)
         if progress_read is None:
             raise CollectionClosed(f"progress collection {self.targets.progress} is unreadable")
         return progress_read
 
-    async def _release(self, progress_read: Capability | None) -> None:
-        held = list(self._write.values()) + ([progress_read] if progress_read else [])
-        self._write.clear()
-        for capability in held:
-            try:
-                await self.storage.drop(capability)
-            except (NotFound, TidemarkError) as exc:
-                log.debug("source_capability_drop_failed", source=self.name, error=str(exc))
+    async def _drop(self, capability: Capability) -> None:
+        if capability in self._held:
+            self._held.remove(capability)
+        try:
+            await self.storage.drop(capability)
+        except (NotFound, TidemarkError) as exc:
+            log.debug("source_capability_drop_failed", source=self.name, error=str(exc))
 
     # -- recovery -------------------------------------------------------------------------
 

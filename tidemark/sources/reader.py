@@ -7,7 +7,9 @@ and records the binding, so the reader needs no durable state of its own.
 
 Contract (what :class:`~tidemark.sources.ingest.Ingestion` relies on):
 
-1. ``await start(resume_offset)`` is called once, before anything else. ``resume_offset`` is
+1. ``await start(resume_offset)`` is called once, after recovery (which may have called
+   ``replay``) and before ``batches()``. ``schemas()`` must answer before it (from the
+   catalog's subsource items if the upstream is not reachable yet). ``resume_offset`` is
    the offset of the last batch that is durably recorded in every subsource (``None``: nothing
    was ever recorded; begin at the very start, including any initial snapshot). The reader
    must produce exactly the upstream's changes after ``resume_offset``, nothing before it.
@@ -26,10 +28,11 @@ Contract (what :class:`~tidemark.sources.ingest.Ingestion` relies on):
    was recorded but whose data reached only some subsources. Readers whose upstream can
    forget history must keep it until :meth:`confirm` says it is safe to.
 4. ``await confirm(offset)`` is called once every subsource durably holds everything up to
-   ``offset``. The reader may then release the upstream's history at or below ``offset``
-   (PostgreSQL: acknowledge the slot's flush LSN). After a crash, replay and resume never
-   reach below the last confirmed offset's predecessor batch, so confirming the *previous*
-   offset is what frees history; a reader may keep one batch of slack.
+   ``offset`` (after each batch is recorded, and after recovery). The reader may then release
+   the upstream's history at or below ``offset`` (PostgreSQL: acknowledge the slot's flush
+   LSN): no later ``start`` or ``replay`` asks for anything at or below the last confirmed
+   offset, because a batch whose data may be missing somewhere was never confirmed (its
+   ``from_offset`` is at most the last confirmed offset).
 5. ``await close()`` releases connections; called exactly once, also after errors.
 
 A reader that raises makes the ingestion stop and start over (a new reader, recovery, then

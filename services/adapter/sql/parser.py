@@ -52,6 +52,7 @@ _SHOW_KINDS: dict[str, st.ShowKind] = {
     "SOURCES": "sources",
     "SECRETS": "secrets",
     "CONNECTIONS": "connections",
+    "SUBSOURCES": "subsources",
     "DATABASES": "databases",
     "SCHEMAS": "schemas",
 }
@@ -924,7 +925,7 @@ def _show_objects(cursor: Cursor, text: str, where: int, kind: st.ShowKind) -> s
             in_cluster = _in_cluster(cursor)
         elif cursor.accept("FROM") or cursor.accept("IN"):
             within = cursor.qualified_name("a schema name")
-        elif kind == "indexes" and cursor.accept("ON"):
+        elif kind in ("indexes", "subsources") and cursor.accept("ON"):
             on = cursor.qualified_name("a relation name")
         else:
             raise cursor.error()

@@ -39,6 +39,7 @@ ShowKind = Literal[
     "sources",
     "secrets",
     "connections",
+    "subsources",
     "databases",
     "schemas",
 ]
@@ -295,7 +296,7 @@ class ShowObjects(Statement):
     kind: ShowKind
     # FROM/IN schema (or database for SHOW SCHEMAS).
     within: QualifiedName | None = None
-    # SHOW INDEXES ON relation.
+    # SHOW INDEXES ON relation, SHOW SUBSOURCES ON source.
     on: QualifiedName | None = None
     # ... IN CLUSTER c.
     in_cluster: str | None = None
