@@ -38,8 +38,9 @@ from tidemark.sources.progress import PROGRESS_SCHEMA
 from tidemark.v1 import catalog_pb2
 
 INVALID_PARAMETER = "22023"
-MAX_TPCH_SCALE_FACTOR = 0.05
-"""About 300k line items, some 55 MiB as one Arrow append (64 MiB is a gRPC message's limit)."""
+MAX_TPCH_SCALE_FACTOR = 0.25
+"""About 1.5M line items: the sources process generates a table's initial data in memory
+before its one (chunked) append."""
 FEATURE_NOT_SUPPORTED = "0A000"
 
 
@@ -56,8 +57,8 @@ def load_generator_spec(statement: ast.CreateSource) -> LoadGeneratorSpec:
     if options.scale_factor is not None and options.scale_factor > MAX_TPCH_SCALE_FACTOR:
         raise SqlError(
             INVALID_PARAMETER,
-            f"SCALE FACTOR is at most {MAX_TPCH_SCALE_FACTOR}: a table's initial data is one "
-            "storage append, and lineitem's outgrows one beyond that",
+            f"SCALE FACTOR is at most {MAX_TPCH_SCALE_FACTOR}: a table's initial data is made "
+            "in the sources process's memory",
             position,
         )
     if generator in SINGLE_OUTPUT and statement.for_all_tables:
