@@ -1,0 +1,138 @@
+"""Statements the wire front end runs itself, around the adapter's: ``DECLARE``/``FETCH``/
+``CLOSE`` cursors (over a query or a SUBSCRIBE) and ``COPY (SUBSCRIBE ...) TO STDOUT``.
+
+A SUBSCRIBE cursor reads the adapter's subscription on a task of its own into a queue; ``FETCH n``
+waits (up to its ``timeout``, forever without one) for the first change, then takes what has
+already arrived, at most n, as Materialize does. Rows are ``mz_timestamp, mz_diff, columns...``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from services.adapter.sql.errors import SqlError
+from tidemark.v1 import adapter_pb2
+
+DECLARE = re.compile(
+    r"\s*DECLARE\s+(\"[^\"]+\"|\w+)\s+(?:NO\s+SCROLL\s+)?CURSOR\s+(?:(WITH|WITHOUT)\s+HOLD\s+)?"
+    r"FOR\s+(.*?)\s*;?\s*\Z",
+    re.IGNORECASE | re.DOTALL,
+)
+FETCH = re.compile(
+    r"\s*FETCH\s+(?:(FORWARD|NEXT)\s+)?(ALL|\d+)?\s*(?:(?:FROM|IN)\s+)?(\"[^\"]+\"|\w+)"
+    r"(?:\s+WITH\s*\(\s*timeout\s*=?\s*'([^']*)'\s*\))?\s*;?\s*\Z",
+    re.IGNORECASE | re.DOTALL,
+)
+CLOSE = re.compile(r"\s*CLOSE\s+(ALL|\"[^\"]+\"|\w+)\s*;?\s*\Z", re.IGNORECASE)
+COPY_SUBSCRIBE = re.compile(
+    r"\s*COPY\s*\(\s*(SUBSCRIBE\b.*)\)\s*TO\s+STDOUT\s*;?\s*\Z", re.IGNORECASE | re.DOTALL
+)
+SUBSCRIBE = re.compile(r"\s*SUBSCRIBE\b", re.IGNORECASE)
+
+INVALID_CURSOR_NAME = "34000"
+DUPLICATE_CURSOR = "42P03"
+NO_ACTIVE_TRANSACTION = "25P01"
+SUBSCRIBE_COLUMNS = [
+    adapter_pb2.SqlColumn(name="mz_timestamp", type="numeric(20,0)", nullable=False),
+    adapter_pb2.SqlColumn(name="mz_diff", type="bigint", nullable=False),
+]
+
+
+def identifier(text: str) -> str:
+    return text[1:-1] if text.startswith('"') else text.lower()
+
+
+def change_row(change: adapter_pb2.SqlChange) -> adapter_pb2.SqlRow:
+    values = [
+        adapter_pb2.SqlValue(text_value=str(change.timestamp)),
+        adapter_pb2.SqlValue(int_value=change.diff),
+    ]
+    return adapter_pb2.SqlRow(values=[*values, *change.row.values])
+
+
+@dataclass
+class Cursor:
+    columns: list[adapter_pb2.SqlColumn]
+    rows: list[adapter_pb2.SqlRow] = field(default_factory=list)
+    queue: asyncio.Queue[adapter_pb2.SqlRow | SqlError] | None = None
+    task: asyncio.Task[None] | None = None
+
+    async def fetch(self, count: int | None, timeout_ms: int | None) -> list[adapter_pb2.SqlRow]:
+        if self.queue is None:
+            taken = self.rows if count is None else self.rows[:count]
+            self.rows = [] if count is None else self.rows[count:]
+            return taken
+        out: list[adapter_pb2.SqlRow] = []
+        if self.queue.empty():
+            try:
+                if timeout_ms is None:
+                    first = await self.queue.get()
+                else:
+                    first = await asyncio.wait_for(self.queue.get(), timeout_ms / 1000)
+            except TimeoutError:
+                return out
+            self.queue.put_nowait(first) if isinstance(first, SqlError) else out.append(first)
+        while not self.queue.empty() and (count is None or len(out) < count):
+            item = self.queue.get_nowait()
+            if isinstance(item, SqlError):
+                if out:
+                    self.queue.put_nowait(item)
+                    break
+                raise item
+            out.append(item)
+        return out
+
+    async def close(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.task
+
+
+async def subscription_cursor(
+    stream: AsyncIterator[adapter_pb2.SubscribeSqlResponse],
+) -> Cursor:
+    """A cursor over a subscription: waits for its header (or its error), then reads on."""
+    first = await anext(stream, None)
+    if first is None:
+        raise SqlError("XX000", "the subscription ended before its header")
+    if first.HasField("error"):
+        raise _error(first.error)
+    columns = [*SUBSCRIBE_COLUMNS, *first.header.columns]
+    queue: asyncio.Queue[adapter_pb2.SqlRow | SqlError] = asyncio.Queue()
+
+    async def pump() -> None:
+        async for message in stream:
+            if message.HasField("changes"):
+                for change in message.changes.changes:
+                    queue.put_nowait(change_row(change))
+            elif message.HasField("error"):
+                queue.put_nowait(_error(message.error))
+                return
+
+    task = asyncio.create_task(pump(), name="pgwire-subscribe-cursor")
+    return Cursor(columns, queue=queue, task=task)
+
+
+def _error(error: adapter_pb2.SqlError) -> SqlError:
+    return SqlError(error.code, error.message, error.position, hint=error.hint)
+
+
+_DURATION = re.compile(r"\s*(\d+(?:\.\d*)?)\s*(ms|milliseconds?|s|sec|seconds?|m|min|minutes?)?\s*")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000}
+
+
+def fetch_timeout_ms(text: str | None) -> int | None:
+    """FETCH's ``WITH (timeout = '1s')``: milliseconds (``None``: wait for a row)."""
+    if text is None:
+        return None
+    match = _DURATION.fullmatch(text)
+    if match is None:
+        raise SqlError("22023", f"invalid FETCH timeout {text!r}")
+    unit = (match[2] or "s").lower()
+    scale = 1 if unit.startswith("ms") or unit.startswith("milli") else _UNIT_MS[unit[0]]
+    return round(float(match[1]) * scale)
