@@ -82,7 +82,7 @@ class Interpreter:
             names.append(selected.alias_or_name or f"?column?{index}")
             expressions.append(selected)
         group = node.args.get("group")
-        aggregate = any(e.find(exp.AggFunc) for e in expressions)
+        aggregate = any(_has_aggregate(e) for e in expressions)
         results: list[tuple[list[Any], Env]] = []
         if group is not None or aggregate:
             groups: dict[tuple[Any, ...], list[Env]] = {}
@@ -456,6 +456,15 @@ class Interpreter:
             "concat": lambda *vs: "".join(str(v) for v in vs if v is not None),
             "quote_ident": lambda v: v,
         }
+
+
+def _has_aggregate(node: exp.Expression) -> bool:
+    """An aggregate of this query level (not one inside a subquery)."""
+    if isinstance(node, exp.AggFunc):
+        return True
+    if isinstance(node, exp.Select | exp.Subquery):
+        return False
+    return any(_has_aggregate(child) for child in node.iter_expressions())
 
 
 def _arguments(node: exp.Func) -> list[exp.Expression]:

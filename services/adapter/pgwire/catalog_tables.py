@@ -161,7 +161,7 @@ class CatalogTables:
                         "indkey": " ".join(str(n + 1) for n in range(len(item.index.key_columns))),
                         "_definition": (
                             f"CREATE INDEX {item.name.item} ON "
-                            f"{item.name.schema}.{_on_name(item, view)} "
+                            f"{item.name.schema}.{_on_name(item, view)} USING btree "
                             f"({', '.join(item.index.key_columns)})"
                         ),
                     }

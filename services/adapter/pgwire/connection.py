@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
+from services.adapter.copying.encoding import encode_rows
 from services.adapter.executor import SessionState
 from services.adapter.pgwire import codec, cursors, pgtypes
 from services.adapter.pgwire.auth import AuthFailed
@@ -585,11 +587,14 @@ class Connection:
 
     async def _copy_out(self, statement: ast.CopyTo) -> Result:
         output = await self.adapter.copy_to(statement, self.session)
-        from services.adapter.copying.encoding import encode_rows
-
         self._send(codec.copy_out_response(len(output.names)))
-        for chunk in encode_rows(output.rows, output.names, output.format):
+        # One CopyData per row, as PostgreSQL sends them (clients parse them one by one).
+        for chunk in encode_rows([], output.names, output.format):
             self._send(codec.copy_data(chunk))
+        rows_only = dataclasses.replace(output.format, header=False)
+        for row in output.rows:
+            for chunk in encode_rows([row], output.names, rows_only):
+                self._send(codec.copy_data(chunk))
             await self._maybe_flush()
         self._send(codec.copy_done())
         return Result(f"COPY {len(output.rows)}")

@@ -1,0 +1,319 @@
+"""The PostgreSQL wire protocol front end with real clients and real processes: Debian's psql
+(a README-style session and the \\d family), psycopg 3 (server-side parameters, executemany,
+COPY both ways, SUBSCRIBE through a cursor and through COPY, cancel, errors with positions,
+binary round trips), SQLAlchemy reflection, SCRAM and TLS, and bad bytes from hypothesis."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import struct
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+
+import psycopg
+import pytest
+import sqlalchemy
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.support.ports import free_port
+from tests.support.sql_stack import SqlStack, sql_stack
+
+PSQL = "/usr/bin/psql"
+
+
+class PgStack:
+    def __init__(self, stack: SqlStack, port: int, scram_port: int, tls_port: int) -> None:
+        self.stack = stack
+        self.port = port
+        self.scram_port = scram_port
+        self.tls_port = tls_port
+
+    def url(self, port: int | None = None, user: str = "tidemark") -> str:
+        return f"postgresql://{user}@127.0.0.1:{port or self.port}/tidemark"
+
+
+@pytest.fixture(scope="module")
+def pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgStack]:
+    directory = tmp_path_factory.mktemp("pgwire")
+    passwords = directory / "passwords"
+    passwords.write_text("# user:password\nalice:s3cret\n")
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            "-subj", "/CN=localhost", "-keyout", str(key), "-out", str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    with sql_stack(directory, adapters=0, engine="local", warm_up=False) as stack:
+        port, scram_port, tls_port = free_port(), free_port(), free_port()
+        stack.start_adapter("--pgwire-listen", f"127.0.0.1:{port}")
+        stack.start_adapter(
+            "--pgwire-listen", f"127.0.0.1:{scram_port}", "--pgwire-password-file", str(passwords)
+        )
+        stack.start_adapter(
+            "--pgwire-listen", f"127.0.0.1:{tls_port}",
+            "--pgwire-tls-cert", str(cert), "--pgwire-tls-key", str(key),
+        )  # fmt: skip
+        for p in (port, scram_port, tls_port):
+            _wait_listening(p)
+        yield PgStack(stack, port, scram_port, tls_port)
+
+
+def _wait_listening(port: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+def psql(pg: PgStack, *commands: str) -> str:
+    args = [PSQL, pg.url(), "-X", "-v", "ON_ERROR_STOP=1"]
+    for command in commands:
+        args += ["-c", command]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_psql_session_and_describe_commands(pg: PgStack) -> None:
+    out = psql(
+        pg,
+        "CREATE TABLE orders (id bigint NOT NULL, customer text, amount numeric(10,2))",
+        "INSERT INTO orders VALUES (1, 'ann', 10.50), (2, 'bob', 3.25), (3, 'ann', 1.00)",
+        "CREATE MATERIALIZED VIEW spend AS SELECT customer, sum(amount) AS total "
+        "FROM orders GROUP BY customer",
+        "CREATE VIEW big AS SELECT * FROM orders WHERE amount > 2",
+        "CREATE INDEX spend_by_customer ON spend (customer)",
+        "SELECT customer, total FROM spend ORDER BY customer",
+    )
+    assert "INSERT 0 3" in out
+    assert " ann      | 11.50" in out and " bob      |  3.25" in out
+    listing = psql(pg, "\\d")
+    assert "public | orders | table             | tidemark" in listing
+    assert "public | spend  | materialized view | tidemark" in listing
+    assert "public | big    | view              | tidemark" in listing
+    assert "| orders | table" in psql(pg, "\\dt") and "spend" not in psql(pg, "\\dt")
+    assert "| big  | view" in psql(pg, "\\dv")
+    assert "| spend | materialized view" in psql(pg, "\\dm")
+    assert "spend_by_customer | index | tidemark | spend" in psql(pg, "\\di")
+    assert "tidemark | tidemark | UTF8" in psql(pg, "\\l")
+    assert "public | tidemark" in psql(pg, "\\dn")
+    described = psql(pg, "\\d orders")
+    assert 'Table "public.orders"' in described
+    assert "id       | bigint        |           | not null |" in described
+    assert "amount   | numeric(10,2) |           |          |" in described
+
+
+def test_psycopg_parameters_executemany_and_errors(pg: PgStack) -> None:
+    with psycopg.connect(pg.url(), autocommit=True) as conn:
+        cur = conn.cursor()
+        cur.execute("CREATE TABLE people (id bigint, name text)")
+        cur.executemany(
+            "INSERT INTO people VALUES (%s, %s)", [(1, "ann"), (2, "bob"), (3, "o'hara")]
+        )
+        assert cur.execute(
+            "SELECT id, name FROM people WHERE id >= %s ORDER BY id", (2,)
+        ).fetchall() == [(2, "bob"), (3, "o'hara")]
+        assert cur.execute("SELECT id FROM people WHERE name = %s", ("o'hara",)).fetchall() == [
+            (3,)
+        ]
+        # A parameter is a value, never SQL.
+        evil = "x'; DROP TABLE people; --"
+        assert cur.execute("SELECT id FROM people WHERE name = %s", (evil,)).fetchall() == []
+        with pytest.raises(psycopg.errors.UndefinedColumn) as failure:
+            cur.execute("SELECT nosuch FROM people WHERE id = %s", (1,))
+        assert failure.value.diag.statement_position == "8"
+        assert failure.value.diag.message_primary == 'column "nosuch" does not exist'
+        with pytest.raises(psycopg.errors.SyntaxError):
+            cur.execute("SELEC 1")
+        assert cur.execute("SELECT count(*) FROM people").fetchone() == (3,)
+
+
+def test_psycopg_transactions_report_their_status(pg: PgStack) -> None:
+    with psycopg.connect(pg.url()) as conn:
+        cur = conn.cursor()
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        cur.execute("SELECT 1")
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            cur.execute("SELECT * FROM nowhere")
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+        conn.rollback()
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+def test_psycopg_copy_in_and_out(pg: PgStack) -> None:
+    with psycopg.connect(pg.url(), autocommit=True) as conn:
+        cur = conn.cursor()
+        cur.execute("CREATE TABLE copied (id bigint, note text)")
+        with cur.copy("COPY copied FROM STDIN") as copy:
+            for row in [(1, "a\tb"), (2, None), (3, "three")]:
+                copy.write_row(row)
+        assert cur.rowcount == 3
+        with cur.copy("COPY (SELECT id, note FROM copied ORDER BY id) TO STDOUT") as copy:
+            rows = list(copy.rows())
+        assert rows == [("1", "a\tb"), ("2", None), ("3", "three")]
+
+
+def test_binary_round_trip_of_every_type(pg: PgStack) -> None:
+    values = (
+        True,
+        -(2**62),
+        1.25,
+        Decimal("-12345.678"),
+        "tëxt",
+        b"\x00\xffbytes",
+        datetime.date(1999, 12, 31),
+        datetime.datetime(2024, 2, 29, 23, 59, 58, 123456),
+    )
+    with psycopg.connect(pg.url(), autocommit=True) as conn:
+        cur = conn.cursor(binary=True)
+        cur.execute(
+            "CREATE TABLE typed (b boolean, i bigint, f double precision, n numeric(12,3), "
+            "t text, y bytea, d date, ts timestamp, j jsonb)"
+        )
+        cur.execute(
+            "INSERT INTO typed VALUES (%b, %b, %b, %b, %b, %b, %b, %b, %s::jsonb)",
+            (*values, '{"k": [1, 2]}'),
+        )
+        row = cur.execute("SELECT b, i, f, n, t, y, d, ts, j FROM typed").fetchone()
+        assert row == (*values, {"k": [1, 2]})
+        oids = [column.type_code for column in cur.description]
+        assert oids == [16, 20, 701, 1700, 25, 17, 1082, 1114, 3802]
+        text_row = conn.cursor().execute("SELECT b, i, f, n, t, y, d, ts, j FROM typed").fetchone()
+        assert text_row == row
+
+
+def test_subscribe_through_cursor_and_copy(pg: PgStack) -> None:
+    with psycopg.connect(pg.url(), autocommit=True) as conn:
+        conn.execute("CREATE TABLE feed (x bigint)")
+        conn.execute("INSERT INTO feed VALUES (1)")
+    with psycopg.connect(pg.url()) as conn:
+        cur = conn.cursor()
+        cur.execute("DECLARE c CURSOR FOR SUBSCRIBE feed")
+        cur.execute("FETCH ALL c")
+        first = cur.fetchall()
+        assert [(diff, x) for _, diff, x in first] == [(1, 1)]
+        assert [d.name for d in cur.description] == ["mz_timestamp", "mz_diff", "x"]
+        with psycopg.connect(pg.url(), autocommit=True) as writer:
+            writer.execute("INSERT INTO feed VALUES (2)")
+        cur.execute("FETCH ALL c WITH (timeout = '30s')")
+        assert [(diff, x) for _, diff, x in cur.fetchall()] == [(1, 2)]
+        cur.execute("FETCH 1 c WITH (timeout = '0.2s')")
+        assert cur.fetchall() == []
+        conn.rollback()
+    with psycopg.connect(pg.url(), autocommit=True) as conn:
+        seen: list[tuple[str, ...]] = []
+        cur = conn.cursor()
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            with cur.copy("COPY (SUBSCRIBE feed) TO STDOUT") as copy:
+                for row in copy.rows():
+                    seen.append(row)
+                    if len(seen) == 2:
+                        conn.cancel_safe()
+        assert sorted(r[1:] for r in seen) == [("1", "1"), ("1", "2")]
+
+
+def test_cancel_from_another_thread(pg: PgStack) -> None:
+    with psycopg.connect(pg.url(), autocommit=True) as conn:
+        conn.execute("CREATE TABLE quiet (x bigint)")
+        timer = threading.Timer(1.0, conn.cancel_safe)
+        timer.start()
+        started = time.monotonic()
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            conn.execute("DECLARE q CURSOR WITH HOLD FOR SUBSCRIBE quiet")
+            conn.execute("FETCH 5 q")
+        assert time.monotonic() - started < 30
+        assert conn.execute("SELECT 42").fetchone() == (42,)
+
+
+def test_sqlalchemy_reflects_a_table(pg: PgStack) -> None:
+    with psycopg.connect(pg.url(), autocommit=True) as conn:
+        conn.execute("CREATE TABLE reflected (id bigint NOT NULL, label text, price numeric(8,2))")
+    engine = sqlalchemy.create_engine(pg.url().replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        inspector = sqlalchemy.inspect(engine)
+        assert "reflected" in inspector.get_table_names()
+        columns = inspector.get_columns("reflected")
+        assert [(c["name"], str(c["type"]), c["nullable"]) for c in columns] == [
+            ("id", "BIGINT", False),
+            ("label", "TEXT", True),
+            ("price", "NUMERIC(8, 2)", True),
+        ]
+    finally:
+        engine.dispose()
+
+
+def test_settings_show_and_set(pg: PgStack) -> None:
+    with psycopg.connect(pg.url(), autocommit=True, application_name="tests") as conn:
+        assert conn.info.parameter_status("server_version") == "15.0"
+        assert conn.info.parameter_status("standard_conforming_strings") == "on"
+        assert conn.execute("SHOW application_name").fetchone() == ("tests",)
+        conn.execute("SET application_name = 'other'")
+        assert conn.info.parameter_status("application_name") == "other"
+        assert conn.execute("SHOW DateStyle").fetchone() == ("ISO, MDY",)
+        assert conn.execute("SHOW client_encoding").fetchone() == ("UTF8",)
+        assert conn.execute("SHOW server_version").fetchone() == ("15.0",)
+
+
+def test_scram_and_tls(pg: PgStack) -> None:
+    url = f"postgresql://alice:s3cret@127.0.0.1:{pg.scram_port}/tidemark"
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        psycopg.connect(f"postgresql://alice:wrong@127.0.0.1:{pg.scram_port}/tidemark")
+    tls = f"postgresql://tidemark@127.0.0.1:{pg.tls_port}/tidemark?sslmode=require"
+    with psycopg.connect(tls) as conn:
+        assert conn.pgconn.ssl_in_use
+        assert conn.execute("SELECT 2").fetchone() == (2,)
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(f"postgresql://tidemark@127.0.0.1:{pg.port}/tidemark?sslmode=require")
+
+
+def _exchange(port: int, payload: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(payload)
+        sock.shutdown(socket.SHUT_WR)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def _startup() -> bytes:
+    body = struct.pack("!i", 196608) + b"user\0tidemark\0database\0tidemark\0\0"
+    return struct.pack("!i", len(body) + 4) + body
+
+
+def test_protocol_errors_close_the_connection(pg: PgStack) -> None:
+    for bad in (
+        struct.pack("!i", 1 << 30),  # oversized startup packet
+        _startup() + b"Z" + struct.pack("!i", 4),  # unknown message type
+        _startup() + b"Q" + struct.pack("!i", 1 << 30),  # oversized message
+        _startup() + b"Q" + struct.pack("!i", 100) + b"SELECT",  # truncated
+    ):
+        answer = _exchange(pg.port, bad)
+        assert b"08P01" in answer, answer
+    assert _exchange(pg.port, _startup() + b"X\0\0\0\4").endswith(b"Z\0\0\0\5I")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(garbage=st.binary(min_size=1, max_size=300), after_startup=st.booleans())
+def test_garbage_never_stops_the_server(pg: PgStack, garbage: bytes, after_startup: bool) -> None:
+    _exchange(pg.port, (_startup() if after_startup else b"") + garbage)
+    with psycopg.connect(pg.url(), autocommit=True, connect_timeout=10) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
