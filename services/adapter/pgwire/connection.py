@@ -614,11 +614,9 @@ class Connection:
                     self._send(codec.copy_out_response(len(cursor_columns)))
                     await self._flush()
                 elif message.HasField("changes"):
-                    lines = [
-                        _copy_line(cursors.change_row(change)) for change in message.changes.changes
-                    ]
-                    count += len(lines)
-                    self._send(codec.copy_data(b"".join(lines)))
+                    for change in message.changes.changes:
+                        self._send(codec.copy_data(_copy_line(cursors.change_row(change))))
+                        count += 1
                     await self._flush()
             if cursor_columns is not None:
                 self._send(codec.copy_done())
