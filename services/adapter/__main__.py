@@ -69,7 +69,9 @@ class AdapterConfig(ServiceConfig):
         metavar="PATH",
     )
     pgwire_tls_cert: str = setting(
-        "", help="PEM certificate for pgwire TLS (SSLRequest answered 'N' without it)", metavar="PATH"
+        "",
+        help="PEM certificate for pgwire TLS (SSLRequest answered 'N' without it)",
+        metavar="PATH",
     )
     pgwire_tls_key: str = setting("", help="PEM private key for pgwire TLS", metavar="PATH")
 

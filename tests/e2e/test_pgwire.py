@@ -6,7 +6,6 @@ binary round trips), SQLAlchemy reflection, SCRAM and TLS, and bad bytes from hy
 from __future__ import annotations
 
 import datetime
-import os
 import socket
 import struct
 import subprocess
@@ -14,7 +13,6 @@ import threading
 import time
 from collections.abc import Iterator
 from decimal import Decimal
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -315,5 +313,3 @@ def test_garbage_never_stops_the_server(pg: PgStack, garbage: bytes, after_start
     _exchange(pg.port, (_startup() if after_startup else b"") + garbage)
     with psycopg.connect(pg.url(), autocommit=True, connect_timeout=10) as conn:
         assert conn.execute("SELECT 1").fetchone() == (1,)
-
-

@@ -53,14 +53,14 @@ class Interpreter:
 
     # -- queries --------------------------------------------------------------------------
 
-    def query(self, node: exp.Expression, outer: Env) -> tuple[list[str], list[list[Any]]]:
+    def query(self, node: exp.Expr, outer: Env) -> tuple[list[str], list[list[Any]]]:
         if isinstance(node, exp.Union):
-            names, left = self.query(node.left, outer)
+            union_names, left = self.query(node.left, outer)
             _, right = self.query(node.right, outer)
-            rows = left + right
+            combined = left + right
             if node.args.get("distinct"):
-                rows = _distinct(rows)
-            return names, self._order_limit(node, names, [(r, []) for r in rows])
+                combined = _distinct(combined)
+            return union_names, self._order_limit(node, union_names, [(r, []) for r in combined])
         if isinstance(node, exp.Subquery):
             return self.query(node.this, outer)
         if not isinstance(node, exp.Select):
@@ -70,14 +70,14 @@ class Interpreter:
         if where is not None:
             envs = [e for e in envs if _truthy(self.eval(where.this, e + outer))]
         names: list[str] = []
-        expressions: list[exp.Expression] = []
+        expressions: list[exp.Expr] = []
         for index, selected in enumerate(node.expressions):
             if isinstance(selected, exp.Star):
-                for alias, row in envs[0] if envs else []:
-                    for key in row or {}:
-                        if not key.startswith("_"):
-                            names.append(key)
-                            expressions.append(exp.column(key, table=alias))
+                for alias, source_row in envs[0] if envs else []:
+                    for column_name in source_row or {}:
+                        if not column_name.startswith("_"):
+                            names.append(column_name)
+                            expressions.append(exp.column(column_name, table=alias))
                 continue
             names.append(selected.alias_or_name or f"?column?{index}")
             expressions.append(selected)
@@ -88,32 +88,33 @@ class Interpreter:
             groups: dict[tuple[Any, ...], list[Env]] = {}
             for env in envs:
                 key = tuple(
-                    _hashable(self.eval(g, env + outer)) for g in (group.expressions if group else [])
+                    _hashable(self.eval(g, env + outer))
+                    for g in (group.expressions if group else [])
                 )
                 groups.setdefault(key, []).append(env)
             if not groups and group is None:
                 groups[()] = []
             for members in groups.values():
                 context = members[0] if members else []
-                row = [self._aggregate(e, members, outer, context) for e in expressions]
-                results.append((row, context))
+                values = [self._aggregate(e, members, outer, context) for e in expressions]
+                results.append((values, context))
         else:
             for env in envs:
                 results.append(([self.eval(e, env + outer) for e in expressions], env))
         if node.args.get("distinct"):
             seen: set[tuple[Any, ...]] = set()
             unique = []
-            for row, env in results:
-                key = tuple(_hashable(v) for v in row)
-                if key not in seen:
-                    seen.add(key)
-                    unique.append((row, env))
+            for values, env in results:
+                marker = tuple(_hashable(v) for v in values)
+                if marker not in seen:
+                    seen.add(marker)
+                    unique.append((values, env))
             results = unique
         return names, self._order_limit(node, names, results, outer)
 
     def _order_limit(
         self,
-        node: exp.Expression,
+        node: exp.Expr,
         names: list[str],
         results: list[tuple[list[Any], Env]],
         outer: Env | None = None,
@@ -137,7 +138,7 @@ class Interpreter:
         return rows
 
     def _order_value(
-        self, node: exp.Expression, names: list[str], item: tuple[list[Any], Env], outer: Env
+        self, node: exp.Expr, names: list[str], item: tuple[list[Any], Env], outer: Env
     ) -> Any:
         row, env = item
         if isinstance(node, exp.Literal) and not node.is_string:
@@ -169,21 +170,19 @@ class Interpreter:
             envs = joined
         return envs
 
-    def _relation(self, node: exp.Expression, outer: Env) -> list[tuple[str, Row | None]]:
+    def _relation(self, node: exp.Expr, outer: Env) -> list[tuple[str, Row | None]]:
         if isinstance(node, exp.Table):
             # A relation Tidemark has no rows for (or a set-returning function) is empty.
             rows = self.tables.rows(node.name) or []
             alias = _alias(node)
             return [(alias, row) for row in rows]
         if isinstance(node, exp.Subquery):
-            names, rows = self.query(node.this, outer)
+            names, results = self.query(node.this, outer)
             alias = node.alias_or_name
-            return [(alias, dict(zip(names, row, strict=True))) for row in rows]
+            return [(alias, dict(zip(names, result, strict=True))) for result in results]
         raise Unsupported(type(node).__name__)
 
-    def _aggregate(
-        self, node: exp.Expression, members: list[Env], outer: Env, context: Env
-    ) -> Any:
+    def _aggregate(self, node: exp.Expr, members: list[Env], outer: Env, context: Env) -> Any:
         if isinstance(node, exp.Alias):
             return self._aggregate(node.this, members, outer, context)
         if isinstance(node, exp.Count):
@@ -201,7 +200,7 @@ class Interpreter:
 
     # -- expressions ----------------------------------------------------------------------
 
-    def eval(self, node: exp.Expression, env: Env) -> Any:
+    def eval(self, node: exp.Expr, env: Env) -> Any:
         try:
             return self._eval(node, env)
         except Unsupported:
@@ -209,7 +208,7 @@ class Interpreter:
         except (ValueError, TypeError, KeyError, IndexError, AttributeError, re.error):
             return None
 
-    def _eval(self, node: exp.Expression, env: Env) -> Any:
+    def _eval(self, node: exp.Expr, env: Env) -> Any:
         e = self.eval
         if isinstance(node, exp.Alias | exp.Paren):
             return e(node.this, env)
@@ -251,8 +250,10 @@ class Interpreter:
             return _compare(node, e(node.this, env), e(right_node, env))
         if isinstance(node, exp.Is):
             value = e(node.this, env)
-            return value is None if isinstance(node.expression, exp.Null) else value is e(
-                node.expression, env
+            return (
+                value is None
+                if isinstance(node.expression, exp.Null)
+                else value is e(node.expression, env)
             )
         if isinstance(node, exp.In):
             left = e(node.this, env)
@@ -290,8 +291,10 @@ class Interpreter:
             default = node.args.get("default")
             return e(default, env) if default is not None else None
         if isinstance(node, exp.If):
-            return e(node.args["true"], env) if _truthy(e(node.this, env)) else (
-                e(node.args["false"], env) if node.args.get("false") else None
+            return (
+                e(node.args["true"], env)
+                if _truthy(e(node.this, env))
+                else (e(node.args["false"], env) if node.args.get("false") else None)
             )
         if isinstance(node, exp.Cast):
             return self._cast(e(node.this, env), node.to.sql(dialect="postgres").lower())
@@ -419,14 +422,18 @@ class Interpreter:
         return {
             "format_type": format_type,
             "pg_get_userbyid": lambda *_: OWNER,
-            "pg_table_is_visible": lambda oid: oid in tables.class_by_oid
-            and tables.namespace_names.get(tables.class_by_oid[oid]["relnamespace"])
-            in self.context.get("search_path", ["public"]),
+            "pg_table_is_visible": lambda oid: (
+                oid in tables.class_by_oid
+                and tables.namespace_names.get(tables.class_by_oid[oid]["relnamespace"])
+                in self.context.get("search_path", ["public"])
+            ),
             "pg_type_is_visible": lambda *_: True,
             "pg_encoding_to_char": lambda *_: "UTF8",
-            "array_to_string": lambda values, sep, *_: None
-            if values is None
-            else sep.join(str(v) for v in _as_list(values) if v is not None),
+            "array_to_string": lambda values, sep, *_: (
+                None
+                if values is None
+                else sep.join(str(v) for v in _as_list(values) if v is not None)
+            ),
             "pg_get_indexdef": index_definition,
             "pg_get_expr": lambda *_: None,
             "pg_get_constraintdef": lambda *_: None,
@@ -442,9 +449,9 @@ class Interpreter:
             "current_database": lambda *_: tables.database,
             "version": lambda *_: self.context.get("version"),
             "to_regtype": lambda name: None if name is None else self._type_oid(str(name)),
-            "to_regclass": lambda name: None
-            if name is None
-            else tables.class_by_name.get(str(name).replace('"', "")),
+            "to_regclass": lambda name: (
+                None if name is None else tables.class_by_name.get(str(name).replace('"', ""))
+            ),
             "has_table_privilege": lambda *_: True,
             "has_schema_privilege": lambda *_: True,
             "has_database_privilege": lambda *_: True,
@@ -458,7 +465,7 @@ class Interpreter:
         }
 
 
-def _has_aggregate(node: exp.Expression) -> bool:
+def _has_aggregate(node: exp.Expr) -> bool:
     """An aggregate of this query level (not one inside a subquery)."""
     if isinstance(node, exp.AggFunc):
         return True
@@ -467,21 +474,21 @@ def _has_aggregate(node: exp.Expression) -> bool:
     return any(_has_aggregate(child) for child in node.iter_expressions())
 
 
-def _arguments(node: exp.Func) -> list[exp.Expression]:
+def _arguments(node: exp.Func) -> list[exp.Expr]:
     if isinstance(node, exp.Anonymous):
         return list(node.expressions)
-    out: list[exp.Expression] = []
+    out: list[exp.Expr] = []
     for key in node.arg_types:
         value = node.args.get(key)
         if isinstance(value, list):
-            out.extend(v for v in value if isinstance(v, exp.Expression))
-        elif isinstance(value, exp.Expression):
+            out.extend(v for v in value if isinstance(v, exp.Expr))
+        elif isinstance(value, exp.Expr):
             out.append(value)
     return out
 
 
-def _alias(node: exp.Expression) -> str:
-    return node.alias_or_name if isinstance(node, exp.Table) else node.alias_or_name
+def _alias(node: exp.Expr) -> str:
+    return node.alias_or_name
 
 
 def _truthy(value: Any) -> bool:
@@ -517,7 +524,7 @@ def _equal(left: Any, right: Any) -> bool:
     return bool(left == right)
 
 
-def _compare(node: exp.Expression, left: Any, right: Any) -> bool | None:
+def _compare(node: exp.Expr, left: Any, right: Any) -> bool | None:
     if left is None or right is None:
         return None
     left, right = _coerce(left, right)

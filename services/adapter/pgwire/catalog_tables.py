@@ -196,9 +196,7 @@ class CatalogTables:
                             "column_default": None,
                             "is_nullable": "YES" if nullable else "NO",
                             "data_type": pgtypes.format_type(sql_type).split("(")[0],
-                            "udt_name": next(
-                                (t[1] for t in _TYPES if t[0] == pg.oid), "text"
-                            ),
+                            "udt_name": next((t[1] for t in _TYPES if t[0] == pg.oid), "text"),
                         }
                     )
             if relkind != "i":

@@ -62,7 +62,7 @@ class Reader:
     def byte(self) -> int:
         return self._take(1)[0]
 
-    def bytes(self, size: int) -> bytes:
+    def take(self, size: int) -> bytes:
         return self._take(size)
 
     def cstring(self) -> str:
@@ -242,7 +242,7 @@ def decode_bind(body: bytes) -> Bind:
         size = r.int32()
         if size < -1:
             raise ProtocolError(f"invalid parameter length {size}")
-        params.append(None if size == -1 else r.bytes(size))
+        params.append(None if size == -1 else r.take(size))
     result_formats = [r.int16() for _ in range(_count(r))]
     r.done()
     for code in (*formats, *result_formats):
@@ -296,7 +296,7 @@ def decode_sasl_initial(body: bytes) -> tuple[str, bytes]:
     r = Reader(body)
     mechanism = r.cstring()
     size = r.int32()
-    data = b"" if size == -1 else r.bytes(size)
+    data = b"" if size == -1 else r.take(size)
     r.done()
     return mechanism, data
 
@@ -409,7 +409,9 @@ def portal_suspended() -> bytes:
 
 
 def parameter_description(oids: Sequence[int]) -> bytes:
-    return message(b"t", struct.pack("!h", len(oids)) + b"".join(struct.pack("!I", o) for o in oids))
+    return message(
+        b"t", struct.pack("!h", len(oids)) + b"".join(struct.pack("!I", o) for o in oids)
+    )
 
 
 def copy_in_response(columns: int, fmt: int = 0) -> bytes:

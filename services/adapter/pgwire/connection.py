@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import re
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -23,7 +24,12 @@ from services.adapter.executor import SessionState
 from services.adapter.pgwire import codec, cursors, pgtypes
 from services.adapter.pgwire.auth import AuthFailed
 from services.adapter.pgwire.codec import Bind, Notice, ProtocolError
-from services.adapter.pgwire.params import PositionMap, parameter_count, split_statements, substitute
+from services.adapter.pgwire.params import (
+    PositionMap,
+    parameter_count,
+    split_statements,
+    substitute,
+)
 from services.adapter.pgwire.shims import CatalogShims
 from services.adapter.results import PROTOCOL_VIOLATION, QUERY_CANCELED
 from services.adapter.service import MAX_COPY_IN_BYTES
@@ -301,9 +307,7 @@ class Connection:
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if self._cancel_requested and current is not None and not current.cancelling():
-                raise SqlError(
-                    QUERY_CANCELED, "canceling statement due to user request"
-                ) from None
+                raise SqlError(QUERY_CANCELED, "canceling statement due to user request") from None
             raise
         finally:
             self._running = None
@@ -380,7 +384,9 @@ class Connection:
                 pgtypes.sql_literal(
                     pgtypes.decode_param(value, oid, bind.param_format(i), i + 1), oid
                 )
-                for i, (value, oid) in enumerate(zip(bind.params, prepared.param_types, strict=True))
+                for i, (value, oid) in enumerate(
+                    zip(bind.params, prepared.param_types, strict=True)
+                )
             ]
             sql, positions = substitute(prepared.sql, literals)
             self.portals[bind.portal] = Portal(sql, positions, bind)
@@ -407,7 +413,9 @@ class Connection:
     def _statement(self, name: str) -> Prepared:
         prepared = self.statements.get(name)
         if prepared is None:
-            raise SqlError(INVALID_SQL_STATEMENT_NAME, f'prepared statement "{name}" does not exist')
+            raise SqlError(
+                INVALID_SQL_STATEMENT_NAME, f'prepared statement "{name}" does not exist'
+            )
         return prepared
 
     def _portal(self, name: str) -> Portal:
@@ -480,7 +488,11 @@ class Connection:
     async def _returns_rows(self, text: str) -> bool:
         if self.shims.recognises(text) or cursors.FETCH.match(text):
             return True
-        if cursors.DECLARE.match(text) or cursors.CLOSE.match(text) or cursors.SUBSCRIBE.match(text):
+        if (
+            cursors.DECLARE.match(text)
+            or cursors.CLOSE.match(text)
+            or cursors.SUBSCRIBE.match(text)
+        ):
             return False
         try:
             statements = parse(text)
@@ -532,9 +544,11 @@ class Connection:
         if outcome.HasField("error"):
             error = outcome.error
             raise SqlError(error.code, error.message, error.position, hint=error.hint)
-        columns = list(outcome.columns) if outcome.columns or isinstance(
-            statement, ROW_STATEMENTS
-        ) else None
+        columns = (
+            list(outcome.columns)
+            if outcome.columns or isinstance(statement, ROW_STATEMENTS)
+            else None
+        )
         return Result(outcome.tag, columns, list(outcome.rows), list(outcome.notices))
 
     def _end_of_transaction(self) -> None:
@@ -551,7 +565,9 @@ class Connection:
             width = len(statement.columns)
         else:
             view = await self.shims.catalog_view()
-            relation = view.resolve(statement.table, self.session.settings.values, statement.position)
+            relation = view.resolve(
+                statement.table, self.session.settings.values, statement.position
+            )
             width = len(relation.schema.columns)
         self._send(codec.copy_in_response(width))
         await self._flush()
@@ -564,13 +580,15 @@ class Connection:
                 if size > MAX_COPY_IN_BYTES:
                     raise SqlError(
                         "54000",
-                        f"COPY FROM STDIN takes at most {MAX_COPY_IN_BYTES >> 20} MiB per statement",
+                        f"COPY FROM STDIN takes at most {MAX_COPY_IN_BYTES >> 20} MiB a statement",
                     )
                 chunks.append(body)
             elif kind == ord("c"):
                 break
             elif kind == ord("f"):
-                raise SqlError(QUERY_CANCELED, f"COPY from stdin failed: {codec.decode_copy_fail(body)}")
+                raise SqlError(
+                    QUERY_CANCELED, f"COPY from stdin failed: {codec.decode_copy_fail(body)}"
+                )
             elif kind in (ord("H"), ord("S")):
                 continue
             else:
@@ -622,16 +640,19 @@ class Connection:
                 self._send(codec.copy_done())
             return Result(f"COPY {count}")
         finally:
-            await stream.aclose()
+            closer = getattr(stream, "aclose", None)
+            if closer is not None:
+                await closer()
 
     # -- cursors --------------------------------------------------------------------------
 
-    async def _declare(self, match: cursors.re.Match[str]) -> Result:
+    async def _declare(self, match: re.Match[str]) -> Result:
         name = cursors.identifier(match[1])
         hold = (match[2] or "").upper() == "WITH"
         if self.session.transaction is None and not hold:
             raise SqlError(
-                cursors.NO_ACTIVE_TRANSACTION, "DECLARE CURSOR can only be used in transaction blocks"
+                cursors.NO_ACTIVE_TRANSACTION,
+                "DECLARE CURSOR can only be used in transaction blocks",
             )
         if self.session.transaction is not None and self.session.transaction.failed:
             raise SqlError(
@@ -652,7 +673,7 @@ class Connection:
         self.cursors[name] = cursor
         return Result("DECLARE CURSOR")
 
-    async def _fetch(self, match: cursors.re.Match[str]) -> Result:
+    async def _fetch(self, match: re.Match[str]) -> Result:
         name = cursors.identifier(match[3])
         cursor = self.cursors.get(name)
         if cursor is None:
@@ -662,7 +683,7 @@ class Connection:
         rows = await cursor.fetch(count, cursors.fetch_timeout_ms(match[4]))
         return Result(f"FETCH {len(rows)}", cursor.columns, rows)
 
-    async def _close_cursor(self, match: cursors.re.Match[str]) -> Result:
+    async def _close_cursor(self, match: re.Match[str]) -> Result:
         target = match[1]
         names = list(self.cursors) if target.upper() == "ALL" else [cursors.identifier(target)]
         for name in names:
