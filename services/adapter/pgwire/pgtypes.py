@@ -14,7 +14,7 @@ import math
 import re
 import struct
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal, InvalidOperation, localcontext
 
 from services.adapter.sql.errors import SqlError
 from tidemark.v1 import adapter_pb2
@@ -186,7 +186,7 @@ def numeric_binary(value: Decimal) -> bytes:
     sign = 0x4000 if value < 0 else 0
     exponent = value.as_tuple().exponent
     dscale = max(0, -exponent) if isinstance(exponent, int) else 0
-    whole, _, fraction = format(abs(value), "f").partition(".")
+    whole, _, fraction = format(value.copy_abs(), "f").partition(".")
     whole = whole.lstrip("0")
     whole = whole.rjust((len(whole) + 3) // 4 * 4, "0")
     fraction = fraction.ljust((len(fraction) + 3) // 4 * 4, "0")
@@ -216,12 +216,16 @@ def numeric_from_binary(data: bytes) -> Decimal:
     groups = struct.unpack(f"!{count}H", data[8:])
     if any(g > 9999 for g in groups):
         raise ValueError("numeric digit out of range")
-    total = Decimal(0)
-    for index, group in enumerate(groups):
-        total += Decimal(group).scaleb(4 * (weight - index))
-    if sign == 0x4000:
-        total = -total
-    return total.quantize(Decimal(1).scaleb(-dscale)) if dscale >= 0 else total
+    digits = 0
+    for group in groups:
+        digits = digits * 10000 + group
+    with localcontext() as context:
+        # numeric holds up to 131072 digits before the point; be exact, not 28 digits.
+        context.prec = 200_000
+        total = Decimal(digits).scaleb(4 * (weight - count + 1))
+        if sign == 0x4000:
+            total = -total
+        return total.quantize(Decimal(1).scaleb(-dscale)) if dscale >= 0 else total
 
 
 # -- parameters -----------------------------------------------------------------------------
