@@ -52,7 +52,15 @@ class PgServer:
     def from_flags(
         cls, adapter: Adapter, password_file: str, tls_cert: str, tls_key: str
     ) -> PgServer:
-        roles = PasswordFile.read(Path(password_file)) if password_file else None
+        roles = None
+        if password_file:
+            path = Path(password_file)
+            if path.exists():
+                roles = PasswordFile.read(path)
+            else:
+                # A Secret not created yet (Kubernetes mounts it optionally): trust nobody
+                # remote rather than refuse to start.
+                log.warning("pgwire_password_file_missing", path=password_file)
         if bool(tls_cert) != bool(tls_key):
             raise SystemExit("--pgwire-tls-cert and --pgwire-tls-key go together")
         tls = tls_context(tls_cert, tls_key) if tls_cert else None
