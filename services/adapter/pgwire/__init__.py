@@ -23,10 +23,13 @@ protocol, COPY, cancel, SCRAM, TLS, running inside this asyncio process):
   passwords only (no SCRAM); an SSLRequest is answered with a notice, never TLS; a
   CancelRequest closes the whole session instead of cancelling the running statement; no
   COPY sub-protocol at all.
-- riffq 0.1.11: a Rust extension (the ``pgwire`` crate) whose sdist needs the Rust toolchain
-  and network at install time (it does not install here); it runs its own Tokio runtime and
-  calls Python back on other threads, so statements would leave the adapter's event loop, and
-  its Python API exposes neither COPY nor cancellation of a running callback.
+- riffq 0.1.11 (its source, pysrc/riffq/connection.py, read; the sdist needs the Rust
+  toolchain and network to build, so it does not install here): a Rust server (the ``pgwire``
+  crate) on its own Tokio runtime calling Python back on a thread pool, so statements would
+  leave the adapter's event loop. It has TLS (``set_tls``), but its Python hooks are
+  ``on_authentication(user, password)`` (the client's cleartext password, no SCRAM
+  verifiers), ``on_query`` (Arrow batches back), ``on_connect`` and ``on_disconnect``: no
+  COPY, no cancellation of a running query, no say in Describe's row shape.
 
 Neither does it right, so the codec is written here (a few hundred lines) and tested against
 the documented message formats (tests/unit/test_pgwire_codec.py).
