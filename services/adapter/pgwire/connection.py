@@ -52,6 +52,7 @@ INVALID_SQL_STATEMENT_NAME = "26000"
 INVALID_CURSOR_NAME = "34000"
 UNDEFINED_DATABASE = "3D000"
 SYNTAX_ERROR = "42601"
+STREAMING = re.compile(r"\s*(COPY|SUBSCRIBE)\b", re.IGNORECASE)
 ROW_STATEMENTS = (ast.Select, ast.ShowObjects, ast.ShowColumns, ast.ShowSetting, ast.Explain)
 # Parameters reported to the client at startup and whenever SET changes them.
 REPORTED = {
@@ -439,7 +440,10 @@ class Connection:
             self._send(codec.row_description(_fields(columns, None)))
 
     async def _describe_portal(self, portal: Portal) -> None:
-        if portal.result is None and await self._returns_rows(portal.sql):
+        # Clients send Execute right after Describe, so the portal runs now (once) and its
+        # columns come from the result: no second parse just to learn its shape. COPY and
+        # SUBSCRIBE talk to the client while they run, so they wait for the Execute.
+        if portal.result is None and not STREAMING.match(portal.sql):
             await self._run_portal(portal)
         result = portal.result
         if result is None or result.columns is None:
