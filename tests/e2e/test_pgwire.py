@@ -20,6 +20,7 @@ import sqlalchemy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from services.adapter.pgwire import codec
 from tests.support.ports import free_port
 from tests.support.sql_stack import SqlStack, sql_stack
 
@@ -108,6 +109,14 @@ def test_psql_session_and_describe_commands(pg: PgStack) -> None:
     assert "spend_by_customer | index | tidemark | spend" in psql(pg, "\\di")
     assert "tidemark | tidemark | UTF8" in psql(pg, "\\l")
     assert "public | tidemark" in psql(pg, "\\dn")
+    script = "\\copy orders FROM stdin\n4\tcy\t2.00\n\\.\nBEGIN;\nSELECT nosuch;\nSELECT 1;\n"
+    script += "ROLLBACK;\nSELECT count(*) AS orders FROM orders;\n"
+    session = subprocess.run(
+        [PSQL, pg.url(), "-X"], input=script, capture_output=True, text=True, timeout=120
+    )
+    assert "COPY 1" in session.stdout and " orders \n--------\n      4\n" in session.stdout
+    assert 'column "nosuch" does not exist' in session.stderr
+    assert "current transaction is aborted" in session.stderr
     described = psql(pg, "\\d orders")
     assert 'Table "public.orders"' in described
     assert "id       | bigint        |           | not null |" in described
@@ -313,3 +322,101 @@ def test_garbage_never_stops_the_server(pg: PgStack, garbage: bytes, after_start
     _exchange(pg.port, (_startup() if after_startup else b"") + garbage)
     with psycopg.connect(pg.url(), autocommit=True, connect_timeout=10) as conn:
         assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+class RawClient:
+    """Frontend messages by hand, backend messages read back as (type, body)."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+        self.buffer = b""
+        self.sock.sendall(_startup())
+        self.until(b"Z")
+
+    def send(self, kind: bytes, body: bytes) -> None:
+        self.sock.sendall(kind + struct.pack("!i", len(body) + 4) + body)
+
+    def read(self) -> tuple[bytes, bytes]:
+        while len(self.buffer) < 5 or len(self.buffer) < 1 + _length(self.buffer):
+            chunk = self.sock.recv(65536)
+            assert chunk, "connection closed"
+            self.buffer += chunk
+        size = 1 + _length(self.buffer)
+        kind, body = self.buffer[:1], self.buffer[5:size]
+        self.buffer = self.buffer[size:]
+        return kind, body
+
+    def until(self, last: bytes) -> list[tuple[bytes, bytes]]:
+        messages = []
+        while True:
+            message = self.read()
+            messages.append(message)
+            if message[0] == last:
+                return messages
+
+    def close(self) -> None:
+        self.send(b"X", b"")
+        self.sock.close()
+
+
+def _length(buffer: bytes) -> int:
+    return int(struct.unpack("!i", buffer[1:5])[0])
+
+
+def _rows(messages: list[tuple[bytes, bytes]]) -> list[list[bytes | None]]:
+    rows = []
+    for kind, body in messages:
+        if kind != b"D":
+            continue
+        (count,), offset, row = struct.unpack("!h", body[:2]), 2, []
+        for _ in range(count):
+            (size,) = struct.unpack("!i", body[offset : offset + 4])
+            offset += 4
+            row.append(None if size < 0 else body[offset : offset + size])
+            offset += max(size, 0)
+        rows.append(row)
+    return rows
+
+
+def test_extended_protocol_named_statements_portals_and_row_limits(pg: PgStack) -> None:
+    with psycopg.connect(pg.url(), autocommit=True) as conn:
+        conn.execute("CREATE TABLE numbers (n bigint)")
+        conn.execute("INSERT INTO numbers VALUES (1), (2), (3), (4), (5)")
+    client = RawClient(pg.port)
+    try:
+        # Parse a named statement with a given parameter type; Describe it; Flush.
+        query = b"SELECT n FROM numbers WHERE n >= $1 ORDER BY n\0"
+        client.send(b"P", b"s1\0" + query + struct.pack("!hI", 1, 20))
+        client.send(b"D", b"Ss1\0")
+        client.send(b"H", b"")
+        kinds = [client.read()[0] for _ in range(3)]
+        assert kinds == [b"1", b"t", b"T"]
+        # Bind a named portal (text parameter 2, binary results), Execute 2 rows at a time.
+        bind = b"p1\0s1\0" + struct.pack("!hh", 1, 0) + struct.pack("!hi", 1, 1) + b"2"
+        client.send(b"B", bind + struct.pack("!hh", 1, 1))
+        client.send(b"E", b"p1\0" + struct.pack("!i", 2))
+        client.send(b"E", b"p1\0" + struct.pack("!i", 2))
+        client.send(b"E", b"p1\0" + struct.pack("!i", 2))
+        client.send(b"C", b"Pp1\0")
+        client.send(b"S", b"")
+        messages = client.until(b"Z")
+        assert [k for k, _ in messages] == [
+            b"2", b"D", b"D", b"s", b"D", b"D", b"s", b"C", b"3", b"Z"
+        ]  # fmt: skip
+        assert _rows(messages) == [[struct.pack("!q", n)] for n in (2, 3, 4, 5)]
+        assert messages[-1][1] == b"I"
+        # An error skips to Sync; the named statement survives; an unknown portal is 34000.
+        client.send(b"E", b"nope\0" + struct.pack("!i", 0))
+        client.send(b"B", b"\0s1\0" + struct.pack("!hhi", 0, 1, 1) + b"5" + struct.pack("!h", 0))
+        client.send(b"S", b"")
+        messages = client.until(b"Z")
+        assert [k for k, _ in messages] == [b"E", b"Z"]
+        assert codec.decode_fields(messages[0][1])["C"] == "34000"
+        client.send(b"B", b"\0s1\0" + struct.pack("!hhi", 0, 1, 1) + b"5" + struct.pack("!h", 0))
+        client.send(b"E", b"\0" + struct.pack("!i", 0))
+        client.send(b"S", b"")
+        messages = client.until(b"Z")
+        assert _rows(messages) == [[b"5"]]
+        assert (b"C", b"SELECT 1\0") in messages
+    finally:
+        client.close()

@@ -416,7 +416,10 @@ class Interpreter:
                 return "timestamp without time zone"
             return name
 
-        def index_definition(oid: Any, *_: Any) -> str | None:
+        def index_definition(oid: Any, column: Any = 0, *_: Any) -> str | None:
+            if column:
+                keys = tables.index_keys.get(oid, [])
+                return keys[column - 1] if 0 < column <= len(keys) else None
             return tables.index_definitions.get(oid)
 
         return {

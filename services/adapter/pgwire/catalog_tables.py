@@ -158,6 +158,7 @@ class CatalogTables:
                         "indislive": True,
                         "indisreplident": False,
                         "indnatts": len(item.index.key_columns),
+                        "indnkeyatts": len(item.index.key_columns),
                         "indkey": " ".join(str(n + 1) for n in range(len(item.index.key_columns))),
                         "_definition": (
                             f"CREATE INDEX {item.name.item} ON "
@@ -182,6 +183,7 @@ class CatalogTables:
                         "attgenerated": "",
                         "attcollation": 0,
                         "attlen": pg.size,
+                        "attstorage": "p" if pg.size > 0 else "x",
                         "_format": pgtypes.format_type(sql_type),
                     }
                 )
@@ -274,6 +276,11 @@ class CatalogTables:
                 "oid"
             ]
         self.index_definitions = {r["indexrelid"]: r["_definition"] for r in indexes}
+        self.index_keys = {
+            r["attrelid"]: [a["attname"] for a in attributes if a["attrelid"] == r["attrelid"]]
+            for r in attributes
+            if r["attrelid"] in self.index_definitions
+        }
         self.namespace_names = namespace_names
 
 
@@ -284,6 +291,11 @@ def _on_name(item: catalog_pb2.CatalogItem, view: CatalogView) -> str:
 
 def _columns(item: catalog_pb2.CatalogItem, view: CatalogView) -> list[tuple[str, str, bool]]:
     if item_kind(item) == "index":
-        return [(name, "text", True) for name in item.index.key_columns]
+        # An index's columns are its keys, typed as the relation's columns of those names.
+        on = view.by_id(item.index.on_id)
+        types = {}
+        if on is not None:
+            types = {c.name: (sql_type_name(c), c.nullable) for c in relation_schema(on).columns}
+        return [(key, *types.get(key, ("text", True))) for key in item.index.key_columns]
     schema = relation_schema(item)
     return [(c.name, sql_type_name(c), c.nullable) for c in schema.columns]

@@ -468,6 +468,7 @@ class Connection:
                 portal.sent = 1
             return
         rows = result.rows
+        start = portal.sent
         end = len(rows) if max_rows <= 0 else min(len(rows), portal.sent + max_rows)
         oids = [pgtypes.pg_type(c.type).oid for c in result.columns]
         formats = [portal.bind.result_format(i) for i in range(len(oids))]
@@ -478,7 +479,9 @@ class Connection:
             self._send(codec.data_row(_encode_row(row, oids, formats)))
             await self._maybe_flush()
         portal.sent = end
-        if max_rows > 0 and end < len(rows):
+        # As PostgreSQL: reaching the row limit suspends the portal, even on its last row;
+        # the next Execute then completes it.
+        if max_rows > 0 and end - start == max_rows:
             self._send(codec.portal_suspended())
             return
         tag = result.tag
