@@ -7,6 +7,7 @@ slow part, so the test starts it twice in all."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import queue
@@ -295,7 +296,8 @@ async def test_up_serves_sql_and_keeps_its_data_across_restarts(tmp_path: Path) 
         # The same data through the PostgreSQL wire protocol, at the URL up printed.
         url = f"postgres://tidemark@127.0.0.1:{base - 1}/tidemark"
         assert any(line.strip().startswith(url) for line in first.lines), first.lines
-        through_psql = subprocess.run(
+        through_psql = await asyncio.to_thread(
+            subprocess.run,
             ["psql", url, "-X", "-A", "-t", "-c", "SELECT customer FROM spend ORDER BY customer"],
             capture_output=True,
             text=True,
