@@ -19,6 +19,7 @@ import pytest
 import sqlalchemy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from psycopg.types import TypeInfo
 
 from services.adapter.pgwire import codec
 from tests.support.ports import free_port
@@ -273,6 +274,16 @@ def test_settings_show_and_set(pg: PgStack) -> None:
         assert conn.execute("SHOW DateStyle").fetchone() == ("ISO, MDY",)
         assert conn.execute("SHOW client_encoding").fetchone() == ("UTF8",)
         assert conn.execute("SHOW server_version").fetchone() == ("15.0",)
+        # psycopg's type lookups read pg_type.
+        jsonb = TypeInfo.fetch(conn, "jsonb")
+        assert jsonb is not None and (jsonb.oid, jsonb.array_oid) == (3802, 3807)
+        numeric = TypeInfo.fetch(conn, "numeric")
+        assert numeric is not None and numeric.oid == 1700
+        assert TypeInfo.fetch(conn, "hstore") is None
+        assert conn.execute("SELECT current_schema(), current_database()").fetchone() == (
+            "public",
+            "tidemark",
+        )
 
 
 def test_scram_and_tls(pg: PgStack) -> None:
