@@ -429,5 +429,18 @@ def test_extended_protocol_named_statements_portals_and_row_limits(pg: PgStack) 
         messages = client.until(b"Z")
         assert _rows(messages) == [[b"5"]]
         assert (b"C", b"SELECT 1\0") in messages
+        # Unspecified parameter types are inferred from where the parameters stand.
+        for sql, oids in (
+            (b"SELECT n FROM numbers WHERE n > $1 AND $2::date IS NOT NULL", [20, 1082]),
+            (b"INSERT INTO numbers (n) VALUES ($1)", [20]),
+            (b"SELECT $1", [25]),
+        ):
+            client.send(b"P", b"\0" + sql + b"\0" + struct.pack("!h", 0))
+            client.send(b"D", b"S\0")
+            client.send(b"S", b"")
+            messages = client.until(b"Z")
+            description = next(body for kind, body in messages if kind == b"t")
+            count = struct.unpack("!h", description[:2])[0]
+            assert list(struct.unpack(f"!{count}I", description[2:])) == oids, sql
     finally:
         client.close()

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from services.adapter.copying.encoding import encode_rows
 from services.adapter.executor import SessionState
-from services.adapter.pgwire import codec, cursors, pgtypes
+from services.adapter.pgwire import codec, cursors, inference, pgtypes
 from services.adapter.pgwire.auth import AuthFailed
 from services.adapter.pgwire.codec import Bind, Notice, ProtocolError
 from services.adapter.pgwire.params import (
@@ -429,8 +429,14 @@ class Connection:
         self.portals.pop("", None)
 
     async def _describe_statement(self, prepared: Prepared) -> None:
-        oids = [oid or pgtypes.TEXT for oid in prepared.param_types]
-        self._send(codec.parameter_description(oids))
+        if not all(prepared.param_types):
+            view = await self.shims.catalog_view()
+            settings = self.session.settings.values
+            # What Describe reports is what Bind's values are then read as.
+            prepared.param_types = inference.infer(
+                prepared.sql, prepared.param_types, view, settings
+            )
+        self._send(codec.parameter_description(prepared.param_types))
         nulls = [pgtypes.sql_literal(None, oid) for oid in prepared.param_types]
         sql, _ = substitute(prepared.sql, nulls)
         columns = await self._cancellable(lambda: self._columns_of(sql))
