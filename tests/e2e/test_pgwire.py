@@ -234,6 +234,21 @@ def test_subscribe_through_cursor_and_copy(pg: PgStack) -> None:
         assert sorted(r[1:] for r in seen) == [("1", "1"), ("1", "2")]
 
 
+def test_psycopg_server_side_cursors(pg: PgStack) -> None:
+    with psycopg.connect(pg.url(), autocommit=True) as conn:
+        conn.execute("CREATE TABLE pages (x bigint)")
+        conn.execute("INSERT INTO pages VALUES (1), (2), (3)")
+    with psycopg.connect(pg.url()) as conn:
+        named = conn.cursor("named")
+        named.execute("SELECT x FROM pages ORDER BY x")
+        assert named.fetchmany(2) == [(1,), (2,)]
+        assert named.fetchall() == [(3,)]
+        named.close()
+        changes = conn.cursor("changes")
+        changes.execute("SUBSCRIBE pages")
+        assert sorted((diff, x) for _, diff, x in changes.fetchmany(3)) == [(1, 1), (1, 2), (1, 3)]
+
+
 def test_cancel_from_another_thread(pg: PgStack) -> None:
     with psycopg.connect(pg.url(), autocommit=True) as conn:
         conn.execute("CREATE TABLE quiet (x bigint)")

@@ -396,6 +396,11 @@ class Connection:
             describe = codec.decode_describe(body)
             if describe.kind == "S":
                 await self._describe_statement(self._statement(describe.name))
+            elif describe.name not in self.portals and describe.name in self.cursors:
+                # A DECLAREd cursor is also a portal of that name (psycopg's named cursors
+                # describe it so).
+                columns = self.cursors[describe.name].columns
+                self._send(codec.row_description(_fields(columns, None)))
             else:
                 await self._describe_portal(self._portal(describe.name))
         elif kind == ord("E"):

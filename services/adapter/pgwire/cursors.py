@@ -18,7 +18,7 @@ from services.adapter.sql.errors import SqlError
 from tidemark.v1 import adapter_pb2
 
 DECLARE = re.compile(
-    r"\s*DECLARE\s+(\"[^\"]+\"|\w+)\s+(?:NO\s+SCROLL\s+)?CURSOR\s+(?:(WITH|WITHOUT)\s+HOLD\s+)?"
+    r"\s*DECLARE\s+(\"[^\"]+\"|\w+)\s+(?:(?:NO\s+)?SCROLL\s+)?CURSOR\s+(?:(WITH|WITHOUT)\s+HOLD\s+)?"
     r"FOR\s+(.*?)\s*;?\s*\Z",
     re.IGNORECASE | re.DOTALL,
 )
