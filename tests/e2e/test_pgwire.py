@@ -173,6 +173,17 @@ def test_psycopg_copy_in_and_out(pg: PgStack) -> None:
         with cur.copy("COPY (SELECT id, note FROM copied ORDER BY id) TO STDOUT") as copy:
             rows = list(copy.rows())
         assert rows == [("1", "a\tb"), ("2", None), ("3", "three")]
+        # The client gives up in the middle (CopyFail): nothing is written.
+        with pytest.raises(ZeroDivisionError):
+            with cur.copy("COPY copied FROM STDIN") as copy:
+                copy.write_row((4, "four"))
+                raise ZeroDivisionError
+        assert cur.execute("SELECT count(*) FROM copied").fetchone() == (3,)
+        # A COPY whose data is bad fails whole, with the line it stopped at.
+        with pytest.raises(psycopg.errors.InvalidTextRepresentation, match="line 2"):
+            with cur.copy("COPY copied FROM STDIN") as copy:
+                copy.write(b"5\tfive\nsix\t6\n")
+        assert cur.execute("SELECT count(*) FROM copied").fetchone() == (3,)
 
 
 def test_binary_round_trip_of_every_type(pg: PgStack) -> None:

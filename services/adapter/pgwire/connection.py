@@ -178,8 +178,6 @@ class Connection:
                 self.server.cancel(packet.process_id, packet.secret_key)
                 return False
             break
-        if self.server.tls_required and self.writer.get_extra_info("ssl_object") is None:
-            raise AuthFailed("28000", "this server takes TLS connections only")
         parameters = packet.parameters
         self.user = parameters.get("user", "")
         if not self.user:

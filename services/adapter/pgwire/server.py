@@ -35,13 +35,11 @@ class PgServer:
         authenticator: Authenticator,
         tls: ssl.SSLContext | None = None,
         *,
-        tls_required: bool = False,
         server_version: str = SERVER_VERSION,
     ) -> None:
         self.adapter = adapter
         self.authenticator = authenticator
         self.tls = tls
-        self.tls_required = tls_required
         self.server_version = server_version
         self.connections: dict[int, Connection] = {}
         self._next_process_id = secrets.randbelow(1 << 20) + 1
