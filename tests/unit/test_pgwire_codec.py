@@ -11,6 +11,8 @@ import struct
 from decimal import Decimal
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from services.adapter.pgwire import codec, pgtypes
 from services.adapter.pgwire.auth import AuthFailed, ScramExchange, ScramVerifier
@@ -214,3 +216,44 @@ def test_scram_sha_256_matches_rfc_7677() -> None:
     assert failure.value.code == "28P01"
     with pytest.raises(AuthFailed):
         ScramExchange(None).first(b"p=tls-server-end-point,,n=user,r=abc")
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=st.binary(max_size=200))
+def test_decoders_take_any_bytes_without_crashing(body: bytes) -> None:
+    decoders = (
+        codec.decode_query,
+        codec.decode_parse,
+        codec.decode_bind,
+        codec.decode_describe,
+        codec.decode_execute,
+        codec.decode_close,
+        codec.decode_sasl_initial,
+        codec.decode_startup,
+    )
+    for decode in decoders:
+        try:
+            decode(body)
+        except ProtocolError:
+            pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    data=st.binary(max_size=40),
+    oid=st.sampled_from(sorted(pgtypes.CAST_NAMES)),
+    fmt=st.sampled_from([0, 1]),
+)
+def test_any_parameter_bytes_are_a_value_or_a_sql_error(data: bytes, oid: int, fmt: int) -> None:
+    try:
+        value = pgtypes.decode_param(data, oid, fmt, 1)
+    except SqlError as exc:
+        assert exc.code in ("22P02", "22P03")
+        return
+    try:
+        literal = pgtypes.sql_literal(value, oid)
+    except SqlError as exc:
+        assert exc.code == "22021"
+        return
+    # A literal never ends its string early: the quotes in it pair up.
+    assert literal.count("'") % 2 == 0

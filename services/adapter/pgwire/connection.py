@@ -31,7 +31,7 @@ from services.adapter.pgwire.params import (
     substitute,
 )
 from services.adapter.pgwire.shims import CatalogShims
-from services.adapter.results import PROTOCOL_VIOLATION, QUERY_CANCELED
+from services.adapter.results import INTERNAL_ERROR, PROTOCOL_VIOLATION, QUERY_CANCELED
 from services.adapter.service import MAX_COPY_IN_BYTES
 from services.adapter.session import Settings
 from services.adapter.sql import parse
@@ -296,7 +296,16 @@ class Connection:
 
     async def _cancellable(self, work: Callable[[], Awaitable[T]]) -> T:
         async def wrapped() -> T:
-            return await work()
+            try:
+                return await work()
+            except (SqlError, ProtocolError, EOFError, ConnectionError):
+                raise
+            except Exception as exc:
+                # Nothing a client sends gets it a stack trace or a dropped connection.
+                log.exception("pgwire_statement_failed", error=str(exc))
+                raise SqlError(
+                    INTERNAL_ERROR, f"internal error in the wire front end: {type(exc).__name__}"
+                ) from None
 
         task: asyncio.Task[T] = asyncio.create_task(wrapped())
         self._running = task  # type: ignore[assignment]

@@ -241,7 +241,7 @@ def decode_param(data: bytes | None, oid: int, fmt: int, index: int) -> ParamVal
         if fmt == 1:
             return _from_binary(data, oid)
         return _from_text(data.decode(), oid)
-    except (ValueError, InvalidOperation, UnicodeDecodeError, struct.error) as exc:
+    except (ValueError, OverflowError, InvalidOperation, UnicodeDecodeError, struct.error) as exc:
         code = INVALID_BINARY_REPRESENTATION if fmt == 1 else INVALID_TEXT_REPRESENTATION
         raise SqlError(code, f"invalid value for parameter ${index}: {exc}") from None
 
