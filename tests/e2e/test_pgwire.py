@@ -233,6 +233,16 @@ def test_subscribe_through_cursor_and_copy(pg: PgStack) -> None:
         cur.execute("FETCH 1 c WITH (timeout = '0.2s')")
         assert cur.fetchall() == []
         conn.rollback()
+        # The cursor ended with its transaction; one declared WITH HOLD outlives it.
+        with pytest.raises(psycopg.errors.InvalidCursorName):
+            cur.execute("FETCH ALL c")
+        conn.rollback()
+        conn.autocommit = True
+        cur.execute("DECLARE held CURSOR WITH HOLD FOR SELECT x FROM feed ORDER BY x")
+        cur.execute("SELECT 1")
+        cur.execute("FETCH 1 FROM held")
+        assert cur.fetchall() == [(1,)]
+        cur.execute("CLOSE held")
     with psycopg.connect(pg.url(), autocommit=True) as conn:
         seen: list[tuple[str, ...]] = []
         cur = conn.cursor()

@@ -577,11 +577,12 @@ class Connection:
         return Result(outcome.tag, columns, list(outcome.rows), list(outcome.notices))
 
     def _end_of_transaction(self) -> None:
-        """Cursors live until their transaction ends."""
+        """Cursors live until their transaction ends, unless declared WITH HOLD."""
         if self.session.transaction is None and self.cursors:
-            for name in list(self.cursors):
-                cursor = self.cursors.pop(name)
-                asyncio.get_running_loop().create_task(cursor.close())
+            for name, cursor in list(self.cursors.items()):
+                if not cursor.hold:
+                    del self.cursors[name]
+                    asyncio.get_running_loop().create_task(cursor.close())
 
     # -- COPY -----------------------------------------------------------------------------
 
@@ -679,11 +680,7 @@ class Connection:
                 cursors.NO_ACTIVE_TRANSACTION,
                 "DECLARE CURSOR can only be used in transaction blocks",
             )
-        if self.session.transaction is not None and self.session.transaction.failed:
-            raise SqlError(
-                "25P02",
-                "current transaction is aborted, commands ignored until end of transaction block",
-            )
+        self._check_not_failed()
         if name in self.cursors:
             raise SqlError(cursors.DUPLICATE_CURSOR, f'cursor "{name}" already exists')
         query = match[3]
@@ -695,10 +692,19 @@ class Connection:
             if result.columns is None:
                 raise SqlError(SYNTAX_ERROR, "DECLARE CURSOR takes a query")
             cursor = cursors.Cursor(result.columns, list(result.rows))
+        cursor.hold = hold
         self.cursors[name] = cursor
         return Result("DECLARE CURSOR")
 
+    def _check_not_failed(self) -> None:
+        if self.session.transaction is not None and self.session.transaction.failed:
+            raise SqlError(
+                "25P02",
+                "current transaction is aborted, commands ignored until end of transaction block",
+            )
+
     async def _fetch(self, match: re.Match[str]) -> Result:
+        self._check_not_failed()
         name = cursors.identifier(match[3])
         cursor = self.cursors.get(name)
         if cursor is None:

@@ -60,6 +60,8 @@ class Cursor:
     rows: list[adapter_pb2.SqlRow] = field(default_factory=list)
     queue: asyncio.Queue[adapter_pb2.SqlRow | SqlError] | None = None
     task: asyncio.Task[None] | None = None
+    # WITH HOLD: the cursor outlives its transaction (until CLOSE or the connection ends).
+    hold: bool = False
 
     async def fetch(self, count: int | None, timeout_ms: int | None) -> list[adapter_pb2.SqlRow]:
         if self.queue is None:
