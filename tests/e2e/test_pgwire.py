@@ -334,6 +334,8 @@ def test_scram_and_tls(pg: PgStack) -> None:
         assert conn.execute("SELECT 2").fetchone() == (2,)
     with pytest.raises(psycopg.OperationalError):
         psycopg.connect(f"postgresql://tidemark@127.0.0.1:{pg.port}/tidemark?sslmode=require")
+    with pytest.raises(psycopg.OperationalError, match='database "nope" does not exist'):
+        psycopg.connect(f"postgresql://tidemark@127.0.0.1:{pg.port}/nope")
 
 
 def _exchange(port: int, payload: bytes) -> bytes:
