@@ -66,7 +66,8 @@ class PgServer:
 
     async def start(self, listen: str) -> int:
         host, _, port = listen.rpartition(":")
-        self._server = await asyncio.start_server(self._accept, host or "127.0.0.1", int(port))
+        host = host.removeprefix("[").removesuffix("]") or "127.0.0.1"  # [::]:6874
+        self._server = await asyncio.start_server(self._accept, host, int(port))
         bound = self._server.sockets[0].getsockname()[1]
         log.info("pgwire_listening", address=f"{host}:{bound}", tls=self.tls is not None)
         return int(bound)
