@@ -380,7 +380,8 @@ class RawClient:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=60)
         self.buffer = b""
         self.sock.sendall(_startup())
-        self.until(b"Z")
+        key = next(body for kind, body in self.until(b"Z") if kind == b"K")
+        self.process_id = struct.unpack("!i", key[:4])[0]
 
     def send(self, kind: bytes, body: bytes) -> None:
         self.sock.sendall(kind + struct.pack("!i", len(body) + 4) + body)
@@ -482,3 +483,22 @@ def test_extended_protocol_named_statements_portals_and_row_limits(pg: PgStack) 
             assert list(struct.unpack(f"!{count}I", description[2:])) == oids, sql
     finally:
         client.close()
+
+
+def test_a_client_that_goes_away_ends_its_waiting_statement(pg: PgStack) -> None:
+    with psycopg.connect(pg.url(), autocommit=True) as conn:
+        conn.execute("CREATE TABLE idle (x bigint)")
+    client = RawClient(pg.port)
+    client.send(b"Q", b"DECLARE w CURSOR WITH HOLD FOR SUBSCRIBE idle\0")
+    client.until(b"Z")
+    client.send(b"Q", b"FETCH 1 w\0")  # waits: nothing ever arrives
+    time.sleep(0.5)
+    client.sock.close()
+    # The adapter ends the statement (and the subscription) once it notices the client left.
+    pg.stack.adapters[0].wait_for_record(
+        lambda r: (
+            r.get("event") == "pgwire_connection_closed"
+            and r.get("process_id") == client.process_id
+        ),
+        timeout=20,
+    )

@@ -47,6 +47,7 @@ log = get_logger("services.adapter.pgwire")
 
 T = TypeVar("T")
 FLUSH_BYTES = 64 << 10
+CLIENT_CHECK_SECONDS = 1.0
 DUPLICATE_PREPARED_STATEMENT = "42P05"
 INVALID_SQL_STATEMENT_NAME = "26000"
 INVALID_CURSOR_NAME = "34000"
@@ -135,6 +136,7 @@ class Connection:
                 await self._flush()
             for cursor in self.cursors.values():
                 await cursor.close()
+            log.info("pgwire_connection_closed", process_id=self.process_id, user=self.user)
             self.writer.close()
             with contextlib.suppress(Exception):
                 await self.writer.wait_closed()
@@ -311,15 +313,25 @@ class Connection:
         self._running = task  # type: ignore[assignment]
         self._cancel_requested = False
         try:
-            return await task
+            # A statement may wait a long time (FETCH on a quiet subscription, COPY (SUBSCRIBE
+            # ...)); a client that went away in the meantime ends it.
+            while not task.done():
+                await asyncio.wait({task}, timeout=CLIENT_CHECK_SECONDS)
+                if not task.done() and (self.reader.at_eof() or self.writer.is_closing()):
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+                    raise EOFError
         except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if self._cancel_requested and current is not None and not current.cancelling():
-                raise SqlError(QUERY_CANCELED, "canceling statement due to user request") from None
+            task.cancel()
             raise
         finally:
             self._running = None
-            self._cancel_requested = False
+        if task.cancelled():
+            cancelled, self._cancel_requested = self._cancel_requested, False
+            if cancelled:
+                raise SqlError(QUERY_CANCELED, "canceling statement due to user request")
+            raise asyncio.CancelledError
+        return task.result()
 
     # -- simple query ---------------------------------------------------------------------
 
