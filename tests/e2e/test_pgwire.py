@@ -160,6 +160,13 @@ def test_psycopg_transactions_report_their_status(pg: PgStack) -> None:
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
         conn.rollback()
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        notices: list[tuple[str | None, ...]] = []
+        conn.add_notice_handler(
+            lambda n: notices.append((n.severity, n.sqlstate, n.message_primary))
+        )
+        conn.autocommit = True
+        conn.execute("COMMIT")
+        assert notices == [("WARNING", "25P01", "there is no transaction in progress")]
 
 
 def test_psycopg_copy_in_and_out(pg: PgStack) -> None:

@@ -351,7 +351,7 @@ class Connection:
 
     def _send_result(self, result: Result, bind: Bind | None, start: int) -> None:
         for notice in result.notices:
-            self._send(codec.notice_response(Notice("00000", notice, "NOTICE")))
+            self._send(codec.notice_response(_adapter_notice(notice)))
         if result.empty:
             self._send(codec.empty_query_response())
             return
@@ -504,7 +504,7 @@ class Connection:
         formats = [portal.bind.result_format(i) for i in range(len(oids))]
         if portal.sent == 0:
             for notice in result.notices:
-                self._send(codec.notice_response(Notice("00000", notice, "NOTICE")))
+                self._send(codec.notice_response(_adapter_notice(notice)))
         for row in rows[portal.sent : end]:
             self._send(codec.data_row(_encode_row(row, oids, formats)))
             await self._maybe_flush()
@@ -749,6 +749,18 @@ def _options(text: str) -> list[str]:
         elif word.startswith("--") and "=" in word:
             out.append(word[2:])
     return out
+
+
+# The adapter's notices that PostgreSQL sends as warnings with a SQLSTATE of their own.
+_WARNINGS = {
+    "there is already a transaction in progress": "25001",
+    "there is no transaction in progress": "25P01",
+}
+
+
+def _adapter_notice(text: str) -> Notice:
+    code = _WARNINGS.get(text)
+    return Notice(code, text, "WARNING") if code else Notice("00000", text, "NOTICE")
 
 
 def _notice(exc: SqlError, severity: str = "ERROR") -> Notice:
