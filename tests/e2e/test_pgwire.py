@@ -317,6 +317,8 @@ def test_settings_show_and_set(pg: PgStack) -> None:
         assert conn.execute("SHOW DateStyle").fetchone() == ("ISO, MDY",)
         assert conn.execute("SHOW client_encoding").fetchone() == ("UTF8",)
         assert conn.execute("SHOW server_version").fetchone() == ("15.0",)
+        conn.execute("SET extra_float_digits = 3")  # what JDBC drivers send
+        assert conn.execute("SELECT 0.1::double precision").fetchone() == (0.1,)
         # psycopg's type lookups read pg_type.
         jsonb = TypeInfo.fetch(conn, "jsonb")
         assert jsonb is not None and (jsonb.oid, jsonb.array_oid) == (3802, 3807)

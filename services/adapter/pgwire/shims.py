@@ -43,6 +43,13 @@ SAVEPOINT = re.compile(
     re.IGNORECASE,
 )
 DISCARD = re.compile(r"\s*DISCARD\s+ALL\s*;?\s*\Z", re.IGNORECASE)
+# Settings drivers set at connect time that change nothing Tidemark sends (JDBC's
+# extra_float_digits: floats are always sent exactly; bytea is always hex).
+CLIENT_ONLY_SET = re.compile(
+    r"\s*SET\s+(?:SESSION\s+)?(extra_float_digits|bytea_output|intervalstyle|lc_messages)"
+    r"\s*(?:=|TO)\s*'?([\w-]+)'?\s*;?\s*\Z",
+    re.IGNORECASE,
+)
 FIXED_PARAMETERS = {
     "server_encoding": "UTF8",
     "standard_conforming_strings": "on",
@@ -103,6 +110,8 @@ class CatalogShims:
             return Result(word)
         if DISCARD.match(text):
             return Result("DISCARD ALL")
+        if CLIENT_ONLY_SET.match(text):
+            return Result("SET")
         show = SHOW.match(text)
         if show:
             value = self._fixed(show[1])
