@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from decimal import Decimal
+from typing import Any
 
 import psycopg
 import pytest
@@ -240,6 +241,27 @@ def test_subscribe_through_cursor_and_copy(pg: PgStack) -> None:
         cur.execute("FETCH 1 c WITH (timeout = '0.2s')")
         assert cur.fetchall() == []
         conn.rollback()
+        # WITH (PROGRESS, SNAPSHOT = false): progress rows, and only changes after the start.
+        cur.execute("DECLARE p CURSOR FOR SUBSCRIBE feed WITH (PROGRESS, SNAPSHOT = false)")
+        with psycopg.connect(pg.url(), autocommit=True) as writer:
+            writer.execute("INSERT INTO feed VALUES (3)")
+        data: list[tuple[Any, ...]] = []
+        progressed = 0
+        deadline = time.monotonic() + 60
+        while not data and time.monotonic() < deadline:
+            cur.execute("FETCH ALL p WITH (timeout = '5s')")
+            assert [d.name for d in cur.description] == [
+                "mz_timestamp", "mz_progressed", "mz_diff", "x"
+            ]  # fmt: skip
+            for row in cur.fetchall():
+                if row[1]:
+                    progressed += 1
+                    assert row[2:] == (None, None)
+                else:
+                    data.append(row)
+        assert [(diff, x) for _, _, diff, x in data] == [(1, 3)]
+        assert progressed >= 1
+        conn.rollback()
         # The cursor ended with its transaction; one declared WITH HOLD outlives it.
         with pytest.raises(psycopg.errors.InvalidCursorName):
             cur.execute("FETCH ALL c")
@@ -257,9 +279,9 @@ def test_subscribe_through_cursor_and_copy(pg: PgStack) -> None:
             with cur.copy("COPY (SUBSCRIBE feed) TO STDOUT") as copy:
                 for row in copy.rows():
                     seen.append(row)
-                    if len(seen) == 2:
+                    if len(seen) == 3:
                         conn.cancel_safe()
-        assert sorted(r[1:] for r in seen) == [("1", "1"), ("1", "2")]
+        assert sorted(r[1:] for r in seen) == [("1", "1"), ("1", "2"), ("1", "3")]
 
 
 def test_psycopg_server_side_cursors(pg: PgStack) -> None:

@@ -657,22 +657,26 @@ class Connection:
 
     async def _copy_subscribe(self, sql: str) -> Result:
         """A subscription streamed as COPY TO STDOUT text rows until it ends or is cancelled."""
-        stream = self.adapter.subscribe_sql(sql, Settings(self.session.settings.values))
+        shape = cursors.SubscribeShape.parse(sql)
+        stream = self.adapter.subscribe_sql(shape.sql, Settings(self.session.settings.values))
         try:
             cursor_columns: list[adapter_pb2.SqlColumn] | None = None
-            count = 0
+            count, as_of, width = 0, 0, 0
             async for message in stream:
                 if message.HasField("error"):
                     error = message.error
                     raise SqlError(error.code, error.message, error.position, hint=error.hint)
                 if message.HasField("header"):
-                    cursor_columns = [*cursors.SUBSCRIBE_COLUMNS, *message.header.columns]
+                    cursor_columns = shape.columns(message.header)
+                    as_of, width = message.header.as_of, len(message.header.columns)
                     self._send(codec.copy_out_response(len(cursor_columns)))
                     await self._flush()
-                elif message.HasField("changes"):
-                    for change in message.changes.changes:
-                        self._send(codec.copy_data(_copy_line(cursors.change_row(change))))
-                        count += 1
+                    continue
+                rows = shape.rows(message, as_of, width)
+                for row in rows:
+                    self._send(codec.copy_data(_copy_line(row)))
+                count += len(rows)
+                if rows:
                     await self._flush()
             if cursor_columns is not None:
                 self._send(codec.copy_done())
@@ -697,8 +701,9 @@ class Connection:
             raise SqlError(cursors.DUPLICATE_CURSOR, f'cursor "{name}" already exists')
         query = match[3]
         if cursors.SUBSCRIBE.match(query):
-            stream = self.adapter.subscribe_sql(query, Settings(self.session.settings.values))
-            cursor = await cursors.subscription_cursor(stream)
+            shape = cursors.SubscribeShape.parse(query)
+            stream = self.adapter.subscribe_sql(shape.sql, Settings(self.session.settings.values))
+            cursor = await cursors.subscription_cursor(stream, shape)
         else:
             result = await self._run(query, None)
             if result.columns is None:

@@ -46,12 +46,69 @@ def identifier(text: str) -> str:
     return text[1:-1] if text.startswith('"') else text.lower()
 
 
-def change_row(change: adapter_pb2.SqlChange) -> adapter_pb2.SqlRow:
-    values = [
-        adapter_pb2.SqlValue(text_value=str(change.timestamp)),
-        adapter_pb2.SqlValue(int_value=change.diff),
-    ]
-    return adapter_pb2.SqlRow(values=[*values, *change.row.values])
+_OPTIONS = re.compile(r"\A(.*?)\s+WITH\s*\(([^()]*)\)\s*;?\s*\Z", re.IGNORECASE | re.DOTALL)
+_OPTION = re.compile(r"\s*(\w+)\s*(?:=\s*'?(\w+)'?)?\s*")
+PROGRESSED_COLUMN = adapter_pb2.SqlColumn(name="mz_progressed", type="boolean", nullable=False)
+
+
+@dataclass(frozen=True)
+class SubscribeShape:
+    """How a subscription's messages become rows, Materialize's way: ``mz_timestamp``,
+    (``mz_progressed`` with ``WITH (PROGRESS)``), ``mz_diff``, then the columns.
+    ``SNAPSHOT = false`` leaves out the contents as of the start."""
+
+    sql: str
+    progress: bool = False
+    snapshot: bool = True
+
+    @classmethod
+    def parse(cls, text: str) -> SubscribeShape:
+        match = _OPTIONS.match(text)
+        if match is None:
+            return cls(text)
+        values = {"progress": False, "snapshot": True}
+        for option in match[2].split(","):
+            parsed = _OPTION.fullmatch(option)
+            if parsed is None or parsed[1].lower() not in values:
+                raise SqlError("0A000", f"SUBSCRIBE option {option.strip()!r} is not supported")
+            word = (parsed[2] or "true").lower()
+            if word not in ("true", "false", "on", "off"):
+                raise SqlError("22023", f"SUBSCRIBE option {parsed[1]} takes true or false")
+            values[parsed[1].lower()] = word in ("true", "on")
+        return cls(match[1], values["progress"], values["snapshot"])
+
+    def columns(self, header: adapter_pb2.SubscribeHeader) -> list[adapter_pb2.SqlColumn]:
+        timestamp, diff = SUBSCRIBE_COLUMNS
+        if self.progress:
+            return [timestamp, PROGRESSED_COLUMN, diff, *header.columns]
+        return [timestamp, diff, *header.columns]
+
+    def rows(
+        self, message: adapter_pb2.SubscribeSqlResponse, as_of: int, width: int
+    ) -> list[adapter_pb2.SqlRow]:
+        """The rows one message of the subscription stands for."""
+        if message.HasField("changes"):
+            return [
+                self._row(change.timestamp, change.diff, list(change.row.values))
+                for change in message.changes.changes
+                if self.snapshot or change.timestamp > as_of
+            ]
+        if message.HasField("progress") and self.progress:
+            elements = message.progress.elements
+            timestamp = adapter_pb2.SqlValue(text_value=str(min(elements))) if elements else None
+            nulls = [adapter_pb2.SqlValue() for _ in range(width)]
+            values = [timestamp or adapter_pb2.SqlValue(), adapter_pb2.SqlValue(bool_value=True)]
+            return [adapter_pb2.SqlRow(values=[*values, adapter_pb2.SqlValue(), *nulls])]
+        return []
+
+    def _row(
+        self, timestamp: int, diff: int, values: list[adapter_pb2.SqlValue]
+    ) -> adapter_pb2.SqlRow:
+        head = [adapter_pb2.SqlValue(text_value=str(timestamp))]
+        if self.progress:
+            head.append(adapter_pb2.SqlValue(bool_value=False))
+        head.append(adapter_pb2.SqlValue(int_value=diff))
+        return adapter_pb2.SqlRow(values=[*head, *values])
 
 
 @dataclass
@@ -96,7 +153,7 @@ class Cursor:
 
 
 async def subscription_cursor(
-    stream: AsyncIterator[adapter_pb2.SubscribeSqlResponse],
+    stream: AsyncIterator[adapter_pb2.SubscribeSqlResponse], shape: SubscribeShape
 ) -> Cursor:
     """A cursor over a subscription: waits for its header (or its error), then reads on."""
     first = await anext(stream, None)
@@ -104,15 +161,15 @@ async def subscription_cursor(
         raise SqlError("XX000", "the subscription ended before its header")
     if first.HasField("error"):
         raise _error(first.error)
-    columns = [*SUBSCRIBE_COLUMNS, *first.header.columns]
+    columns = shape.columns(first.header)
+    as_of, width = first.header.as_of, len(first.header.columns)
     queue: asyncio.Queue[adapter_pb2.SqlRow | SqlError] = asyncio.Queue()
 
     async def pump() -> None:
         async for message in stream:
-            if message.HasField("changes"):
-                for change in message.changes.changes:
-                    queue.put_nowait(change_row(change))
-            elif message.HasField("error"):
+            for row in shape.rows(message, as_of, width):
+                queue.put_nowait(row)
+            if message.HasField("error"):
                 queue.put_nowait(_error(message.error))
                 return
 
