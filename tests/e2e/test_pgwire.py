@@ -533,3 +533,28 @@ def test_a_client_that_goes_away_ends_its_waiting_statement(pg: PgStack) -> None
         ),
         timeout=20,
     )
+
+
+def test_cancel_stops_the_statements_work_in_compute(pg: PgStack) -> None:
+    compute = pg.stack.compute.compute()
+
+    def stopped() -> list[dict[str, Any]]:
+        return [r for r in compute.records() if r.get("event") == "one_shot_stopped"]
+
+    numbers = ", ".join(f"({i})" for i in range(3000))
+    with psycopg.connect(pg.url(), autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE ca (x bigint); INSERT INTO ca VALUES {numbers}")
+        conn.execute(f"CREATE TABLE cb (y bigint); INSERT INTO cb VALUES {numbers}")
+        seen = len(stopped())
+        timer = threading.Timer(1.5, conn.cancel_safe)
+        timer.start()
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            conn.execute("SELECT count(*) FROM ca CROSS JOIN cb")  # 9M pairs
+        # The evaluation in the compute process stopped at its next check.
+        deadline = time.monotonic() + 20
+        while len(stopped()) <= seen and time.monotonic() < deadline:
+            time.sleep(0.1)
+        record = stopped()[seen]
+        assert record["outcome"] == "Cancelled", record
+        assert record["seconds_after_cancel"] < 1.0, record
+        assert conn.execute("SELECT count(*) FROM ca").fetchone() == (3000,)
