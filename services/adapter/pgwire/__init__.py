@@ -14,7 +14,10 @@ connection; there is no second copy of execution.
 - ``auth``: trust for localhost, SCRAM-SHA-256 against a ``RoleStore`` (a password file now).
 - ``shims``, ``catalog_tables``, ``catalog_sql``: ``pg_catalog``/``information_schema`` and
   the like, answered from the adapter's catalog.
-- ``cursors``: DECLARE/FETCH/CLOSE (over queries and SUBSCRIBE) and COPY (SUBSCRIBE) TO STDOUT.
+- ``cursors``: DECLARE/FETCH/CLOSE over queries and SUBSCRIBE (``WITH (PROGRESS, SNAPSHOT)``);
+  ``streams``: COPY FROM STDIN, TO STDOUT and COPY (SUBSCRIBE ...) TO STDOUT over the wire.
+- ``inference``: the types of parameters a client left unspecified; ``outcome``: a
+  statement's result as the connection sends it.
 
 Why not a library. The two candidates were checked against what the issue needs (extended
 protocol, COPY, cancel, SCRAM, TLS, running inside this asyncio process):

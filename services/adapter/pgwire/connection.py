@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import re
 import ssl
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from services.adapter.copying.encoding import encode_rows
 from services.adapter.executor import SessionState
-from services.adapter.pgwire import codec, cursors, inference, pgtypes
+from services.adapter.pgwire import codec, cursors, inference, pgtypes, streams
 from services.adapter.pgwire.auth import AuthFailed
 from services.adapter.pgwire.codec import Bind, Notice, ProtocolError
+from services.adapter.pgwire.outcome import Result
 from services.adapter.pgwire.params import (
     PositionMap,
     parameter_count,
@@ -32,7 +31,6 @@ from services.adapter.pgwire.params import (
 )
 from services.adapter.pgwire.shims import CatalogShims
 from services.adapter.results import INTERNAL_ERROR, PROTOCOL_VIOLATION, QUERY_CANCELED
-from services.adapter.service import MAX_COPY_IN_BYTES
 from services.adapter.session import Settings
 from services.adapter.sql import parse
 from services.adapter.sql import statements as ast
@@ -62,17 +60,6 @@ REPORTED = {
     "datestyle": "DateStyle",
     "timezone": "TimeZone",
 }
-
-
-@dataclass
-class Result:
-    """A statement's outcome as the client sees it (``columns`` None: it returns no rows)."""
-
-    tag: str
-    columns: list[adapter_pb2.SqlColumn] | None = None
-    rows: list[adapter_pb2.SqlRow] = field(default_factory=list)
-    notices: list[str] = field(default_factory=list)
-    empty: bool = False
 
 
 @dataclass
@@ -124,16 +111,16 @@ class Connection:
             if await self._startup():
                 await self._serve()
         except ProtocolError as exc:
-            self._send(codec.error_response(Notice(PROTOCOL_VIOLATION, str(exc), "FATAL")))
+            self.send(codec.error_response(Notice(PROTOCOL_VIOLATION, str(exc), "FATAL")))
         except AuthFailed as exc:
-            self._send(codec.error_response(Notice(exc.code, exc.message, "FATAL")))
+            self.send(codec.error_response(Notice(exc.code, exc.message, "FATAL")))
         except SqlError as exc:
-            self._send(codec.error_response(_notice(exc, "FATAL")))
+            self.send(codec.error_response(_notice(exc, "FATAL")))
         except (EOFError, ConnectionError, ssl.SSLError):
             pass
         finally:
             with contextlib.suppress(Exception):
-                await self._flush()
+                await self.flush()
             for cursor in self.cursors.values():
                 await cursor.close()
             log.info("pgwire_connection_closed", process_id=self.process_id, user=self.user)
@@ -147,18 +134,18 @@ class Connection:
             self._cancel_requested = True
             self._running.cancel()
 
-    def _send(self, data: bytes) -> None:
+    def send(self, data: bytes) -> None:
         self._out += data
 
-    async def _flush(self) -> None:
+    async def flush(self) -> None:
         if self._out:
             self.writer.write(bytes(self._out))
             self._out.clear()
         await self.writer.drain()
 
-    async def _maybe_flush(self) -> None:
+    async def maybe_flush(self) -> None:
         if len(self._out) >= FLUSH_BYTES:
-            await self._flush()
+            await self.flush()
 
     # -- startup --------------------------------------------------------------------------
 
@@ -186,13 +173,13 @@ class Connection:
             raise AuthFailed("28000", "no PostgreSQL user name specified in startup packet")
         await self._authenticate()
         await self._apply_startup_settings(parameters)
-        self._send(codec.authentication_ok())
+        self.send(codec.authentication_ok())
         for name, value in self._parameters().items():
-            self._send(codec.parameter_status(name, value))
+            self.send(codec.parameter_status(name, value))
             self._reported[name] = value
-        self._send(codec.backend_key_data(self.process_id, self.secret_key))
-        self._send(codec.ready_for_query(self._status()))
-        await self._flush()
+        self.send(codec.backend_key_data(self.process_id, self.secret_key))
+        self.send(codec.ready_for_query(self._status()))
+        await self.flush()
         return True
 
     async def _authenticate(self) -> None:
@@ -202,14 +189,14 @@ class Connection:
         if authenticator.method(str(host)) == "trust":
             return
         exchange = authenticator.exchange(self.user)
-        self._send(codec.authentication_sasl(["SCRAM-SHA-256"]))
-        await self._flush()
+        self.send(codec.authentication_sasl(["SCRAM-SHA-256"]))
+        await self.flush()
         mechanism, first = codec.decode_sasl_initial(await self._password_message())
         if mechanism != "SCRAM-SHA-256":
             raise AuthFailed("28000", f"unsupported SASL mechanism {mechanism!r}")
-        self._send(codec.authentication_sasl_continue(exchange.first(first)))
-        await self._flush()
-        self._send(codec.authentication_sasl_final(exchange.final(await self._password_message())))
+        self.send(codec.authentication_sasl_continue(exchange.first(first)))
+        await self.flush()
+        self.send(codec.authentication_sasl_final(exchange.final(await self._password_message())))
 
     async def _password_message(self) -> bytes:
         kind, body = await codec.read_message(self.reader)
@@ -266,17 +253,17 @@ class Connection:
             if kind == ord("Q"):
                 self._skip_to_sync = False
                 await self._simple_query(codec.decode_query(body))
-                self._send(codec.ready_for_query(self._status()))
-                await self._flush()
+                self.send(codec.ready_for_query(self._status()))
+                await self.flush()
                 continue
             if kind == ord("S"):
                 self._skip_to_sync = False
                 self._close_unnamed_portal()
-                self._send(codec.ready_for_query(self._status()))
-                await self._flush()
+                self.send(codec.ready_for_query(self._status()))
+                await self.flush()
                 continue
             if kind == ord("H"):
-                await self._flush()
+                await self.flush()
                 continue
             if kind in (ord("d"), ord("c"), ord("f")):
                 continue  # COPY messages outside a COPY are ignored, as PostgreSQL does
@@ -289,12 +276,12 @@ class Connection:
             except SqlError as exc:
                 self._fail(exc)
                 self._skip_to_sync = True
-            await self._maybe_flush()
+            await self.maybe_flush()
 
     def _fail(self, exc: SqlError) -> None:
         if self.session.transaction is not None:
             self.session.transaction.failed = True
-        self._send(codec.error_response(_notice(exc)))
+        self.send(codec.error_response(_notice(exc)))
 
     async def _cancellable(self, work: Callable[[], Awaitable[T]]) -> T:
         async def wrapped() -> T:
@@ -338,37 +325,37 @@ class Connection:
     async def _simple_query(self, sql: str) -> None:
         pieces = split_statements(sql)
         if not pieces:
-            self._send(codec.empty_query_response())
+            self.send(codec.empty_query_response())
             return
         for offset, text in pieces:
             try:
-                result = await self._cancellable(lambda text=text: self._run(text, None))  # type: ignore[misc]
+                result = await self._cancellable(lambda text=text: self.run_text(text, None))  # type: ignore[misc]
             except SqlError as exc:
                 self._fail(exc.at(exc.position + offset) if exc.position else exc)
                 return
             self._send_result(result, None, 0)
-            await self._maybe_flush()
+            await self.maybe_flush()
 
     def _send_result(self, result: Result, bind: Bind | None, start: int) -> None:
         for notice in result.notices:
-            self._send(codec.notice_response(_adapter_notice(notice)))
+            self.send(codec.notice_response(_adapter_notice(notice)))
         if result.empty:
-            self._send(codec.empty_query_response())
+            self.send(codec.empty_query_response())
             return
         if result.columns is not None and bind is None:
-            self._send(codec.row_description(_fields(result.columns, None)))
+            self.send(codec.row_description(_fields(result.columns, None)))
         if result.columns is not None:
             oids = [pgtypes.pg_type(c.type).oid for c in result.columns]
             formats = [bind.result_format(i) if bind else 0 for i in range(len(oids))]
             for row in result.rows[start:]:
-                self._send(codec.data_row(_encode_row(row, oids, formats)))
-        self._send(codec.command_complete(result.tag))
+                self.send(codec.data_row(_encode_row(row, oids, formats)))
+        self.send(codec.command_complete(result.tag))
         self._report_changes()
 
     def _report_changes(self) -> None:
         for name, value in self._parameters().items():
             if self._reported.get(name) != value:
-                self._send(codec.parameter_status(name, value))
+                self.send(codec.parameter_status(name, value))
                 self._reported[name] = value
 
     # -- extended query -------------------------------------------------------------------
@@ -388,7 +375,7 @@ class Connection:
             count = max(len(parse_message.param_types), parameter_count(parse_message.query))
             types = parse_message.param_types + [0] * (count - len(parse_message.param_types))
             self.statements[name] = Prepared(parse_message.query, types)
-            self._send(codec.parse_complete())
+            self.send(codec.parse_complete())
         elif kind == ord("B"):
             bind = codec.decode_bind(body)
             prepared = self._statement(bind.statement)
@@ -410,7 +397,7 @@ class Connection:
             ]
             sql, positions = substitute(prepared.sql, literals)
             self.portals[bind.portal] = Portal(sql, positions, bind)
-            self._send(codec.bind_complete())
+            self.send(codec.bind_complete())
         elif kind == ord("D"):
             describe = codec.decode_describe(body)
             if describe.kind == "S":
@@ -419,7 +406,7 @@ class Connection:
                 # A DECLAREd cursor is also a portal of that name (psycopg's named cursors
                 # describe it so).
                 columns = self.cursors[describe.name].columns
-                self._send(codec.row_description(_fields(columns, None)))
+                self.send(codec.row_description(_fields(columns, None)))
             else:
                 await self._describe_portal(self._portal(describe.name))
         elif kind == ord("E"):
@@ -431,7 +418,7 @@ class Connection:
                 self.statements.pop(close.name, None)
             else:
                 self.portals.pop(close.name, None)
-            self._send(codec.close_complete())
+            self.send(codec.close_complete())
         else:
             raise ProtocolError(f"unexpected message type {chr(kind)!r}")
 
@@ -460,14 +447,14 @@ class Connection:
             prepared.param_types = inference.infer(
                 prepared.sql, prepared.param_types, view, settings
             )
-        self._send(codec.parameter_description(prepared.param_types))
+        self.send(codec.parameter_description(prepared.param_types))
         nulls = [pgtypes.sql_literal(None, oid) for oid in prepared.param_types]
         sql, _ = substitute(prepared.sql, nulls)
         columns = await self._cancellable(lambda: self._columns_of(sql))
         if columns is None:
-            self._send(codec.no_data())
+            self.send(codec.no_data())
         else:
-            self._send(codec.row_description(_fields(columns, None)))
+            self.send(codec.row_description(_fields(columns, None)))
 
     async def _describe_portal(self, portal: Portal) -> None:
         # Clients send Execute right after Describe, so the portal runs now (once) and its
@@ -477,13 +464,13 @@ class Connection:
             await self._run_portal(portal)
         result = portal.result
         if result is None or result.columns is None:
-            self._send(codec.no_data())
+            self.send(codec.no_data())
         else:
-            self._send(codec.row_description(_fields(result.columns, portal.bind)))
+            self.send(codec.row_description(_fields(result.columns, portal.bind)))
 
     async def _run_portal(self, portal: Portal) -> None:
         try:
-            portal.result = await self._cancellable(lambda: self._run(portal.sql, portal.bind))
+            portal.result = await self._cancellable(lambda: self.run_text(portal.sql, portal.bind))
         except SqlError as exc:
             raise exc.at(portal.positions.original(exc.position)) if exc.position else exc from None
 
@@ -504,20 +491,20 @@ class Connection:
         formats = [portal.bind.result_format(i) for i in range(len(oids))]
         if portal.sent == 0:
             for notice in result.notices:
-                self._send(codec.notice_response(_adapter_notice(notice)))
+                self.send(codec.notice_response(_adapter_notice(notice)))
         for row in rows[portal.sent : end]:
-            self._send(codec.data_row(_encode_row(row, oids, formats)))
-            await self._maybe_flush()
+            self.send(codec.data_row(_encode_row(row, oids, formats)))
+            await self.maybe_flush()
         portal.sent = end
         # As PostgreSQL: reaching the row limit suspends the portal, even on its last row;
         # the next Execute then completes it.
         if max_rows > 0 and end - start == max_rows:
-            self._send(codec.portal_suspended())
+            self.send(codec.portal_suspended())
             return
         tag = result.tag
         if tag.startswith("SELECT ") or tag.startswith("FETCH "):
             tag = f"{tag.split()[0]} {len(rows)}"
-        self._send(codec.command_complete(tag))
+        self.send(codec.command_complete(tag))
         self._report_changes()
 
     # -- running one statement ------------------------------------------------------------
@@ -548,10 +535,10 @@ class Connection:
         if fetch:
             cursor = self.cursors.get(cursors.identifier(fetch[3]))
             return cursor.columns if cursor else None
-        result = await self._run(text, None)
+        result = await self.run_text(text, None)
         return result.columns
 
-    async def _run(self, text: str, bind: Bind | None) -> Result:
+    async def run_text(self, text: str, bind: Bind | None) -> Result:
         """Runs one statement's text (COPY and SUBSCRIBE talk to the client here)."""
         if not text.strip() or not text.strip().strip(";").strip():
             return Result("", empty=True)
@@ -559,25 +546,25 @@ class Connection:
         if shimmed is not None:
             return shimmed
         if match := cursors.DECLARE.match(text):
-            return await self._declare(match)
+            return await cursors.declare(self, match)
         if match := cursors.FETCH.match(text):
-            return await self._fetch(match)
+            return await cursors.fetch(self, match)
         if match := cursors.CLOSE.match(text):
-            return await self._close_cursor(match)
+            return await cursors.close(self, match)
         if match := cursors.COPY_SUBSCRIBE.match(text):
-            return await self._copy_subscribe(match[1])
+            return await streams.copy_subscribe(self, match[1])
         if cursors.SUBSCRIBE.match(text):
-            return await self._copy_subscribe(text)
+            return await streams.copy_subscribe(self, text)
         statements = parse(text)
         if not statements:
             return Result("", empty=True)
         statement = statements[0]
         if isinstance(statement, ast.CopyFrom) and statement.location is None:
-            return await self._copy_in(statement)
+            return await streams.copy_in(self, statement)
         if isinstance(statement, ast.CopyTo):
-            return await self._copy_out(statement)
+            return await streams.copy_out(self, statement)
         outcome = await self.adapter.run_statement(statement, self.session)
-        self._end_of_transaction()
+        self.end_of_transaction()
         if outcome.HasField("error"):
             error = outcome.error
             raise SqlError(error.code, error.message, error.position, hint=error.hint)
@@ -588,158 +575,20 @@ class Connection:
         )
         return Result(outcome.tag, columns, list(outcome.rows), list(outcome.notices))
 
-    def _end_of_transaction(self) -> None:
-        """Cursors live until their transaction ends, unless declared WITH HOLD."""
-        if self.session.transaction is None and self.cursors:
-            for name, cursor in list(self.cursors.items()):
-                if not cursor.hold:
-                    del self.cursors[name]
-                    asyncio.get_running_loop().create_task(cursor.close())
-
-    # -- COPY -----------------------------------------------------------------------------
-
-    async def _copy_in(self, statement: ast.CopyFrom) -> Result:
-        if statement.columns is not None:
-            width = len(statement.columns)
-        else:
-            view = await self.shims.catalog_view()
-            relation = view.resolve(
-                statement.table, self.session.settings.values, statement.position
-            )
-            width = len(relation.schema.columns)
-        self._send(codec.copy_in_response(width))
-        await self._flush()
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            kind, body = await codec.read_message(self.reader)
-            if kind == ord("d"):
-                size += len(body)
-                if size > MAX_COPY_IN_BYTES:
-                    raise SqlError(
-                        "54000",
-                        f"COPY FROM STDIN takes at most {MAX_COPY_IN_BYTES >> 20} MiB a statement",
-                    )
-                chunks.append(body)
-            elif kind == ord("c"):
-                break
-            elif kind == ord("f"):
-                raise SqlError(
-                    QUERY_CANCELED, f"COPY from stdin failed: {codec.decode_copy_fail(body)}"
-                )
-            elif kind in (ord("H"), ord("S")):
-                continue
-            else:
-                raise ProtocolError(f"unexpected message type {chr(kind)!r} during COPY FROM STDIN")
-        self.session.copy_data = b"".join(chunks)
-        try:
-            outcome = await self.adapter.run_statement(statement, self.session)
-        finally:
-            self.session.copy_data = None
-        if outcome.HasField("error"):
-            error = outcome.error
-            raise SqlError(error.code, error.message, error.position, hint=error.hint)
-        return Result(outcome.tag, notices=list(outcome.notices))
-
-    async def _copy_out(self, statement: ast.CopyTo) -> Result:
-        output = await self.adapter.copy_to(statement, self.session)
-        self._send(codec.copy_out_response(len(output.names)))
-        # One CopyData per row, as PostgreSQL sends them (clients parse them one by one).
-        for chunk in encode_rows([], output.names, output.format):
-            self._send(codec.copy_data(chunk))
-        rows_only = dataclasses.replace(output.format, header=False)
-        for row in output.rows:
-            for chunk in encode_rows([row], output.names, rows_only):
-                self._send(codec.copy_data(chunk))
-            await self._maybe_flush()
-        self._send(codec.copy_done())
-        return Result(f"COPY {len(output.rows)}")
-
-    async def _copy_subscribe(self, sql: str) -> Result:
-        """A subscription streamed as COPY TO STDOUT text rows until it ends or is cancelled."""
-        shape = cursors.SubscribeShape.parse(sql)
-        stream = self.adapter.subscribe_sql(shape.sql, Settings(self.session.settings.values))
-        try:
-            cursor_columns: list[adapter_pb2.SqlColumn] | None = None
-            count, as_of, width = 0, 0, 0
-            async for message in stream:
-                if message.HasField("error"):
-                    error = message.error
-                    raise SqlError(error.code, error.message, error.position, hint=error.hint)
-                if message.HasField("header"):
-                    cursor_columns = shape.columns(message.header)
-                    as_of, width = message.header.as_of, len(message.header.columns)
-                    self._send(codec.copy_out_response(len(cursor_columns)))
-                    await self._flush()
-                    continue
-                rows = shape.rows(message, as_of, width)
-                for row in rows:
-                    self._send(codec.copy_data(_copy_line(row)))
-                count += len(rows)
-                if rows:
-                    await self._flush()
-            if cursor_columns is not None:
-                self._send(codec.copy_done())
-            return Result(f"COPY {count}")
-        finally:
-            closer = getattr(stream, "aclose", None)
-            if closer is not None:
-                await closer()
-
-    # -- cursors --------------------------------------------------------------------------
-
-    async def _declare(self, match: re.Match[str]) -> Result:
-        name = cursors.identifier(match[1])
-        hold = (match[2] or "").upper() == "WITH"
-        if self.session.transaction is None and not hold:
-            raise SqlError(
-                cursors.NO_ACTIVE_TRANSACTION,
-                "DECLARE CURSOR can only be used in transaction blocks",
-            )
-        self._check_not_failed()
-        if name in self.cursors:
-            raise SqlError(cursors.DUPLICATE_CURSOR, f'cursor "{name}" already exists')
-        query = match[3]
-        if cursors.SUBSCRIBE.match(query):
-            shape = cursors.SubscribeShape.parse(query)
-            stream = self.adapter.subscribe_sql(shape.sql, Settings(self.session.settings.values))
-            cursor = await cursors.subscription_cursor(stream, shape)
-        else:
-            result = await self._run(query, None)
-            if result.columns is None:
-                raise SqlError(SYNTAX_ERROR, "DECLARE CURSOR takes a query")
-            cursor = cursors.Cursor(result.columns, list(result.rows))
-        cursor.hold = hold
-        self.cursors[name] = cursor
-        return Result("DECLARE CURSOR")
-
-    def _check_not_failed(self) -> None:
+    def check_not_failed(self) -> None:
         if self.session.transaction is not None and self.session.transaction.failed:
             raise SqlError(
                 "25P02",
                 "current transaction is aborted, commands ignored until end of transaction block",
             )
 
-    async def _fetch(self, match: re.Match[str]) -> Result:
-        self._check_not_failed()
-        name = cursors.identifier(match[3])
-        cursor = self.cursors.get(name)
-        if cursor is None:
-            raise SqlError(INVALID_CURSOR_NAME, f'cursor "{name}" does not exist')
-        amount = match[2]
-        count = None if amount is not None and amount.upper() == "ALL" else int(amount or 1)
-        rows = await cursor.fetch(count, cursors.fetch_timeout_ms(match[4]))
-        return Result(f"FETCH {len(rows)}", cursor.columns, rows)
-
-    async def _close_cursor(self, match: re.Match[str]) -> Result:
-        target = match[1]
-        names = list(self.cursors) if target.upper() == "ALL" else [cursors.identifier(target)]
-        for name in names:
-            cursor = self.cursors.pop(name, None)
-            if cursor is None:
-                raise SqlError(INVALID_CURSOR_NAME, f'cursor "{name}" does not exist')
-            await cursor.close()
-        return Result("CLOSE CURSOR" if target.upper() != "ALL" else "CLOSE CURSOR ALL")
+    def end_of_transaction(self) -> None:
+        """Cursors live until their transaction ends, unless declared WITH HOLD."""
+        if self.session.transaction is None and self.cursors:
+            for name, cursor in list(self.cursors.items()):
+                if not cursor.hold:
+                    del self.cursors[name]
+                    asyncio.get_running_loop().create_task(cursor.close())
 
 
 def _options(text: str) -> list[str]:
@@ -786,14 +635,3 @@ def _encode_row(row: adapter_pb2.SqlRow, oids: list[int], formats: list[int]) ->
         pgtypes.encode_binary(value, oids[i]) if formats[i] == 1 else pgtypes.encode_text(value)
         for i, value in enumerate(row.values)
     ]
-
-
-_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
-
-
-def _copy_line(row: adapter_pb2.SqlRow) -> bytes:
-    fields = []
-    for value in row.values:
-        encoded = pgtypes.encode_text(value)
-        fields.append("\\N" if encoded is None else encoded.decode().translate(_COPY_ESCAPES))
-    return ("\t".join(fields) + "\n").encode()

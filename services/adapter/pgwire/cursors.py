@@ -13,9 +13,17 @@ import contextlib
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from services.adapter.pgwire.outcome import Result
+from services.adapter.session import Settings
 from services.adapter.sql.errors import SqlError
 from tidemark.v1 import adapter_pb2
+
+if TYPE_CHECKING:
+    from services.adapter.pgwire.connection import Connection
+
+SYNTAX_ERROR = "42601"
 
 DECLARE = re.compile(
     r"\s*DECLARE\s+(\"[^\"]+\"|\w+)\s+(?:(?:NO\s+)?SCROLL\s+)?CURSOR\s+(?:(WITH|WITHOUT)\s+HOLD\s+)?"
@@ -195,3 +203,55 @@ def fetch_timeout_ms(text: str | None) -> int | None:
     unit = (match[2] or "s").lower()
     scale = 1 if unit.startswith("ms") or unit.startswith("milli") else _UNIT_MS[unit[0]]
     return round(float(match[1]) * scale)
+
+
+# -- DECLARE, FETCH and CLOSE on a connection ----------------------------------------
+
+
+async def declare(conn: Connection, match: re.Match[str]) -> Result:
+    name = identifier(match[1])
+    hold = (match[2] or "").upper() == "WITH"
+    if conn.session.transaction is None and not hold:
+        raise SqlError(
+            NO_ACTIVE_TRANSACTION,
+            "DECLARE CURSOR can only be used in transaction blocks",
+        )
+    conn.check_not_failed()
+    if name in conn.cursors:
+        raise SqlError(DUPLICATE_CURSOR, f'cursor "{name}" already exists')
+    query = match[3]
+    if SUBSCRIBE.match(query):
+        shape = SubscribeShape.parse(query)
+        stream = conn.adapter.subscribe_sql(shape.sql, Settings(conn.session.settings.values))
+        cursor = await subscription_cursor(stream, shape)
+    else:
+        result = await conn.run_text(query, None)
+        if result.columns is None:
+            raise SqlError(SYNTAX_ERROR, "DECLARE CURSOR takes a query")
+        cursor = Cursor(result.columns, list(result.rows))
+    cursor.hold = hold
+    conn.cursors[name] = cursor
+    return Result("DECLARE CURSOR")
+
+
+async def fetch(conn: Connection, match: re.Match[str]) -> Result:
+    conn.check_not_failed()
+    name = identifier(match[3])
+    cursor = conn.cursors.get(name)
+    if cursor is None:
+        raise SqlError(INVALID_CURSOR_NAME, f'cursor "{name}" does not exist')
+    amount = match[2]
+    count = None if amount is not None and amount.upper() == "ALL" else int(amount or 1)
+    rows = await cursor.fetch(count, fetch_timeout_ms(match[4]))
+    return Result(f"FETCH {len(rows)}", cursor.columns, rows)
+
+
+async def close(conn: Connection, match: re.Match[str]) -> Result:
+    target = match[1]
+    names = list(conn.cursors) if target.upper() == "ALL" else [identifier(target)]
+    for name in names:
+        cursor = conn.cursors.pop(name, None)
+        if cursor is None:
+            raise SqlError(INVALID_CURSOR_NAME, f'cursor "{name}" does not exist')
+        await cursor.close()
+    return Result("CLOSE CURSOR" if target.upper() != "ALL" else "CLOSE CURSOR ALL")

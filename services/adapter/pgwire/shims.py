@@ -16,6 +16,7 @@ from services.adapter.catalog_cache import CatalogState
 from services.adapter.executor import SessionState
 from services.adapter.pgwire.catalog_sql import Interpreter, Unsupported
 from services.adapter.pgwire.catalog_tables import CatalogTables
+from services.adapter.pgwire.outcome import Result
 from services.adapter.results import output_columns, sql_value
 from services.adapter.session import Settings
 from services.adapter.sql import statements as ast
@@ -25,7 +26,7 @@ from tidemark.logging import get_logger
 from tidemark.v1 import adapter_pb2
 
 if TYPE_CHECKING:
-    from services.adapter.pgwire.connection import Connection, Result
+    from services.adapter.pgwire.connection import Connection
     from services.adapter.service import Adapter
 
 log = get_logger("services.adapter.pgwire")
@@ -98,8 +99,6 @@ class CatalogShims:
         )
 
     async def answer(self, text: str, session: SessionState) -> Result | None:
-        from services.adapter.pgwire.connection import Result
-
         if match := SAVEPOINT.match(text):
             word = match[1].split()[0].upper()
             if session.transaction is None:
