@@ -325,6 +325,15 @@ def test_sqlalchemy_reflects_a_table(pg: PgStack) -> None:
             ("label", "TEXT", True),
             ("price", "NUMERIC(8, 2)", True),
         ]
+        # Table reflection (keys, indexes, constraints, comments) and a query through it.
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text("INSERT INTO reflected VALUES (1, 'pen', 2.50)"))
+            conn.commit()  # Tidemark's transactions read before they write, not after
+            table = sqlalchemy.Table("reflected", sqlalchemy.MetaData(), autoload_with=conn)
+            assert [c.name for c in table.columns] == ["id", "label", "price"]
+            query = sqlalchemy.select(table.c.label).where(table.c.id == 1)
+            assert conn.execute(query).fetchall() == [("pen",)]
+            conn.rollback()
     finally:
         engine.dispose()
 
