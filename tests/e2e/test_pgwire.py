@@ -148,6 +148,13 @@ def test_psycopg_parameters_executemany_and_errors(pg: PgStack) -> None:
         with pytest.raises(psycopg.errors.SyntaxError):
             cur.execute("SELEC 1")
         assert cur.execute("SELECT count(*) FROM people").fetchone() == (3,)
+    # Prepared after a few executions, and deallocated when there are too many.
+    with psycopg.connect(pg.url(), autocommit=True, prepare_threshold=1) as conn:
+        conn.prepared_max = 2
+        for round in range(3):
+            for key in (1, 2, 3):
+                row = conn.execute(f"SELECT name FROM people WHERE id = %s -- {key}", (key,))
+                assert row.fetchone() == ({1: "ann", 2: "bob", 3: "o'hara"}[key],), round
 
 
 def test_psycopg_transactions_report_their_status(pg: PgStack) -> None:

@@ -51,6 +51,9 @@ INVALID_SQL_STATEMENT_NAME = "26000"
 INVALID_CURSOR_NAME = "34000"
 UNDEFINED_DATABASE = "3D000"
 SYNTAX_ERROR = "42601"
+DEALLOCATE = re.compile(
+    r"\s*DEALLOCATE\s+(?:PREPARE\s+)?(ALL|\"[^\"]+\"|\w+)\s*;?\s*\Z", re.IGNORECASE
+)
 STREAMING = re.compile(r"\s*(COPY|SUBSCRIBE)\b", re.IGNORECASE)
 ROW_STATEMENTS = (ast.Select, ast.ShowObjects, ast.ShowColumns, ast.ShowSetting, ast.Explain)
 # Parameters reported to the client at startup and whenever SET changes them.
@@ -545,6 +548,15 @@ class Connection:
         shimmed = await self.shims.answer(text, self.session)
         if shimmed is not None:
             return shimmed
+        if match := DEALLOCATE.match(text):
+            # psycopg deallocates its prepared statements so when it has too many.
+            if match[1].upper() == "ALL":
+                self.statements = {"": self.statements[""]} if "" in self.statements else {}
+            elif self.statements.pop(cursors.identifier(match[1]), None) is None:
+                raise SqlError(
+                    INVALID_SQL_STATEMENT_NAME, f'prepared statement "{match[1]}" does not exist'
+                )
+            return Result("DEALLOCATE ALL" if match[1].upper() == "ALL" else "DEALLOCATE")
         if match := cursors.DECLARE.match(text):
             return await cursors.declare(self, match)
         if match := cursors.FETCH.match(text):
