@@ -515,6 +515,14 @@ def test_extended_protocol_named_statements_portals_and_row_limits(pg: PgStack) 
         messages = client.until(b"Z")
         assert _rows(messages) == [[b"5"]]
         assert (b"C", b"SELECT 1\0") in messages
+        # Describing a write's portal does not run it; only Execute does.
+        client.send(b"P", b"\0INSERT INTO numbers VALUES (6)\0" + struct.pack("!h", 0))
+        client.send(b"B", b"\0\0" + struct.pack("!hhh", 0, 0, 0))
+        client.send(b"D", b"P\0")
+        client.send(b"S", b"")
+        assert [k for k, _ in client.until(b"Z")] == [b"1", b"2", b"n", b"Z"]
+        client.send(b"Q", b"SELECT count(*) FROM numbers\0")
+        assert _rows(client.until(b"Z")) == [[b"5"]]
         # Unspecified parameter types are inferred from where the parameters stand.
         for sql, oids in (
             (b"SELECT n FROM numbers WHERE n > $1 AND $2::date IS NOT NULL", [20, 1082]),

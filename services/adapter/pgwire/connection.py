@@ -54,7 +54,11 @@ SYNTAX_ERROR = "42601"
 DEALLOCATE = re.compile(
     r"\s*DEALLOCATE\s+(?:PREPARE\s+)?(ALL|\"[^\"]+\"|\w+)\s*;?\s*\Z", re.IGNORECASE
 )
-STREAMING = re.compile(r"\s*(COPY|SUBSCRIBE)\b", re.IGNORECASE)
+# Statements whose first word says they return rows (after any comments).
+RETURNS_ROWS = re.compile(
+    r"(?:\s|--[^\n]*\n|/\*.*?\*/)*(?:\(|SELECT\b|WITH\b|SHOW\b|EXPLAIN\b|FETCH\b|VALUES\b|TABLE\b)",
+    re.IGNORECASE | re.DOTALL,
+)
 ROW_STATEMENTS = (ast.Select, ast.ShowObjects, ast.ShowColumns, ast.ShowSetting, ast.Explain)
 # Parameters reported to the client at startup and whenever SET changes them.
 REPORTED = {
@@ -460,10 +464,10 @@ class Connection:
             self.send(codec.row_description(_fields(columns, None)))
 
     async def _describe_portal(self, portal: Portal) -> None:
-        # Clients send Execute right after Describe, so the portal runs now (once) and its
-        # columns come from the result: no second parse just to learn its shape. COPY and
-        # SUBSCRIBE talk to the client while they run, so they wait for the Execute.
-        if portal.result is None and not STREAMING.match(portal.sql):
+        # A query runs now (once) and its columns come from the result: no second parse just
+        # to learn its shape (clients send Execute right after). Anything else (writes, DDL,
+        # COPY and SUBSCRIBE, which talk to the client) waits for Execute and has no rows.
+        if portal.result is None and RETURNS_ROWS.match(portal.sql):
             await self._run_portal(portal)
         result = portal.result
         if result is None or result.columns is None:
