@@ -7,7 +7,7 @@ INSTALLED := $(VENV)/.installed
 PROTOS    := $(wildcard protos/tidemark/v1/*.proto)
 GENERATED := tidemark/v1/.generated
 
-.PHONY: setup system-deps protos run test chaos lint format bench bench-oracle bench-storage bench-catalog bench-compute bench-tpch bench-loading bench-pg-source clean
+.PHONY: setup system-deps protos run test chaos lint format bench bench-oracle bench-storage bench-catalog bench-compute bench-tpch bench-loading bench-pg-source bench-pgwire clean
 
 setup: $(INSTALLED) $(GENERATED)
 
@@ -51,7 +51,7 @@ format: setup
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-bench: bench-oracle bench-storage bench-catalog bench-compute bench-tpch bench-loading bench-pg-source
+bench: bench-oracle bench-storage bench-catalog bench-compute bench-tpch bench-loading bench-pg-source bench-pgwire
 
 bench-oracle: setup system-deps
 	$(BIN)/python bench/oracle.py
@@ -73,6 +73,9 @@ bench-loading: setup system-deps
 
 bench-pg-source: setup system-deps
 	$(BIN)/python bench/pg_source.py
+
+bench-pgwire: setup system-deps
+	$(BIN)/python bench/pgwire.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

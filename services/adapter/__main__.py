@@ -8,6 +8,7 @@ import uuid
 from dataclasses import dataclass
 
 from services.adapter.backends import Backends, parse_compute_endpoints
+from services.adapter.pgwire.server import PgServer
 from services.adapter.service import Adapter, AdapterSettings, adapter_service
 from tidemark.config import ServiceConfig, listen_setting, setting
 from tidemark.rpc import announce_port, serve
@@ -55,6 +56,25 @@ class AdapterConfig(ServiceConfig):
         metavar="SECONDS",
     )
 
+    pgwire_listen: str = setting(
+        "",
+        help="address to serve the PostgreSQL wire protocol on, host:port (empty: not served; "
+        "tidemark up uses 127.0.0.1:6874)",
+        metavar="HOST:PORT",
+    )
+    pgwire_password_file: str = setting(
+        "",
+        help="user:password lines; when given, pgwire clients authenticate with SCRAM-SHA-256 "
+        "(without it only localhost clients may connect, trusted)",
+        metavar="PATH",
+    )
+    pgwire_tls_cert: str = setting(
+        "",
+        help="PEM certificate for pgwire TLS (SSLRequest answered 'N' without it)",
+        metavar="PATH",
+    )
+    pgwire_tls_key: str = setting("", help="PEM private key for pgwire TLS", metavar="PATH")
+
     def settings(self) -> AdapterSettings:
         return AdapterSettings(
             history_ms=round(self.history_seconds * 1000),
@@ -74,8 +94,14 @@ async def main(config: AdapterConfig) -> None:
         raise SystemExit(f"--compute: {exc}") from None
     backends = Backends.connect(config.oracle, config.catalog, config.storage, endpoints)
     adapter = Adapter(backends, config.settings())
+    pgwire: PgServer | None = None
     try:
         await adapter.start()
+        if config.pgwire_listen:
+            pgwire = PgServer.from_flags(
+                adapter, config.pgwire_password_file, config.pgwire_tls_cert, config.pgwire_tls_key
+            )
+            await pgwire.start(config.pgwire_listen)
         await serve(
             [adapter_service(adapter)],
             config.listen,
@@ -84,6 +110,8 @@ async def main(config: AdapterConfig) -> None:
             readiness=adapter.readiness,
         )
     finally:
+        if pgwire is not None:
+            await pgwire.close()
         await adapter.close()
         await backends.close()
 

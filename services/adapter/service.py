@@ -178,16 +178,23 @@ class Adapter:
             results.append(adapter_pb2.StatementResult(error=sql_error(exc)))
             _mark_failed(session)
         for statement in statements:
-            try:
-                outcome = await self._run_one(statement, session)
-            except SqlError as exc:
-                results.append(
-                    adapter_pb2.StatementResult(error=sql_error(exc.at(statement.position)))
-                )
-                _mark_failed(session)
+            result = await self.run_statement(statement, session)
+            results.append(result)
+            if result.HasField("error"):
                 break
-            results.append(outcome.to_proto())
         return adapter_pb2.ExecuteResponse(results=results, session=_session_proto(session))
+
+    async def run_statement(
+        self, statement: ast.AnyStatement, session: SessionState
+    ) -> adapter_pb2.StatementResult:
+        """One parsed statement of a session kept by the caller (Execute, pgwire); a failure
+        is the result's error and marks an open transaction failed."""
+        try:
+            outcome = await self._run_one(statement, session)
+        except SqlError as exc:
+            _mark_failed(session)
+            return adapter_pb2.StatementResult(error=sql_error(exc.at(statement.position)))
+        return outcome.to_proto()
 
     # -- COPY -----------------------------------------------------------------------------
 
@@ -226,7 +233,7 @@ class Adapter:
         session = _session_state(request.session)
         try:
             statement = _single(parse(request.sql), ast.CopyTo, "CopyOut", "COPY ... TO STDOUT")
-            output = await self._copy_to(statement, session)
+            output = await self.copy_to(statement, session)
         except SqlError as exc:
             error = adapter_pb2.StatementResult(error=sql_error(exc))
             yield adapter_pb2.CopyOutResponse(result=error)
@@ -245,7 +252,7 @@ class Adapter:
             )
         )
 
-    async def _copy_to(self, statement: ast.CopyTo, session: SessionState) -> CopyOutput:
+    async def copy_to(self, statement: ast.CopyTo, session: SessionState) -> CopyOutput:
         """The statement's rows, with Execute's timeout and error handling."""
         result: list[CopyOutput] = []
 
@@ -309,8 +316,15 @@ class Adapter:
             settings.check()
         except SqlError as exc:
             raise InvalidArgument(f"malformed session: {exc.message}") from None
+        async for message in self.subscribe_sql(request.sql, settings):
+            yield message
+
+    async def subscribe_sql(
+        self, sql: str, settings: Settings
+    ) -> AsyncIterator[adapter_pb2.SubscribeSqlResponse]:
+        """A subscription's messages (header, changes, progress; or one error)."""
         try:
-            statements = parse(request.sql)
+            statements = parse(sql)
             statement = _single_subscription(statements)
             state = await self.executor.catalog_state()
             # ORDER BY / LIMIT become part of the plan: a subscription maintains its top k.
@@ -325,7 +339,7 @@ class Adapter:
             yield adapter_pb2.SubscribeSqlResponse(error=sql_error(error_from_backend(exc)))
         except Exception as exc:
             request_id = current_request_id() or "unknown"
-            log.exception("subscribe_failed", sql=request.sql[:200], error=str(exc))
+            log.exception("subscribe_failed", sql=sql[:200], error=str(exc))
             yield adapter_pb2.SubscribeSqlResponse(
                 error=adapter_pb2.SqlError(
                     code=INTERNAL_ERROR,

@@ -7,6 +7,7 @@ slow part, so the test starts it twice in all."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import queue
@@ -43,12 +44,12 @@ README_SUBSCRIBE = "SUBSCRIBE spend;"
 
 
 def free_port_range(width: int) -> int:
-    """A base port such that ``base .. base + width - 1`` are all free right now, and the
-    metrics ports 100 above them too."""
+    """A base port such that ``base - 1 .. base + width - 1`` are all free right now (base - 1
+    is the adapter's PostgreSQL wire protocol port), and the metrics ports 100 above them too."""
     for _ in range(200):
         base = random.randint(20_000, 60_000)
         try:
-            for port in [*range(base, base + width), *range(base + 100, base + 100 + width)]:
+            for port in [*range(base - 1, base + width), *range(base + 100, base + 100 + width)]:
                 with socket.socket() as sock:
                     sock.bind(("127.0.0.1", port))
         except OSError:
@@ -303,6 +304,17 @@ async def test_up_serves_sql_and_keeps_its_data_across_restarts(tmp_path: Path) 
         assert ["counter_progress", "progress"] in table_rows(
             sql(first.endpoint("adapter"), "\\d").stdout
         )
+        # The same data through the PostgreSQL wire protocol, at the URL up printed.
+        url = f"postgres://tidemark@127.0.0.1:{base - 1}/tidemark"
+        assert any(line.strip().startswith(url) for line in first.lines), first.lines
+        through_psql = await asyncio.to_thread(
+            subprocess.run,
+            ["psql", url, "-X", "-A", "-t", "-c", "SELECT customer FROM spend ORDER BY customer"],
+            capture_output=True,
+            text=True,
+            timeout=SQL_TIMEOUT_S,
+        )
+        assert through_psql.stdout.split() == ["ada", "bob"], through_psql.stderr
     finally:
         assert first.interrupt() == 0
     assert any("stopping" in line for line in first.lines)

@@ -484,7 +484,12 @@ def test_tidemark_processes_listen_where_probes_and_services_look(
         ]
         assert len(services) == 1, module
         ports = {entry["name"]: entry["port"] for entry in services[0]["spec"]["ports"]}
-        assert ports == {"grpc": grpc_port, "metrics": metrics_port}, module
+        expected = {"grpc": grpc_port, "metrics": metrics_port}
+        if module == "services.adapter":
+            # The adapter also speaks the PostgreSQL wire protocol, on a port of its own.
+            expected["postgres"] = container_port(container, "postgres")
+            assert settings["pgwire_listen"] == f"0.0.0.0:{expected['postgres']}"
+        assert ports == expected, module
 
 
 def test_other_probes_use_declared_ports(objects: list[Resource]) -> None:

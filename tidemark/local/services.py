@@ -1,6 +1,7 @@
 """The processes of a local Tidemark: which module, which port, which flags.
 
-Ports follow the adapter's: with the default base port 6875 the adapter listens on 6875, the
+Ports follow the adapter's: with the default base port 6875 the adapter listens on 6875 (gRPC) and
+6874 (the PostgreSQL wire protocol, base port - 1), the
 oracle on 6876, storage on 6877, the catalog on 6878, the ``default`` compute cluster on 6879 and
 the sources process (load generators, PostgreSQL sources) on 6880. Each serves its Prometheus
 metrics 100 ports above its gRPC port (6975 to 6980 by default).
@@ -29,6 +30,8 @@ class ServiceSpec:
     """Shown next to the endpoint (e.g. the compute cluster's name)."""
     metrics_port: int = 0
     """Where the service serves Prometheus metrics (0: nowhere)."""
+    postgres_url: str = ""
+    """The service's PostgreSQL wire protocol endpoint, if it has one (the adapter)."""
 
     @property
     def address(self) -> str:
@@ -42,7 +45,10 @@ class ServiceSpec:
         """The service's line in ``tidemark up``'s list of endpoints."""
         metrics = f"  metrics {self.metrics_url}" if self.metrics_port else ""
         note = f"  ({self.note})" if self.note else ""
-        return f"  {self.name:<8} grpc://{self.address}{metrics}{note}"
+        line = f"  {self.name:<8} grpc://{self.address}{metrics}{note}"
+        if self.postgres_url:
+            line += f"\n  {'':<8} {self.postgres_url}  (psql, any PostgreSQL client)"
+        return line
 
 
 def with_metrics(spec: ServiceSpec) -> ServiceSpec:
@@ -60,6 +66,7 @@ def planned_services(
     consensus = "sqlite://" + str(data_dir / "consensus.db")
     blobs = "file://" + str(data_dir / "blobs")
     adapter = f"127.0.0.1:{base_port}"
+    pgwire = f"127.0.0.1:{base_port - 1}"
     oracle = f"127.0.0.1:{base_port + 1}"
     storage = f"127.0.0.1:{base_port + 2}"
     catalog = f"127.0.0.1:{base_port + 3}"
@@ -113,8 +120,11 @@ def planned_services(
                 storage,
                 "--compute",
                 f"{DEFAULT_CLUSTER}={compute}",
+                "--pgwire-listen",
+                pgwire,
             ),
             note=f"SQL: tidemark sql --address {adapter}",
+            postgres_url=f"postgres://tidemark@{pgwire}/tidemark",
         ),
     ]
     return [with_metrics(spec) for spec in specs]

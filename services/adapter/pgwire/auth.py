@@ -1,0 +1,189 @@
+"""Who may connect: trust for loopback clients when no credentials are configured, else
+SCRAM-SHA-256 (RFC 5802, RFC 7677) against verifiers held in memory.
+
+Credentials come from a ``RoleStore``; today that is ``PasswordFile`` (``user:password`` lines,
+turned into SCRAM verifiers as they are read, so no password is kept). Roles in the catalog can
+replace it by implementing ``RoleStore.verifier``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import ipaddress
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+ITERATIONS = 4096
+MECHANISM = "SCRAM-SHA-256"
+INVALID_PASSWORD = "28P01"
+INVALID_AUTHORIZATION = "28000"
+
+
+class AuthFailed(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class ScramVerifier:
+    salt: bytes
+    iterations: int
+    stored_key: bytes
+    server_key: bytes
+
+    @classmethod
+    def from_password(cls, password: str, salt: bytes | None = None) -> ScramVerifier:
+        salt = salt if salt is not None else secrets.token_bytes(16)
+        salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, ITERATIONS)
+        client_key = _hmac(salted, b"Client Key")
+        return cls(
+            salt,
+            ITERATIONS,
+            hashlib.sha256(client_key).digest(),
+            _hmac(salted, b"Server Key"),
+        )
+
+
+def _hmac(key: bytes, data: bytes) -> bytes:
+    return hmac.new(key, data, hashlib.sha256).digest()
+
+
+class RoleStore(Protocol):
+    def verifier(self, user: str) -> ScramVerifier | None:
+        """The user's SCRAM verifier, or ``None`` when the user may not log in."""
+
+
+class PasswordFile:
+    """``user:password`` lines (blank lines and ``#`` comments skipped)."""
+
+    def __init__(self, verifiers: dict[str, ScramVerifier]) -> None:
+        self._verifiers = verifiers
+
+    @classmethod
+    def read(cls, path: Path) -> PasswordFile:
+        verifiers: dict[str, ScramVerifier] = {}
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            user, sep, password = line.partition(":")
+            if not sep or not user:
+                raise ValueError(f"{path}:{number}: expected user:password")
+            verifiers[user] = ScramVerifier.from_password(password)
+        return cls(verifiers)
+
+    def verifier(self, user: str) -> ScramVerifier | None:
+        return self._verifiers.get(user)
+
+
+class ScramExchange:
+    """The server's side of one SCRAM-SHA-256 exchange (no channel binding)."""
+
+    def __init__(self, verifier: ScramVerifier | None) -> None:
+        # An unknown user goes through the exchange with a made-up verifier, so the failure
+        # comes at the same step as a wrong password.
+        self.verifier = verifier or ScramVerifier.from_password(secrets.token_hex(16))
+        self.known = verifier is not None
+        self._client_first_bare = ""
+        self._server_first = ""
+        self._nonce = ""
+
+    def first(self, client_first: bytes) -> bytes:
+        text = _ascii(client_first)
+        header, sep, bare = _split_gs2(text)
+        if header not in ("n,,", "y,,") or not sep:
+            raise AuthFailed(INVALID_AUTHORIZATION, "SCRAM channel binding is not supported")
+        attributes = _attributes(bare)
+        client_nonce = attributes.get("r", "")
+        if not client_nonce:
+            raise AuthFailed(INVALID_AUTHORIZATION, "SCRAM client-first-message has no nonce")
+        self._gs2 = header
+        self._client_first_bare = bare
+        self._nonce = client_nonce + base64.b64encode(secrets.token_bytes(18)).decode()
+        salt = base64.b64encode(self.verifier.salt).decode()
+        self._server_first = f"r={self._nonce},s={salt},i={self.verifier.iterations}"
+        return self._server_first.encode()
+
+    def final(self, client_final: bytes) -> bytes:
+        text = _ascii(client_final)
+        without_proof, sep, proof_part = text.rpartition(",p=")
+        if not sep:
+            raise AuthFailed(INVALID_AUTHORIZATION, "SCRAM client-final-message has no proof")
+        attributes = _attributes(without_proof)
+        if attributes.get("r") != self._nonce:
+            raise AuthFailed(INVALID_AUTHORIZATION, "SCRAM nonce does not match")
+        if attributes.get("c") != base64.b64encode(self._gs2.encode()).decode():
+            raise AuthFailed(INVALID_AUTHORIZATION, "SCRAM channel binding does not match")
+        try:
+            proof = base64.b64decode(proof_part, validate=True)
+        except ValueError:
+            raise AuthFailed(INVALID_AUTHORIZATION, "SCRAM proof is not base64") from None
+        auth_message = f"{self._client_first_bare},{self._server_first},{without_proof}".encode()
+        signature = _hmac(self.verifier.stored_key, auth_message)
+        if len(proof) != len(signature):
+            raise AuthFailed(INVALID_PASSWORD, "password authentication failed")
+        client_key = bytes(a ^ b for a, b in zip(proof, signature, strict=True))
+        valid = hmac.compare_digest(hashlib.sha256(client_key).digest(), self.verifier.stored_key)
+        if not (valid and self.known):
+            raise AuthFailed(INVALID_PASSWORD, "password authentication failed")
+        server_signature = _hmac(self.verifier.server_key, auth_message)
+        return b"v=" + base64.b64encode(server_signature)
+
+
+def _ascii(data: bytes) -> str:
+    try:
+        return data.decode("ascii")
+    except UnicodeDecodeError:
+        raise AuthFailed(INVALID_AUTHORIZATION, "SCRAM message is not ASCII") from None
+
+
+def _split_gs2(text: str) -> tuple[str, str, str]:
+    first = text.find(",")
+    second = text.find(",", first + 1) if first >= 0 else -1
+    if second < 0:
+        return text, "", ""
+    return text[: second + 1], ",", text[second + 1 :]
+
+
+def _attributes(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        if sep and len(key) == 1:
+            out.setdefault(key, value)
+    return out
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+class Authenticator:
+    """Trust for loopback clients when there is no role store; SCRAM otherwise."""
+
+    def __init__(self, roles: RoleStore | None) -> None:
+        self.roles = roles
+
+    def method(self, peer_host: str) -> str:
+        """``trust`` or ``scram``; ``AuthFailed`` when the client may not connect at all."""
+        if self.roles is not None:
+            return "scram"
+        if is_loopback(peer_host):
+            return "trust"
+        raise AuthFailed(
+            INVALID_AUTHORIZATION,
+            f"no password file is configured, so only localhost may connect (not {peer_host})",
+        )
+
+    def exchange(self, user: str) -> ScramExchange:
+        assert self.roles is not None
+        return ScramExchange(self.roles.verifier(user))
