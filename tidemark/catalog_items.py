@@ -42,6 +42,16 @@ def cluster_named(
     return None
 
 
+def role_named(
+    items: Iterable[catalog_pb2.CatalogItem], name: str
+) -> catalog_pb2.CatalogItem | None:
+    """The role called ``name`` among ``items``, if there is one."""
+    for item in items:
+        if item.WhichOneof("body") == "role" and item.name.item == name:
+            return item
+    return None
+
+
 CATALOG_HOLDER = "catalog"
 """The holder of the critical read capability each catalog object's collection carries
 (``services/catalog/holds.py``); the adapter creates collections with it."""

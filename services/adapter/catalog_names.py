@@ -35,6 +35,7 @@ KIND_NAMES = {
     "schema": "schema",
     "secret": "secret",
     "connection": "connection",
+    "role": "role",
 }
 
 

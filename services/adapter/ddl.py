@@ -41,7 +41,7 @@ from services.adapter.sql.ddl import relation_schema
 from services.adapter.sql.errors import SqlError
 from services.adapter.sql.names import dotted
 from services.adapter.timestamps import Timestamps
-from tidemark.catalog_items import CATALOG_HOLDER, item_key
+from tidemark.catalog_items import CATALOG_HOLDER, item_key, role_named
 from tidemark.clients.catalog import CatalogClient, CatalogUpperMismatch, insert, retract
 from tidemark.clients.storage import StorageClient
 from tidemark.columnar import RelationSchema
@@ -290,7 +290,7 @@ def contained_items(
     found = []
     for other in state:
         other_kind = kind_of(other)
-        if other.id == item.id or other_kind in ("id_allocator", "cluster", "database"):
+        if other.id == item.id or other_kind in ("id_allocator", "cluster", "database", "role"):
             continue
         if kind == "database" and other.name.database == item.name.database:
             found.append(other)
@@ -334,6 +334,8 @@ def resolve_drop_target(
     position = statement.position
     if kind == "cluster":
         return state.cluster_named(name[-1]) if len(name) == 1 else None
+    if kind == "role":
+        return role_named(state, name[-1]) if len(name) == 1 else None
     if kind == "database":
         return catalog_view(state).database(name[0]) if len(name) == 1 else None
     if kind == "schema":
@@ -370,7 +372,12 @@ def is_member_of(item: catalog_pb2.CatalogItem, primary_id: str) -> bool:
 
 def drop_is_protected(item: catalog_pb2.CatalogItem) -> bool:
     """System objects (ids ``s<N>``) other than the default ones cannot be dropped."""
-    return item.id.startswith("s") and kind_of(item) not in ("cluster", "database", "schema")
+    return item.id.startswith("s") and kind_of(item) not in (
+        "cluster",
+        "database",
+        "schema",
+        "role",
+    )
 
 
 def check_droppable(

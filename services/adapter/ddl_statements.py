@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from services.adapter import ddl_connections
+from services.adapter import ddl_connections, ddl_roles
 from services.adapter.catalog_cache import CatalogState
 from services.adapter.catalog_names import (
     catalog_view,
@@ -96,6 +96,10 @@ class DdlStatements:
                 )
             if isinstance(statement, ast.CreateSecret):
                 return ddl_connections.create_secret(statement, settings, draft)
+            if isinstance(statement, ast.CreateRole):
+                return ddl_roles.create_role(statement, draft)
+            if isinstance(statement, ast.AlterRole):
+                return ddl_roles.alter_role(statement, draft)
             if isinstance(statement, ast.CreateConnection):
                 return await ddl_connections.create_connection(statement, settings, draft)
             if isinstance(statement, ast.CreateView):

@@ -48,6 +48,8 @@ DDL_STATEMENTS = (
     ast.CreateTable,
     ast.CreateSource,
     ast.CreateSecret,
+    ast.CreateRole,
+    ast.AlterRole,
     ast.CreateConnection,
     ast.CreatePostgresSource,
     ast.CreateView,

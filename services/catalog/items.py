@@ -14,6 +14,7 @@ Namespaces (where a name must be unique):
   ``(name.database, name.schema)``, by ``name.item`` (as relations and indexes share one in
   PostgreSQL);
 - clusters: globally, by ``name.item``;
+- roles: globally, by ``name.item``;
 - id allocators: by ``IdAllocator.name`` (which is also their key).
 """
 
@@ -40,6 +41,7 @@ Kind = Literal[
     "id_allocator",
     "secret",
     "connection",
+    "role",
 ]
 
 RELATION_KINDS: frozenset[str] = frozenset({"table", "source", "view", "materialized_view"})
@@ -107,6 +109,8 @@ def namespace_key(item: catalog_pb2.CatalogItem) -> NameKey | None:
         return ("item", name.database, name.schema, name.item)
     if kind == "cluster":
         return ("cluster", name.item)
+    if kind == "role":
+        return ("role", name.item)
     return None
 
 
@@ -150,6 +154,7 @@ _NAME_FIELDS: dict[str, tuple[bool, bool, bool]] = {
     "database": (True, False, False),
     "schema": (True, True, False),
     "cluster": (False, False, True),
+    "role": (False, False, True),
     "id_allocator": (False, False, False),
     **{kind: (True, True, True) for kind in SCHEMA_MEMBER_KINDS},
 }
@@ -265,3 +270,9 @@ def _check_body(kind: Kind, item: catalog_pb2.CatalogItem, label: str) -> None:
     elif kind == "cluster":
         if not item.cluster.size:
             raise InvalidArgument(f"{label}: the cluster has no size")
+    elif kind == "role" and item.role.HasField("password"):
+        verifier = item.role.password
+        if len(verifier.stored_key) != 32 or len(verifier.server_key) != 32:
+            raise InvalidArgument(f"{label}: a SCRAM-SHA-256 verifier holds 32-byte keys")
+        if not verifier.salt or verifier.iterations < 4096:
+            raise InvalidArgument(f"{label}: a SCRAM verifier needs a salt and 4096+ iterations")

@@ -385,6 +385,46 @@ def test_scram_and_tls(pg: PgStack) -> None:
         psycopg.connect(f"postgresql://tidemark@127.0.0.1:{pg.port}/nope")
 
 
+def test_catalog_roles_log_in_with_their_passwords(pg: PgStack) -> None:
+    """Roles made with CREATE ROLE authenticate through SCRAM against the verifier the catalog
+    keeps; ALTER ROLE changes the password, NOLOGIN and DROP ROLE lock the role out."""
+    admin = f"postgresql://alice:s3cret@127.0.0.1:{pg.scram_port}/tidemark"
+
+    def connects(user: str, password: str) -> bool:
+        try:
+            url = f"postgresql://{user}:{password}@127.0.0.1:{pg.scram_port}/tidemark"
+            with psycopg.connect(url) as conn:
+                return conn.execute("SELECT 1").fetchone() == (1,)
+        except psycopg.OperationalError as exc:
+            assert "authentication failed" in str(exc), exc
+            return False
+
+    def run(sql: str) -> None:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(sql)
+
+    run("CREATE ROLE bob WITH LOGIN PASSWORD 'pw-one'")
+    run("CREATE ROLE carol PASSWORD 'pw-c'")  # CREATE ROLE: NOLOGIN unless LOGIN is given
+    run("CREATE USER dave PASSWORD 'pw-d'")  # CREATE USER: LOGIN
+    assert connects("bob", "pw-one") and not connects("bob", "wrong")
+    assert not connects("carol", "pw-c") and connects("dave", "pw-d")
+    run("ALTER ROLE bob PASSWORD 'pw-two'")
+    assert not connects("bob", "pw-one") and connects("bob", "pw-two")
+    run("ALTER ROLE bob NOLOGIN")
+    assert not connects("bob", "pw-two")
+    run("DROP ROLE dave")
+    assert not connects("dave", "pw-d")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.DuplicateObject):
+            conn.execute("CREATE ROLE bob")
+        with pytest.raises(psycopg.errors.UndefinedObject):
+            conn.execute("ALTER ROLE nobody LOGIN")
+        with pytest.raises(psycopg.Error) as caught:
+            conn.execute("CREATE ROLE erin PASSWORD 'never-shown' BADOPTION")
+        # (psycopg quotes its own query under the error; the server's message never does.)
+        assert "never-shown" not in (caught.value.diag.message_primary or "")
+
+
 def _exchange(port: int, payload: bytes) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(payload)

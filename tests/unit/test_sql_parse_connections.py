@@ -123,3 +123,27 @@ def test_drop_secret_and_connection() -> None:
     )
     drop = one("DROP CONNECTION pg CASCADE")
     assert isinstance(drop, st.Drop) and drop.kind == "connection" and drop.cascade
+
+
+def test_role_statements_and_their_masked_passwords() -> None:
+    (created,) = parse("CREATE ROLE bob WITH LOGIN SUPERUSER PASSWORD 'hunter2'")
+    assert isinstance(created, st.CreateRole)
+    assert (created.name, created.options.login, created.options.superuser) == ("bob", True, True)
+    assert created.options.password == "hunter2"
+    assert "hunter2" not in created.text and "hunter2" not in repr(created)
+    (user,) = parse("CREATE USER carol")
+    assert isinstance(user, st.CreateRole) and user.user and user.options.login is None
+    (altered,) = parse("ALTER ROLE bob NOLOGIN PASSWORD NULL")
+    assert isinstance(altered, st.AlterRole)
+    assert (altered.options.login, altered.options.password) == (False, "")
+    (dropped,) = parse("DROP ROLE IF EXISTS bob, carol")
+    assert isinstance(dropped, st.Drop) and dropped.kind == "role"
+    for bad, code in [
+        ("CREATE ROLE x PASSWORD 'a' PASSWORD 'b'", "42601"),
+        ("CREATE ROLE x CREATEDB", "0A000"),
+        ("CREATE ROLE x PASSWORD 'secret-value' NONSENSE", "42601"),
+    ]:
+        with pytest.raises(SqlError) as caught:
+            parse(bad)
+        assert caught.value.code == code
+        assert "secret-value" not in caught.value.message

@@ -1,9 +1,9 @@
-"""Who may connect: trust for loopback clients when no credentials are configured, else
-SCRAM-SHA-256 (RFC 5802, RFC 7677) against verifiers held in memory.
+"""Who may connect: trust for loopback clients unless a password file is configured, else
+SCRAM-SHA-256 (RFC 5802, RFC 7677).
 
-Credentials come from a ``RoleStore``; today that is ``PasswordFile`` (``user:password`` lines,
-turned into SCRAM verifiers as they are read, so no password is kept). Roles in the catalog can
-replace it by implementing ``RoleStore.verifier``.
+Credentials come from ``RoleStore``s: the catalog's roles (``CREATE ROLE name LOGIN PASSWORD
+'...'``, kept as SCRAM verifiers) and, to bootstrap a deployment, a ``PasswordFile``
+(``user:password`` lines, turned into verifiers as they are read, so no password is kept).
 """
 
 from __future__ import annotations
@@ -13,11 +13,14 @@ import hashlib
 import hmac
 import ipaddress
 import secrets
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
 
-ITERATIONS = 4096
+from tidemark.catalog_items import role_named
+from tidemark.scram import ScramVerifier
+from tidemark.v1 import catalog_pb2
+
 MECHANISM = "SCRAM-SHA-256"
 INVALID_PASSWORD = "28P01"
 INVALID_AUTHORIZATION = "28000"
@@ -30,26 +33,6 @@ class AuthFailed(Exception):
         self.message = message
 
 
-@dataclass(frozen=True)
-class ScramVerifier:
-    salt: bytes
-    iterations: int
-    stored_key: bytes
-    server_key: bytes
-
-    @classmethod
-    def from_password(cls, password: str, salt: bytes | None = None) -> ScramVerifier:
-        salt = salt if salt is not None else secrets.token_bytes(16)
-        salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, ITERATIONS)
-        client_key = _hmac(salted, b"Client Key")
-        return cls(
-            salt,
-            ITERATIONS,
-            hashlib.sha256(client_key).digest(),
-            _hmac(salted, b"Server Key"),
-        )
-
-
 def _hmac(key: bytes, data: bytes) -> bytes:
     return hmac.new(key, data, hashlib.sha256).digest()
 
@@ -57,6 +40,34 @@ def _hmac(key: bytes, data: bytes) -> bytes:
 class RoleStore(Protocol):
     def verifier(self, user: str) -> ScramVerifier | None:
         """The user's SCRAM verifier, or ``None`` when the user may not log in."""
+
+
+class FirstOf:
+    """Several role stores asked in turn: the first that knows the user answers."""
+
+    def __init__(self, *stores: RoleStore) -> None:
+        self.stores = stores
+
+    def verifier(self, user: str) -> ScramVerifier | None:
+        for store in self.stores:
+            found = store.verifier(user)
+            if found is not None:
+                return found
+        return None
+
+
+class CatalogRoles:
+    """The catalog's roles (CREATE ROLE ... LOGIN PASSWORD '...'), as the adapter's copy of
+    the catalog has them now."""
+
+    def __init__(self, items: Callable[[], Iterable[catalog_pb2.CatalogItem]]) -> None:
+        self.items = items
+
+    def verifier(self, user: str) -> ScramVerifier | None:
+        role = role_named(self.items(), user)
+        if role is None or not role.role.login or not role.role.HasField("password"):
+            return None
+        return ScramVerifier.from_proto(role.role.password)
 
 
 class PasswordFile:
@@ -168,22 +179,18 @@ def is_loopback(host: str) -> bool:
 
 
 class Authenticator:
-    """Trust for loopback clients when there is no role store; SCRAM otherwise."""
+    """Trust for loopback clients unless passwords are required (a password file is
+    configured); SCRAM-SHA-256 for everyone else, against ``roles``."""
 
-    def __init__(self, roles: RoleStore | None) -> None:
+    def __init__(self, roles: RoleStore, *, require_passwords: bool) -> None:
         self.roles = roles
+        self.require_passwords = require_passwords
 
     def method(self, peer_host: str) -> str:
-        """``trust`` or ``scram``; ``AuthFailed`` when the client may not connect at all."""
-        if self.roles is not None:
-            return "scram"
-        if is_loopback(peer_host):
+        """``trust`` or ``scram``."""
+        if not self.require_passwords and is_loopback(peer_host):
             return "trust"
-        raise AuthFailed(
-            INVALID_AUTHORIZATION,
-            f"no password file is configured, so only localhost may connect (not {peer_host})",
-        )
+        return "scram"
 
     def exchange(self, user: str) -> ScramExchange:
-        assert self.roles is not None
         return ScramExchange(self.roles.verifier(user))

@@ -11,7 +11,13 @@ import secrets
 import ssl
 from pathlib import Path
 
-from services.adapter.pgwire.auth import Authenticator, PasswordFile
+from services.adapter.pgwire.auth import (
+    Authenticator,
+    CatalogRoles,
+    FirstOf,
+    PasswordFile,
+    RoleStore,
+)
 from services.adapter.pgwire.connection import Connection
 from services.adapter.service import Adapter
 from tidemark.logging import get_logger
@@ -50,19 +56,21 @@ class PgServer:
     def from_flags(
         cls, adapter: Adapter, password_file: str, tls_cert: str, tls_key: str
     ) -> PgServer:
-        roles = None
+        stores: list[RoleStore] = []
         if password_file:
             path = Path(password_file)
             if path.exists():
-                roles = PasswordFile.read(path)
+                stores.append(PasswordFile.read(path))
             else:
-                # A Secret not created yet (Kubernetes mounts it optionally): trust nobody
-                # remote rather than refuse to start.
+                # A Secret not created yet (Kubernetes mounts it optionally): only the
+                # catalog's roles then, rather than refuse to start.
                 log.warning("pgwire_password_file_missing", path=password_file)
+        stores.append(CatalogRoles(lambda: adapter.cache.latest()))
         if bool(tls_cert) != bool(tls_key):
             raise SystemExit("--pgwire-tls-cert and --pgwire-tls-key go together")
         tls = tls_context(tls_cert, tls_key) if tls_cert else None
-        return cls(adapter, Authenticator(roles), tls)
+        authenticator = Authenticator(FirstOf(*stores), require_passwords=bool(password_file))
+        return cls(adapter, authenticator, tls)
 
     async def start(self, listen: str) -> int:
         host, _, port = listen.rpartition(":")

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from sqlglot import exp
 from sqlglot.tokens import Token, TokenType  # type: ignore[attr-defined]
 
-from services.adapter.sql import connections
+from services.adapter.sql import connections, roles
 from services.adapter.sql import statements as st
 from services.adapter.sql.errors import SYNTAX_ERROR, SqlError, not_supported
 from services.adapter.sql.literal_insert import scan_literal_inserts
@@ -176,6 +176,8 @@ def _create(cursor: Cursor, text: str, where: int) -> st.AnyStatement:
         return _create_source(cursor, text, where)
     if cursor.accept("SECRET"):
         return connections.create_secret(cursor, text, where, _if_not_exists(cursor))
+    if cursor.at_words("ROLE") or cursor.at_words("USER"):
+        return roles.create_role(cursor, where, user=cursor.next().text.upper() == "USER")
     if cursor.accept("CONNECTION"):
         return connections.create_connection(cursor, text, where, _if_not_exists(cursor))
     materialized = cursor.accept("MATERIALIZED")
@@ -546,6 +548,8 @@ _DROP_KINDS: tuple[tuple[tuple[str, ...], st.ObjectKind], ...] = (
     (("SOURCE",), "source"),
     (("SECRET",), "secret"),
     (("CONNECTION",), "connection"),
+    (("ROLE",), "role"),
+    (("USER",), "role"),
 )
 
 
@@ -577,8 +581,10 @@ def _drop(cursor: Cursor, text: str, where: int) -> st.Drop:
     )
 
 
-def _alter(cursor: Cursor, text: str, where: int) -> st.RebuildMaterializedView:
+def _alter(cursor: Cursor, text: str, where: int) -> st.RebuildMaterializedView | st.AlterRole:
     cursor.expect("ALTER")
+    if cursor.accept("ROLE") or cursor.accept("USER"):
+        return roles.alter_role(cursor, where)
     if not cursor.accept("MATERIALIZED", "VIEW"):
         token = cursor.peek()
         if token is not None and is_word(token):

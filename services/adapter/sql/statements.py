@@ -29,6 +29,7 @@ ObjectKind = Literal[
     "source",
     "secret",
     "connection",
+    "role",
 ]
 ShowKind = Literal[
     "tables",
@@ -101,6 +102,38 @@ class CreateSource(Statement):
     # EXPOSE PROGRESS AS <name> (default: <source>_progress).
     progress_name: str | None = None
     in_cluster: str | None = None
+
+
+@dataclass(frozen=True)
+class RoleOptions:
+    """What CREATE/ALTER ROLE set; ``None`` for what the statement leaves as it is.
+    ``password`` ``""`` means PASSWORD NULL (none)."""
+
+    login: bool | None = None
+    superuser: bool | None = None
+    password: str | None = None
+
+    def __repr__(self) -> str:
+        hidden = None if self.password is None else "<hidden>"
+        return f"RoleOptions(login={self.login}, superuser={self.superuser}, password={hidden})"
+
+
+@dataclass(frozen=True)
+class CreateRole(Statement):
+    """``CREATE ROLE|USER name [WITH] options``; ``text`` has any password masked."""
+
+    name: str
+    options: RoleOptions
+    # CREATE USER: LOGIN unless NOLOGIN is given.
+    user: bool = False
+
+
+@dataclass(frozen=True)
+class AlterRole(Statement):
+    """``ALTER ROLE|USER name [WITH] options``; ``text`` has any password masked."""
+
+    name: str
+    options: RoleOptions
 
 
 @dataclass(frozen=True)
@@ -366,6 +399,8 @@ AnyStatement: TypeAlias = (
     | CreateSchema
     | Drop
     | RebuildMaterializedView
+    | CreateRole
+    | AlterRole
     | Insert
     | CopyFrom
     | CopyTo

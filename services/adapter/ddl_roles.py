@@ -1,0 +1,72 @@
+"""What CREATE ROLE, ALTER ROLE and DROP ROLE draft: global catalog items holding whether the
+role may log in, whether it is a superuser, and its password as a SCRAM-SHA-256 verifier (the
+password itself is never stored). The PostgreSQL wire protocol authenticates against them."""
+
+from __future__ import annotations
+
+from services.adapter.ddl import OWNER, CatalogDraft, DdlOutcome
+from services.adapter.sql import statements as ast
+from services.adapter.sql.errors import SqlError
+from tidemark.catalog_items import role_named
+from tidemark.scram import ScramVerifier
+from tidemark.v1 import catalog_pb2
+
+DUPLICATE_OBJECT = "42710"
+UNDEFINED_OBJECT = "42704"
+RESERVED_NAME = "42939"
+
+
+def create_role(statement: ast.CreateRole, draft: CatalogDraft) -> DdlOutcome:
+    tag = "CREATE ROLE"
+    if statement.name.startswith("pg_") or statement.name in ("public", "none"):
+        raise SqlError(
+            RESERVED_NAME, f'role name "{statement.name}" is reserved', statement.position
+        )
+    if role_named(draft.state, statement.name) is not None:
+        raise SqlError(
+            DUPLICATE_OBJECT, f'role "{statement.name}" already exists', statement.position
+        )
+    options = statement.options
+    role = catalog_pb2.Role(
+        login=statement.user if options.login is None else options.login,
+        superuser=bool(options.superuser),
+    )
+    _set_password(role, options.password)
+    draft.create(
+        catalog_pb2.CatalogItem(
+            id=draft.allocate(),
+            name=catalog_pb2.QualifiedName(item=statement.name),
+            owner=OWNER,
+            role=role,
+        )
+    )
+    return DdlOutcome(tag)
+
+
+def alter_role(statement: ast.AlterRole, draft: CatalogDraft) -> DdlOutcome:
+    current = role_named(draft.state, statement.name)
+    if current is None:
+        raise SqlError(
+            UNDEFINED_OBJECT, f'role "{statement.name}" does not exist', statement.position
+        )
+    changed = catalog_pb2.CatalogItem()
+    changed.CopyFrom(current)
+    options = statement.options
+    if options.login is not None:
+        changed.role.login = options.login
+    if options.superuser is not None:
+        changed.role.superuser = options.superuser
+    _set_password(changed.role, options.password)
+    if changed != current:
+        draft.drop(current)
+        draft.create(changed)
+    return DdlOutcome("ALTER ROLE")
+
+
+def _set_password(role: catalog_pb2.Role, password: str | None) -> None:
+    if password is None:
+        return
+    if password == "":
+        role.ClearField("password")
+    else:
+        role.password.CopyFrom(ScramVerifier.from_password(password).to_proto())
