@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
@@ -50,6 +51,10 @@ SYSTEM_OWNER = "system"
 SUBSCRIBE_BATCH_ROWS = 1000
 # How many committed appends are remembered to answer a repeated request.
 RECENT_APPENDS = 1024
+# A failure to follow the log counts as current for this long: retries come at most 2 s
+# apart, so a log that keeps failing keeps the catalog NOT_SERVING, while a follow that
+# resumed (and has nothing to report until the next write) lets it serve again.
+FOLLOW_FAILURE_FRESH_S = 5.0
 
 
 class TimestampOracle(Protocol):
@@ -126,8 +131,8 @@ def _log_updates(steps: Iterable[Step]) -> list[LogUpdate]:
 def _digest(steps: Iterable[Step]) -> bytes:
     """A fingerprint of an append's consolidated updates."""
     digest = hashlib.sha256()
-    for data, time, diff in sorted(_log_updates(steps)):
-        digest.update(b"%d:%d:%d:" % (time, diff, len(data)))
+    for data, at, diff in sorted(_log_updates(steps)):
+        digest.update(b"%d:%d:%d:" % (at, diff, len(data)))
         digest.update(data)
     return digest.digest()
 
@@ -153,6 +158,7 @@ class Catalog:
         # A published write the oracle has not acknowledged yet.
         self._unpublished: int | None = None
         self._follow_error: str | None = None
+        self._follow_failed_at = 0.0
 
     # -- life cycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -179,7 +185,10 @@ class Catalog:
         """Why the catalog cannot serve right now, or ``None`` when it can: it has caught up
         with its log (``start`` did that before the server started), keeps following it, and
         has told the oracle about every write it committed."""
-        if self._follow_error is not None:
+        if (
+            self._follow_error is not None
+            and time.monotonic() - self._follow_failed_at < FOLLOW_FAILURE_FRESH_S
+        ):
             return f"following the catalog log fails: {self._follow_error}"
         if self._unpublished is not None:
             return f"catalog time {self._unpublished} is not yet published to the oracle"
@@ -348,6 +357,7 @@ class Catalog:
                 failures += 1
                 message = exc.message if isinstance(exc, TidemarkError) else repr(exc)
                 self._follow_error = message
+                self._follow_failed_at = time.monotonic()
                 logger.warning("catalog_follow_failed", error=message, attempt=failures)
             await asyncio.sleep(min(0.05 * 2 ** min(failures, 6), 2.0))
 

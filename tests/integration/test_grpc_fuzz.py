@@ -117,10 +117,20 @@ def _invoke(channel: grpc.Channel, method: Method, payload: list[bytes]) -> grpc
         return code  # type: ignore[no-any-return]
 
 
+# A service may report NOT_SERVING for a moment while it recovers (the catalog resuming its
+# log after a failed read); it must be serving again within this many seconds.
+RECOVERY_S = 10.0
+
+
 def _still_serving(channel: grpc.Channel, method: Method) -> None:
     health = health_pb2_grpc.HealthStub(channel)
-    reply = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=DEADLINE)
-    assert reply.status == health_pb2.HealthCheckResponse.SERVING, method
+    deadline = time.monotonic() + RECOVERY_S
+    while True:
+        reply = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=DEADLINE)
+        if reply.status == health_pb2.HealthCheckResponse.SERVING:
+            return
+        assert time.monotonic() < deadline, f"{method}: not serving for {RECOVERY_S} s"
+        time.sleep(0.2)
 
 
 def _check(channel: grpc.Channel, method: Method, payload: list[bytes]) -> None:
