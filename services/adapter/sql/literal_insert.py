@@ -52,6 +52,7 @@ _CELL = re.compile(
     re.IGNORECASE | re.VERBOSE,
 )
 _ROW_START = re.compile(r"\s*\(")
+_SEPARATORS = re.compile(r"[\s;]*")
 _BETWEEN_ROWS = re.compile(r"\s*(?P<sep>[,;]|$)")
 
 
@@ -97,8 +98,7 @@ def scan_literal_inserts(sql: str) -> list[ScannedInsert] | None:
     found: list[ScannedInsert] = []
     offset = 0
     while True:
-        rest = re.compile(r"[\s;]*").match(sql, offset)
-        offset = rest.end() if rest else offset
+        offset = _SEPARATORS.match(sql, offset).end()  # type: ignore[union-attr]
         if offset >= len(sql):
             return found or None
         scanned = _scan_one(sql, offset)
