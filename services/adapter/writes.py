@@ -33,17 +33,13 @@ from services.adapter.results import SERIALIZATION_FAILURE
 from services.adapter.sql.errors import SqlError
 from services.adapter.timestamps import Timestamps
 from tidemark.clients.storage import StorageClient
-from tidemark.columnar import RelationSchema, Row, table_from_updates, to_ipc
-from tidemark.columnar.updates import frontier_bound, slices, with_time
+from tidemark.columnar import RelationSchema, Row, table_from_updates
+from tidemark.columnar.updates import frontier_bound, with_time
 from tidemark.errors import FailedPrecondition, InvalidArgument, PermissionDenied
 from tidemark.logging import get_logger
 
 log = get_logger("services.adapter.writes")
 
-# Payloads this large travel compressed (a bulk COPY: several times smaller on the wire), in
-# chunks of CHUNK_BYTES (before compression), each one message of a chunked append.
-COMPRESS_FROM_BYTES = 8 << 20
-CHUNK_BYTES = 16 << 20
 # Lost races before a write gives up (each one means another writer got in first).
 MAX_ATTEMPTS = 200
 
@@ -63,14 +59,6 @@ class ReadSet:
     @property
     def collections(self) -> frozenset[str]:
         return self.tables | self.others
-
-
-def _payload(updates: pa.Table) -> list[bytes]:
-    """The updates as Arrow IPC: one stream, or (a bulk load) compressed streams of a few MiB
-    each, sent as the messages of one chunked append."""
-    if updates.nbytes < COMPRESS_FROM_BYTES:
-        return [to_ipc(updates)]
-    return [to_ipc(part, compress=True) for part in slices(updates, 1 << 30, CHUNK_BYTES)]
 
 
 class SerializationFailure(SqlError):
@@ -123,18 +111,12 @@ class TableWriter:
                 continue  # the upper passed w: take a newer timestamp
             if reads is not None:
                 await self._validate(table_id, upper, w, reads)
-            chunks = _payload(with_time(updates, w)) if updates.num_rows else [b""]
             capability = await self.holds.write(table_id)
             async with self.holds.append_lock(table_id):
                 try:
-                    if len(chunks) == 1:
-                        result = await self.storage.append_ipc(
-                            capability, chunks[0], w + 1, expected_upper=upper
-                        )
-                    else:
-                        result = await self.storage.append_chunked(
-                            capability, chunks, w + 1, expected_upper=upper
-                        )
+                    result = await self.storage.append_table(
+                        capability, with_time(updates, w), w + 1, expected_upper=upper
+                    )
                 except PermissionDenied:
                     self.holds.forget(table_id)  # the lease lapsed: acquire afresh
                     continue

@@ -22,8 +22,9 @@ import pytest
 
 from tests.support.ports import free_port
 from tests.support.postgres import DATABASE, PASSWORD, SUPERUSER, PostgresCluster
+from tests.support.sql_results import fails, ok
 from tests.support.sql_stack import SqlStack, sql_stack
-from tidemark.clients.adapter import AdapterClient, StatementError, StatementResult
+from tidemark.clients.adapter import AdapterClient
 
 pytestmark = pytest.mark.postgres
 
@@ -40,18 +41,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SqlStack]:
 async def client(stack: SqlStack) -> AsyncIterator[AdapterClient]:
     async with AdapterClient(stack.adapter(0)) as c:
         yield c
-
-
-async def ok(client: AdapterClient, sql: str) -> StatementResult:
-    result = await client.execute(sql)
-    assert result.error is None, f"{sql!r} failed: {result.error}"
-    return result.results[-1]
-
-
-async def fails(client: AdapterClient, sql: str) -> StatementError:
-    result = await client.execute(sql)
-    assert result.error is not None, f"{sql!r} succeeded: {result.results}"
-    return result.error
 
 
 async def connect_upstream(client: AdapterClient, pg: PostgresCluster, name: str) -> None:

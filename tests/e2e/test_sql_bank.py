@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 import pytest
 
+from tests.support.sql_results import ok
 from tests.support.sql_stack import SqlStack, sql_stack
 from tidemark.clients.adapter import (
     AdapterClient,
     Changes,
     Progress,
-    StatementResult,
     SubscribeError,
     SubscribeHeader,
 )
@@ -50,12 +50,6 @@ class Transfer:
     payee: int
     amount: int
     timestamp: int
-
-
-async def ok(client: AdapterClient, sql: str) -> StatementResult:
-    result = await client.execute(sql)
-    assert result.error is None, f"{sql!r} failed: {result.error}"
-    return result.results[-1]
 
 
 async def transfer(client: AdapterClient, rng: random.Random, retries: Counter[str]) -> Transfer:

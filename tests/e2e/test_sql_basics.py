@@ -14,13 +14,12 @@ from decimal import Decimal
 import pytest
 
 from tests.support.service_process import ServiceProcess
+from tests.support.sql_results import fails, ok
 from tests.support.sql_stack import SqlStack, sql_stack
 from tidemark.clients.adapter import (
     AdapterClient,
     Changes,
     Progress,
-    StatementError,
-    StatementResult,
     SubscribeError,
     SubscribeHeader,
 )
@@ -47,19 +46,6 @@ async def a(stack: SqlStack) -> AsyncIterator[AdapterClient]:
 async def b(stack: SqlStack) -> AsyncIterator[AdapterClient]:
     async with AdapterClient(stack.adapter(1)) as client:
         yield client
-
-
-async def ok(client: AdapterClient, sql: str) -> StatementResult:
-    """The last statement's result; every statement must succeed."""
-    result = await client.execute(sql)
-    assert result.error is None, f"{sql!r} failed: {result.error}"
-    return result.results[-1]
-
-
-async def fails(client: AdapterClient, sql: str) -> StatementError:
-    result = await client.execute(sql)
-    assert result.error is not None, f"{sql!r} succeeded: {result.results}"
-    return result.error
 
 
 async def rows(client: AdapterClient, sql: str) -> list[tuple[object, ...]]:

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.support.s3 import S3Server, unique_bucket
+from tests.support.sql_results import ok
 from tests.support.sql_stack import SqlStack, sql_stack
 from tidemark.blob.s3 import S3Blob, S3Settings
 from tidemark.clients.adapter import AdapterClient, StatementResult
@@ -44,12 +45,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory, s3_server: S3Server) -> Iter
 async def client(stack: SqlStack) -> AsyncIterator[AdapterClient]:
     async with AdapterClient(stack.adapter(0)) as connected:
         yield connected
-
-
-async def ok(client: AdapterClient, sql: str) -> StatementResult:
-    result = await client.execute(sql)
-    assert result.error is None, f"{sql!r} failed: {result.error}"
-    return result.results[-1]
 
 
 async def contents(client: AdapterClient, table: str) -> list[tuple[object, ...]]:

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from tests.support.sql_results import fails, ok
 from tests.support.sql_stack import SqlStack, sql_stack
 from tidemark import timelines
 from tidemark.catalog_items import CATALOG_HOLDER, collection_of
@@ -19,8 +20,6 @@ from tidemark.clients.adapter import (
     AdapterClient,
     Change,
     Changes,
-    StatementError,
-    StatementResult,
     SubscribeError,
 )
 from tidemark.clients.catalog import CatalogClient
@@ -41,18 +40,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SqlStack]:
 async def a(stack: SqlStack) -> AsyncIterator[AdapterClient]:
     async with AdapterClient(stack.adapter(0)) as client:
         yield client
-
-
-async def ok(client: AdapterClient, sql: str) -> StatementResult:
-    result = await client.execute(sql)
-    assert result.error is None, f"{sql!r} failed: {result.error}"
-    return result.results[-1]
-
-
-async def fails(client: AdapterClient, sql: str) -> StatementError:
-    result = await client.execute(sql)
-    assert result.error is not None, f"{sql!r} succeeded: {result.results}"
-    return result.error
 
 
 async def counter_state(client: AdapterClient, source: str) -> tuple[int, int, int, int, int]:

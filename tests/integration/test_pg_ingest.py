@@ -22,10 +22,10 @@ from tests.integration.test_source_ingest import (
 from tests.integration.test_source_ingest import clients as clients
 from tests.integration.test_source_ingest import services as services
 from tests.support.postgres import DATABASE, PASSWORD, SUPERUSER, PostgresCluster
+from tidemark.clients import storage as storage_client
 from tidemark.clients.oracle import OracleClient
 from tidemark.clients.storage import StorageClient
 from tidemark.columnar import Row, frontier_bound
-from tidemark.sources import ingest
 from tidemark.sources.ingest import Ingestion, IngestTargets
 from tidemark.sources.postgres import offsets
 from tidemark.sources.postgres.reader import PostgresReader
@@ -244,8 +244,8 @@ async def test_a_snapshot_larger_than_a_message_lands_whole_at_one_time(
 ) -> None:
     """A batch more than one append message carries goes as one chunked append: the whole
     snapshot of each table at the snapshot's one time."""
-    monkeypatch.setattr(ingest, "MAX_APPEND_BYTES", 600)
-    monkeypatch.setattr(ingest, "CHUNK_BYTES", 300)
+    monkeypatch.setattr(storage_client, "CHUNKED_FROM_BYTES", 600)
+    monkeypatch.setattr(storage_client, "CHUNK_BYTES", 300)
     storage, oracle = clients
     targets = await make_targets(storage, tables)
     run = ingestion(storage, oracle, targets, postgres, "ing_chunked", tables)

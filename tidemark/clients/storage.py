@@ -39,6 +39,7 @@ from tidemark.columnar import (
     Row,
     RowUpdate,
     from_ipc,
+    slices,
     table_from_updates,
     to_ipc,
     updates_from_table,
@@ -66,6 +67,12 @@ CLOSED: Antichain[int] = u64_frontier()
 
 FrontierLike: TypeAlias = int | Antichain[int]
 UpdatesLike: TypeAlias = pa.Table | Iterable[RowUpdate] | None
+
+# Update batches this large go as one chunked append of compressed pieces (a bulk COPY, a
+# source's snapshot): one message could not carry them, and compressed they are several times
+# smaller on the wire.
+CHUNKED_FROM_BYTES = 8 << 20
+CHUNK_BYTES = 16 << 20
 
 READ = "read"
 WRITE = "write"
@@ -448,6 +455,24 @@ class StorageClient(GrpcClient):
                     raise
                 log.debug("append_retry", error=exc.message)
             await backoff.sleep()
+
+    async def append_table(
+        self,
+        capability: Capability,
+        updates: pa.Table,
+        new_upper: FrontierLike,
+        *,
+        expected_upper: FrontierLike | None = None,
+    ) -> AppendResult:
+        """:meth:`append_ipc` of an update batch of any size: one message while it is small,
+        else LZ4-compressed pieces of ``CHUNK_BYTES`` as one :meth:`append_chunked`."""
+        if updates.nbytes < CHUNKED_FROM_BYTES:
+            data = to_ipc(updates) if updates.num_rows else b""
+            return await self.append_ipc(capability, data, new_upper, expected_upper=expected_upper)
+        chunks = [to_ipc(part, compress=True) for part in slices(updates, 1 << 30, CHUNK_BYTES)]
+        return await self.append_chunked(
+            capability, chunks, new_upper, expected_upper=expected_upper
+        )
 
     async def append_chunked(
         self,

@@ -41,10 +41,9 @@ from dataclasses import dataclass
 
 from tidemark.clients.oracle import OracleClient
 from tidemark.clients.storage import Capability, CollectionInfo, StorageClient
-from tidemark.columnar import Row, from_ipc, frontier_bound, slices, to_ipc
+from tidemark.columnar import Row, frontier_bound, table_from_updates
 from tidemark.errors import FailedPrecondition, NotFound, TidemarkError
 from tidemark.logging import get_logger
-from tidemark.rpc.server import MAX_MESSAGE_BYTES
 from tidemark.sources.progress import Binding
 from tidemark.sources.reader import Changes, SourceBatch, SourceReader
 
@@ -52,12 +51,6 @@ log = get_logger("tidemark.sources.ingest")
 
 DEFAULT_ADVANCE_INTERVAL = 1.0
 DEFAULT_READ_POLL_INTERVAL = 0.05
-
-
-MAX_APPEND_BYTES = MAX_MESSAGE_BYTES - 2**20
-"""The largest Arrow IPC payload one Append message takes (the gRPC message limit, less room
-for the request's other fields); a larger batch goes as one chunked append."""
-CHUNK_BYTES = 16 << 20
 
 
 class CollectionClosed(FailedPrecondition):
@@ -356,16 +349,10 @@ class Ingestion:
                 f"collection {collection_id}'s upper {expected} is already past time {t}"
             )
         started = time.monotonic()
-        data = await self.storage.encode_updates(collection_id, updates)
-        if len(data) > MAX_APPEND_BYTES:
-            # More than one message carries: the same append, in several messages.
-            result = await self.storage.append_chunked(
-                self._write[collection_id], _chunks(data), t + 1, expected_upper=expected
-            )
-        else:
-            result = await self.storage.append_ipc(
-                self._write[collection_id], data, t + 1, expected_upper=expected
-            )
+        table = table_from_updates(await self.storage.schema(collection_id), updates)
+        result = await self.storage.append_table(
+            self._write[collection_id], table, t + 1, expected_upper=expected
+        )
         upper = frontier_bound(result.upper)
         self._upper[collection_id] = t + 1 if upper is None else upper
         log.debug(
@@ -375,11 +362,6 @@ class Ingestion:
             rows=len(updates),
             seconds=round(time.monotonic() - started, 4),
         )
-
-
-def _chunks(data: bytes) -> list[bytes]:
-    """An IPC payload too large for one message as compressed IPC streams of CHUNK_BYTES."""
-    return [to_ipc(part, compress=True) for part in slices(from_ipc(data), 1 << 30, CHUNK_BYTES)]
 
 
 def _timed(changes: list[tuple[Row, int]], t: int) -> list[tuple[Row, int, int]]:
