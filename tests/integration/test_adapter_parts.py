@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 from decimal import Decimal
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from services.adapter.backends import parse_compute_endpoints
@@ -25,7 +26,7 @@ from services.adapter.transactions import Transaction
 from services.adapter.writes import ReadSet, TableWriter
 from tidemark.clients.catalog import CatalogChange, CatalogProgress
 from tidemark.clients.storage import AppendResult
-from tidemark.columnar import Column, ColumnType, RelationSchema, from_ipc
+from tidemark.columnar import Column, ColumnType, RelationSchema, from_ipc, to_ipc
 from tidemark.columnar.rows import updates_from_table
 from tidemark.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
 from tidemark.frontier import u64_frontier
@@ -356,6 +357,12 @@ class FakeStorage:
         updates = updates_from_table(from_ipc(data)) if data else []
         self.appends.append((expected_upper, updates, new_upper))
         return AppendResult(u64_frontier(new_upper), False)
+
+    async def append_table(
+        self, capability: str, updates: pa.Table, new_upper: int, *, expected_upper: int
+    ) -> AppendResult:
+        data = to_ipc(updates) if updates.num_rows else b""
+        return await self.append_ipc(capability, data, new_upper, expected_upper=expected_upper)
 
     async def describe(self, collection_id: str) -> Any:
         return type("Info", (), {"batches": self.batches})()
