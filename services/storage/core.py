@@ -33,10 +33,16 @@ from services.storage.operations import (
     expire_leases,
     require_capability,
 )
-from services.storage.reads import Reader
+from services.storage.reads import Reader, overlapping
 from services.storage.shaping import compile_shape
 from services.storage.shards import ShardStore, Versioned, wall_clock_ms
-from services.storage.state import CapabilityKind, CapabilityRecord, ShardState, frontier_text
+from services.storage.state import (
+    CapabilityKind,
+    CapabilityRecord,
+    ShardState,
+    StoredBatch,
+    frontier_text,
+)
 from services.storage.subscriptions import Event, SubscribeSpec, Subscriptions
 from services.storage.watch import ShardWatch
 from tidemark.blob import Blob
@@ -105,6 +111,16 @@ class SnapshotResult:
 
 
 @dataclass(frozen=True)
+class PartsListing:
+    """The batches a reader at ``as_of`` loads itself, from the state ``versioned``."""
+
+    versioned: Versioned
+    as_of: int
+    batches: list[StoredBatch]
+    blob_url: str
+
+
+@dataclass(frozen=True)
 class IngestResult:
     upper: Antichain[int]
     intervals: int
@@ -126,6 +142,7 @@ class StorageCore:
         clock: Callable[[], int] = wall_clock_ms,
     ) -> None:
         self.settings = settings or StorageSettings()
+        self.blob_url = blob.url
         self.policy = self.settings.policy
         self.clock = clock
         retry = RetryPolicy(self.settings.backend_retry_s)
@@ -350,6 +367,40 @@ class StorageCore:
     ) -> SnapshotResult:
         """The collection at ``as_of`` (default: the capability's frontier), waiting until
         the upper has passed it."""
+        versioned, time = await self._readable(
+            collection_id,
+            capability_id,
+            as_of,
+            check=lambda state: compile_shape(state.schema, columns, row_filter),
+        )
+        shape = compile_shape(versioned.state.schema, columns, row_filter)
+        table = await self.reader.snapshot(versioned, time)
+        state = versioned.state
+        return SnapshotResult(shape.apply(table), time, state.since, state.upper)
+
+    async def parts(
+        self, collection_id: str, capability_id: str, as_of: int | None = None
+    ) -> PartsListing:
+        """The batches holding every update at or before ``as_of`` (default: the capability's
+        frontier), from one state, once the upper has passed it: a reader that loads them
+        itself and keeps the updates at times ``<= as_of`` sees the collection at ``as_of``.
+        The listing stays readable for the retired-blob grace period even if compaction
+        replaces the batches meanwhile."""
+        versioned, time = await self._readable(collection_id, capability_id, as_of)
+        batches = overlapping(versioned.state.batches, 0, time + 1)
+        return PartsListing(versioned, time, batches, self.blob_url)
+
+    async def _readable(
+        self,
+        collection_id: str,
+        capability_id: str,
+        as_of: int | None,
+        *,
+        check: Callable[[ShardState], object] | None = None,
+    ) -> tuple[Versioned, int]:
+        """A state of the collection whose upper has passed ``as_of`` (default: the read
+        capability's frontier), checked to be readable there by ``capability_id``. ``check``
+        raises for a request that is malformed, before any wait."""
         versioned = await self.shards.require(validate_global_id(collection_id))
         state = expire_leases(versioned.state, self.clock())
         record = require_capability(state, capability_id, CapabilityKind.READ)
@@ -361,7 +412,8 @@ class StorageCore:
                 f"cannot read collection {collection_id} at {time}: the read capability is at "
                 f"{frontier_text(record.frontier)} (since {frontier_text(state.since)})"
             )
-        shape = compile_shape(state.schema, columns, row_filter)
+        if check is not None:
+            check(state)
         if state.upper.less_equal(time):
             async for newer in self.watch.states(collection_id, at_least=versioned.version):
                 state = expire_leases(newer.state, self.clock())
@@ -376,8 +428,7 @@ class StorageCore:
             await self.shards.update(
                 collection_id, operations.use(capability_id, CapabilityKind.READ, self.policy)
             )
-        table = await self.reader.snapshot(versioned, time)
-        return SnapshotResult(shape.apply(table), time, state.since, state.upper)
+        return versioned, time
 
     def subscribe(
         self, collection_id: str, capability_id: str, spec: SubscribeSpec

@@ -11,7 +11,7 @@ import pyarrow as pa
 from services.storage.core import StorageCore
 from services.storage.operations import short_id
 from services.storage.shards import Versioned
-from services.storage.state import CapabilityRecord
+from services.storage.state import CapabilityRecord, StoredBatch
 from services.storage.subscriptions import MAX_MESSAGE_DATA_BYTES, SubscribeSpec
 from tidemark.cdc import Progress
 from tidemark.cdc.proto import frontier_from_proto, frontier_to_proto
@@ -47,6 +47,17 @@ def pair_proto(
     )
 
 
+def batch_summary(batch: StoredBatch) -> storage_pb2.BatchSummary:
+    return storage_pb2.BatchSummary(
+        key=batch.key,
+        lower=frontier_to_proto(batch.lower),
+        upper=frontier_to_proto(batch.upper),
+        since=frontier_to_proto(batch.since),
+        rows=batch.rows,
+        bytes=batch.size,
+    )
+
+
 def description_proto(versioned: Versioned) -> storage_pb2.CollectionDescription:
     state = versioned.state
     return storage_pb2.CollectionDescription(
@@ -68,17 +79,7 @@ def description_proto(versioned: Versioned) -> storage_pb2.CollectionDescription
             )
             for c in state.capabilities
         ],
-        batches=[
-            storage_pb2.BatchSummary(
-                key=b.key,
-                lower=frontier_to_proto(b.lower),
-                upper=frontier_to_proto(b.upper),
-                since=frontier_to_proto(b.since),
-                rows=b.rows,
-                bytes=b.size,
-            )
-            for b in state.batches
-        ],
+        batches=[batch_summary(b) for b in state.batches],
         state_version=versioned.version,
         state_bytes=versioned.size,
         created_ms=state.created_ms,
@@ -316,6 +317,24 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
     ) -> storage_pb2.ListResponse:
         described = [description_proto(v) for v in await self.core.list_collections()]
         return storage_pb2.ListResponse(collections=described)
+
+    async def ListParts(
+        self, request: storage_pb2.ListPartsRequest, context: Context
+    ) -> storage_pb2.ListPartsResponse:
+        ref = _ref(request)
+        listing = await self.core.parts(
+            ref.collection_id, ref.id, request.as_of if request.HasField("as_of") else None
+        )
+        state = listing.versioned.state
+        return storage_pb2.ListPartsResponse(
+            as_of=listing.as_of,
+            schema=state.schema.to_proto(),
+            blob_url=listing.blob_url,
+            parts=[batch_summary(b) for b in listing.batches],
+            retired_grace_ms=self.core.settings.retired_grace_ms,
+            since=frontier_to_proto(state.since),
+            upper=frontier_to_proto(state.upper),
+        )
 
     async def ResetHistory(
         self, request: storage_pb2.ResetHistoryRequest, context: Context

@@ -42,14 +42,18 @@ async def open_blob(url: str) -> Blob:
         parts = urlsplit(url)
     except ValueError as exc:
         raise InvalidArgument(f"malformed blob URL {url!r}: {exc}") from None
+    blob: Blob
     if parts.scheme == "s3":
-        return await S3Blob.open(S3Settings.from_url(url))
-    if parts.scheme == "file":
+        blob = await S3Blob.open(S3Settings.from_url(url))
+    elif parts.scheme == "file":
         if parts.netloc not in ("", "localhost") or parts.query or parts.fragment:
             raise InvalidArgument(f"blob URL must look like file:///absolute/path, not {url!r}")
-        return await DirectoryBlob.open(unquote(parts.path))
-    if parts.scheme == "memory":
+        blob = await DirectoryBlob.open(unquote(parts.path))
+    elif parts.scheme == "memory":
         if parts.path not in ("", "/") or parts.query or parts.fragment:
             raise InvalidArgument(f"blob URL must look like memory:// or memory://NAME: {url!r}")
-        return MemoryBlob(named_store(parts.netloc) if parts.netloc else None)
-    raise InvalidArgument(f"unsupported blob URL {url!r}: use s3://, file:// or memory://")
+        blob = MemoryBlob(named_store(parts.netloc) if parts.netloc else None)
+    else:
+        raise InvalidArgument(f"unsupported blob URL {url!r}: use s3://, file:// or memory://")
+    blob.url = url
+    return blob

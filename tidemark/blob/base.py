@@ -89,6 +89,10 @@ class Blob(ABC):
     Usable as an async context manager, which closes it on exit.
     """
 
+    url: str = ""
+    """The URL the store was opened from (:func:`tidemark.blob.open_blob` sets it), so readers
+    in other processes (Spark executors) can open it too; empty when built directly."""
+
     @abstractmethod
     async def put(self, key: str, data: bytes) -> None:
         """Store ``data`` under ``key`` atomically, replacing any earlier value. Durable once

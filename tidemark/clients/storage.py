@@ -188,6 +188,44 @@ class BatchInfo:
     rows: int
     bytes: int
 
+    @classmethod
+    def from_proto(cls, proto: storage_pb2.BatchSummary) -> BatchInfo:
+        return cls(
+            proto.key,
+            frontier_from_proto(proto.lower),
+            frontier_from_proto(proto.upper),
+            frontier_from_proto(proto.since),
+            proto.rows,
+            proto.bytes,
+        )
+
+
+@dataclass(frozen=True)
+class PartsListing:
+    """The Parquet parts holding a collection's updates at times ``<= as_of`` (see
+    ``Storage.ListParts``): keys in the blob store at ``blob_url``, readable for at least
+    ``retired_grace_ms`` after the listing even if compaction replaces them."""
+
+    as_of: int
+    schema: RelationSchema
+    blob_url: str
+    parts: list[BatchInfo]
+    retired_grace_ms: int
+    since: Antichain[int]
+    upper: Antichain[int]
+
+    @classmethod
+    def from_proto(cls, proto: storage_pb2.ListPartsResponse) -> PartsListing:
+        return cls(
+            proto.as_of,
+            RelationSchema.from_proto(proto.schema),
+            proto.blob_url,
+            [BatchInfo.from_proto(b) for b in proto.parts],
+            proto.retired_grace_ms,
+            frontier_from_proto(proto.since),
+            frontier_from_proto(proto.upper),
+        )
+
 
 @dataclass(frozen=True)
 class CollectionInfo:
@@ -225,17 +263,7 @@ class CollectionInfo:
                 )
                 for c in proto.capabilities
             ],
-            [
-                BatchInfo(
-                    b.key,
-                    frontier_from_proto(b.lower),
-                    frontier_from_proto(b.upper),
-                    frontier_from_proto(b.since),
-                    b.rows,
-                    b.bytes,
-                )
-                for b in proto.batches
-            ],
+            [BatchInfo.from_proto(b) for b in proto.batches],
             proto.state_version,
             proto.state_bytes,
             proto.created_ms,
@@ -517,6 +545,23 @@ class StorageClient(GrpcClient):
             await backoff.sleep()
 
     # -- reads ------------------------------------------------------------------------------
+
+    async def list_parts(
+        self,
+        capability: Capability,
+        as_of: int | None = None,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (the gRPC deadline)
+    ) -> PartsListing:
+        """The parts to read the collection at ``as_of`` from (default: the capability's
+        frontier); waits, within ``timeout``, until the upper has passed it."""
+        request = storage_pb2.ListPartsRequest(capability=capability.ref)
+        if as_of is not None:
+            request.as_of = as_of
+        response = await self._call(
+            self.stub.ListParts, request, timeout or self.timeout, repeatable=True
+        )
+        return PartsListing.from_proto(response)
 
     async def snapshot(
         self,

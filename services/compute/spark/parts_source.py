@@ -1,0 +1,235 @@
+"""Storage as a Spark data source: a collection at a time, read by the executors themselves.
+
+Storage lists the Parquet parts that hold a collection's updates at times ``<= as_of``
+(``Storage.ListParts``, under the caller's read capability). :func:`collection_frame` turns
+such a listing into a DataFrame: one Spark partition per group of parts, each fetched by the
+executor running it straight from the blob store (a ``file://`` directory, or S3 through the
+S3 API), never through the driver. Inside a partition the updates at times ``<= as_of`` are
+kept and summed per row; the DataFrame then sums them across partitions, so every row appears
+once with its multiplicity in ``diff`` (zero sums dropped): the collection at ``as_of``.
+
+The source is a Python data source (``pyspark.sql.datasource``), so it needs no jar: the
+executors import this module from the project, as the resident tasks do.
+
+A part that compaction replaced stays in the blob store for storage's retired-blob grace
+period. A job that runs longer may find one gone; it then fails with :class:`MissingPart`
+in its message (:func:`missing_part`), and the caller lists again and reruns it, as storage's
+own reads do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.types import (
+    BinaryType,
+    BooleanType,
+    DataType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+)
+
+from tidemark.clients.storage import PartsListing
+from tidemark.columnar import Column, ColumnType, RelationSchema, from_parquet
+from tidemark.columnar.schema import DIFF_COLUMN, TIME_COLUMN
+from tidemark.v1 import common_pb2
+
+SOURCE_NAME = "tidemark_parts"
+DIFF = DIFF_COLUMN
+
+# Parts are grouped into partitions of about this many bytes (Parquet, compressed): small
+# parts (a table's recent appends) would otherwise each cost a task.
+PARTITION_BYTES = 64 << 20
+
+_CREDENTIAL_VARIABLES = (
+    "TIDEMARK_S3_ACCESS_KEY",
+    "TIDEMARK_S3_SECRET_KEY",
+    "TIDEMARK_S3_SESSION_TOKEN",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+)
+# The option carrying them; Spark's default redaction pattern hides option names with
+# "secret" from plans and logs.
+_CREDENTIALS_OPTION = "s3_secret_environment"
+MISSING_PART = "tidemark: part missing from the blob store"
+
+
+class MissingPart(Exception):
+    """A listed part is gone: compaction replaced it and its grace period ran out."""
+
+
+def missing_part(error: BaseException) -> bool:
+    """Whether a failed Spark job failed because a listed part was gone (list again)."""
+    return MISSING_PART in str(error)
+
+
+def spark_type(column: Column) -> DataType:
+    """The Spark type holding a column's values exactly as its Arrow type does."""
+    if column.type is ColumnType.DECIMAL:
+        arrow = column.arrow_type
+        return DecimalType(arrow.precision, arrow.scale)
+    return _SPARK_TYPES[column.type]
+
+
+_SPARK_TYPES: dict[ColumnType, DataType] = {
+    ColumnType.BOOL: BooleanType(),
+    ColumnType.INT64: LongType(),
+    ColumnType.FLOAT64: DoubleType(),
+    ColumnType.TEXT: StringType(),
+    ColumnType.BYTES: BinaryType(),
+    ColumnType.DATE: DateType(),
+    ColumnType.TIMESTAMP: TimestampNTZType(),
+    ColumnType.JSON: StringType(),
+}
+
+
+def spark_schema(schema: RelationSchema) -> StructType:
+    """The relation's columns, then ``diff``."""
+    fields = [StructField(c.name, spark_type(c), c.nullable) for c in schema.columns]
+    return StructType([*fields, StructField(DIFF, LongType(), False)])
+
+
+@dataclass(frozen=True)
+class _Parts(InputPartition):  # type: ignore[misc]
+    keys: tuple[str, ...]
+
+
+def partitions(listing: PartsListing, target_bytes: int = PARTITION_BYTES) -> list[list[str]]:
+    """The listing's part keys grouped into runs of about ``target_bytes`` each."""
+    groups: list[list[str]] = []
+    size = 0
+    for part in listing.parts:
+        if not groups or size + part.bytes > target_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(part.key)
+        size += part.bytes
+    return groups
+
+
+class StoragePartsSource(DataSource):  # type: ignore[misc]
+    """``spark.read.format("tidemark_parts")``; see :func:`collection_frame` for its options."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> StructType:
+        return StructType.fromJson(json.loads(self.options["spark_schema"]))
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return _PartsReader(self.options)
+
+
+class _PartsReader(DataSourceReader):  # type: ignore[misc]
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.blob_url = options["blob_url"]
+        self.as_of = int(options["as_of"])
+        self.groups: list[list[str]] = json.loads(options["parts"])
+        self.relation = _relation(options["relation_schema"])
+        self.environment: dict[str, str] = json.loads(options.get(_CREDENTIALS_OPTION, "{}"))
+
+    def partitions(self) -> Sequence[InputPartition]:
+        # At least one: Spark reads a source that offers none as one partition of its own.
+        return [_Parts(tuple(group)) for group in self.groups] or [_Parts(())]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        os.environ.update(self.environment)
+        assert isinstance(partition, _Parts)
+        parts = asyncio.run(_fetch(self.blob_url, partition.keys))
+        update_schema = self.relation.update_schema()
+        output = pa.schema([f for f in update_schema if f.name != TIME_COLUMN])
+        for data in parts:
+            table = from_parquet(data, update_schema)
+            yield from at_time(table, self.as_of).cast(output).to_batches()
+
+
+def _relation(encoded: str) -> RelationSchema:
+    proto = common_pb2.RelationSchema()
+    proto.ParseFromString(base64.b64decode(encoded))
+    return RelationSchema.from_proto(proto)
+
+
+async def _fetch(blob_url: str, keys: Sequence[str]) -> list[bytes]:
+    # Imported here: executors open the store themselves, and only when they read.
+    from tidemark.blob import open_blob
+
+    async with await open_blob(blob_url) as blob:
+        fetched = await asyncio.gather(*(blob.get(key) for key in keys))
+    missing = [key for key, data in zip(keys, fetched, strict=True) if data is None]
+    if missing:
+        raise MissingPart(f"{MISSING_PART}: {missing[0]} (compacted away; list again)")
+    return [data for data in fetched if data is not None]
+
+
+def at_time(updates: pa.Table, as_of: int) -> pa.Table:
+    """The updates at times ``<= as_of``, summed per row (zero sums dropped), without
+    ``time``: one part's share of the collection at ``as_of``."""
+    import pyarrow.compute as pc
+
+    kept = updates.filter(pc.less_equal(updates.column(TIME_COLUMN), pa.scalar(as_of, pa.uint64())))
+    data = [name for name in kept.column_names if name not in (TIME_COLUMN, DIFF)]
+    if kept.num_rows == 0:
+        return kept.drop_columns([TIME_COLUMN])
+    summed = kept.group_by(data, use_threads=False).aggregate([(DIFF, "sum")])
+    summed = summed.rename_columns([*data, DIFF])
+    summed = summed.filter(pc.not_equal(summed.column(DIFF), 0))
+    return summed.select([*data, DIFF])
+
+
+_registered: set[int] = set()
+
+
+def register(spark: SparkSession) -> None:
+    """Make the source known to ``spark`` (once per session)."""
+    if id(spark) not in _registered:
+        spark.dataSource.register(StoragePartsSource)
+        _registered.add(id(spark))
+
+
+def collection_frame(
+    spark: SparkSession,
+    listing: PartsListing,
+    *,
+    target_bytes: int = PARTITION_BYTES,
+    environment: Mapping[str, str] | None = None,
+) -> DataFrame:
+    """The collection at ``listing.as_of``: its columns and ``diff`` (> 0 or < 0, never 0),
+    one row per distinct row. The S3 credentials in ``environment`` (default: this process's)
+    go to the executors with the job."""
+    register(spark)
+    env = os.environ if environment is None else environment
+    credentials = {name: env[name] for name in _CREDENTIAL_VARIABLES if env.get(name)}
+    schema = spark_schema(listing.schema)
+    proto = listing.schema.to_proto().SerializeToString()
+    frame = (
+        spark.read.format(SOURCE_NAME)
+        .option("blob_url", listing.blob_url)
+        .option("as_of", str(listing.as_of))
+        .option("parts", json.dumps(partitions(listing, target_bytes)))
+        .option("relation_schema", base64.b64encode(proto).decode())
+        .option("spark_schema", schema.json())
+        .option(_CREDENTIALS_OPTION, json.dumps(credentials))
+        .load()
+    )
+    # Quoted: a column named "a.b" is a column, not a field of a struct.
+    columns = [F.col(f"`{c.name.replace('`', '``')}`") for c in listing.schema.columns]
+    grouped = frame.groupBy(*columns) if columns else frame.groupBy()
+    summed = grouped.agg(F.sum(DIFF).alias(DIFF))
+    return summed.where(F.col(DIFF).isNotNull() & (F.col(DIFF) != 0))
