@@ -1,40 +1,29 @@
 """Batches in the blob store: one immutable Parquet object per batch, under a key no other
 write will ever use, so a retried or concurrent write can never overwrite one.
 
-Keys look like ``shards/<collection>/<ms>-<uuid>.parquet``: the wall-clock milliseconds of
-the write let the orphan sweep tell an abandoned blob from one whose append is still in
-flight. Decoded tables are cached: a blob never changes, so a cached copy is never stale.
+Keys are made by :mod:`tidemark.part_keys`: their wall-clock milliseconds let the orphan
+sweep tell an abandoned blob from one whose append is still in flight. Decoded tables are
+cached: a blob never changes, so a cached copy is never stale.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyarrow as pa
 
+from services.storage.state import StoredBatch
 from tidemark.blob import Blob
 from tidemark.columnar import from_parquet, to_parquet
 from tidemark.errors import NotFound
+from tidemark.part_keys import new_part_key, part_prefix
 from tidemark.retry import RetryPolicy, retry_unavailable
 
-_KEY = re.compile(r"shards/[^/]+/(\d{13})-[0-9a-f]{32}\.parquet")
 # Encoding or decoding this many rows is worth a hop to a worker thread.
 _THREAD_ROWS = 20_000
-
-
-def batch_prefix(collection_id: str) -> str:
-    return f"shards/{collection_id}/"
-
-
-def written_ms(key: str) -> int | None:
-    """When the blob ``key`` was written, or ``None`` if it is not a batch key."""
-    match = _KEY.fullmatch(key)
-    return int(match.group(1)) if match else None
 
 
 @dataclass(frozen=True)
@@ -100,9 +89,6 @@ class BatchStore:
         self.clock = clock
         self.retry = retry or RetryPolicy()
 
-    def new_key(self, collection_id: str, now_ms: int) -> str:
-        return f"{batch_prefix(collection_id)}{now_ms:013d}-{uuid.uuid4().hex}.parquet"
-
     async def write(self, collection_id: str, table: pa.Table) -> WrittenBatch:
         """Store ``table`` under a fresh key. Durable once this returns."""
         return await self.store(await self.encode(collection_id, table))
@@ -114,7 +100,7 @@ class BatchStore:
         else:
             data = to_parquet(table)
         now = self.clock()
-        key = self.new_key(collection_id, now)
+        key = new_part_key(collection_id, now)
         return EncodedBatch(table, data, WrittenBatch(key, table.num_rows, len(data), now))
 
     async def store(self, batch: EncodedBatch) -> WrittenBatch:
@@ -144,10 +130,24 @@ class BatchStore:
         self.cache.put(key, table)
         return table
 
+    def cached_batch(self, batch: StoredBatch) -> pa.Table | None:
+        """:meth:`cached` of a whole batch: ``None`` unless every part is in memory."""
+        tables = [self.cache.get(key) for key in batch.keys]
+        if any(table is None for table in tables):
+            return None
+        return tables[0] if len(tables) == 1 else pa.concat_tables(tables)  # type: ignore[arg-type]
+
+    async def read_batch(self, batch: StoredBatch, schema: pa.Schema) -> pa.Table:
+        """Every part of ``batch`` as one table; ``NotFound`` if one is gone."""
+        if not batch.more_parts:
+            return await self.read(batch.key, schema)
+        tables = await asyncio.gather(*(self.read(key, schema) for key in batch.keys))
+        return pa.concat_tables(tables)
+
     async def delete(self, key: str) -> None:
         self.cache.discard(key)
         await retry_unavailable(lambda: self.blob.delete(key), self.retry, "the blob store")
 
     async def keys(self, collection_id: str) -> list[str]:
-        prefix = batch_prefix(collection_id)
+        prefix = part_prefix(collection_id)
         return await retry_unavailable(lambda: self.blob.list(prefix), self.retry, "the blob store")

@@ -135,7 +135,7 @@ class Compactor:
     async def _merge(self, state: ShardState, chosen: Sequence[StoredBatch]) -> bool:
         schema = state.schema.update_schema()
         try:
-            tables = await asyncio.gather(*(self.batches.read(b.key, schema) for b in chosen))
+            tables = await asyncio.gather(*(self.batches.read_batch(b, schema) for b in chosen))
         except NotFound:
             return False
         joined = concat(list(tables), schema)

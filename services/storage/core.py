@@ -13,7 +13,7 @@ import contextlib
 import secrets
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 
@@ -39,6 +39,7 @@ from services.storage.shards import ShardStore, Versioned, wall_clock_ms
 from services.storage.state import (
     CapabilityKind,
     CapabilityRecord,
+    PartRef,
     ShardState,
     StoredBatch,
     frontier_text,
@@ -70,6 +71,7 @@ from tidemark.frontier import Antichain
 from tidemark.global_id import validate_global_id
 from tidemark.lattice import U64
 from tidemark.logging import get_logger
+from tidemark.part_keys import part_of, part_prefix, written_ms
 from tidemark.retry import RetryPolicy
 from tidemark.v1 import common_pb2, storage_pb2
 
@@ -312,6 +314,73 @@ class StorageCore:
                 metrics.APPENDED_ROWS.inc(written.rows)
                 metrics.APPENDED_BYTES.inc(written.bytes)
         return outcome
+
+    async def append_parts(
+        self,
+        collection_id: str,
+        capability_id: str,
+        parts: Sequence[PartRef],
+        new_upper: Antichain[int],
+        *,
+        times: tuple[int, int] | None,
+        token: str = "",
+        expected_upper: Antichain[int] | None = None,
+    ) -> AppendOutcome:
+        """Append the updates in ``parts``, Parquet parts the caller wrote to the blob store,
+        as one batch (``times``: their least and greatest update time); otherwise as
+        :meth:`append`. The parts are the caller's until committed: a refused append leaves
+        them (the caller may retry with them; the orphan sweep deletes what nobody commits)."""
+        validate_global_id(collection_id)
+        check_token(token)
+        born = await self._check_parts(collection_id, parts)
+        if not parts:
+            times = None
+        elif times is None or times[0] > times[1]:
+            raise InvalidArgument("an append of parts states the least and greatest update time")
+        request = AppendRequest(capability_id, new_upper, token, expected_upper, times)
+        if parts:
+            request = replace(
+                request,
+                batch_key=parts[0].key,
+                batch_rows=sum(p.rows for p in parts),
+                batch_bytes=sum(p.size for p in parts),
+                blob_written_ms=born,
+                more_parts=tuple(parts[1:]),
+            )
+        outcome = await self.shards.update(collection_id, operations.append(request, self.policy))
+        if outcome.batch_kept:
+            # The parts are already a batch: this is a repeat of an append that took effect.
+            return replace(outcome, already_committed=True, batch_kept=False)
+        if not outcome.already_committed:
+            self.compactor.request(collection_id)
+            metrics.APPENDS.inc()
+            if parts:
+                metrics.APPENDED_BATCHES.inc()
+                metrics.APPENDED_ROWS.inc(request.batch_rows)
+                metrics.APPENDED_BYTES.inc(request.batch_bytes)
+        return outcome
+
+    async def _check_parts(self, collection_id: str, parts: Sequence[PartRef]) -> int:
+        """When the oldest of ``parts`` was written; raises unless each is a distinct part of
+        this collection present in the blob store."""
+        born = []
+        for part in parts:
+            if part_of(part.key) != collection_id:
+                raise InvalidArgument(
+                    f"{part.key!r} is not a part key of collection {collection_id} "
+                    f"({part_prefix(collection_id)}<13-digit ms>-<32 hex>.parquet)"
+                )
+            born.append(written_ms(part.key) or 0)
+        if len({p.key for p in parts}) != len(parts):
+            raise InvalidArgument("an append names the same part twice")
+        if parts:
+            present = set(await self.batches.keys(collection_id))
+            missing = [p.key for p in parts if p.key not in present]
+            if missing:
+                raise InvalidArgument(
+                    f"part {missing[0]!r} is not in the blob store ({len(missing)} missing)"
+                )
+        return min(born, default=0)
 
     async def _store_preparing(
         self, collection_id: str, batch: EncodedBatch, operation: Operation[AppendOutcome]

@@ -19,10 +19,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from services.storage.batches import BatchStore, written_ms
+from services.storage.batches import BatchStore
 from services.storage.operations import forget_retired
 from services.storage.shards import ShardStore, Versioned
 from tidemark.logging import get_logger
+from tidemark.part_keys import written_ms
 
 log = get_logger("storage.garbage")
 
@@ -65,7 +66,7 @@ class GarbageCollector:
         listed = await self.batches.keys(collection_id)
         # Read the state after listing: any blob committed before the listing is in it.
         state = (await self.shards.require(collection_id)).state
-        referenced = {b.key for b in state.batches} | {r.key for r in state.retired}
+        referenced = {k for b in state.batches for k in b.keys} | {r.key for r in state.retired}
         now = self.clock()
         doomed = []
         for key in listed:

@@ -22,6 +22,7 @@ from services.storage.state import (
     MINIMUM,
     CapabilityKind,
     CapabilityRecord,
+    PartRef,
     RetiredBlob,
     ShardState,
     StoredBatch,
@@ -185,6 +186,8 @@ class AppendRequest:
     batch_rows: int = 0
     batch_bytes: int = 0
     blob_written_ms: int = 0
+    more_parts: tuple[PartRef, ...] = ()
+    """Parts after the first, for a batch written elsewhere in several parts."""
 
 
 @dataclass(frozen=True)
@@ -266,6 +269,7 @@ def append(request: AppendRequest, policy: Policy) -> Operation[AppendOutcome]:
                 MINIMUM,
                 request.batch_rows,
                 request.batch_bytes,
+                request.more_parts,
             )
             batches = (*batches, batch)
         record = replace(
@@ -408,7 +412,10 @@ def reset_history(new_id: str, holder: str) -> Operation[CapabilityRecord]:
                 "nothing to rebuild"
             )
         record = _critical(new_id, state.upper, holder)
-        retired = (*state.retired, *(RetiredBlob(b.key, now_ms) for b in state.batches))
+        retired = (
+            *state.retired,
+            *(RetiredBlob(key, now_ms) for b in state.batches for key in b.keys),
+        )
         fresh = replace(
             state, since=state.upper, batches=(), capabilities=(record,), retired=retired
         )
@@ -474,7 +481,8 @@ def replace_batches(
             raise Aborted(f"collection {state.collection_id}: compaction took too long")
         inserted = () if merged is None else (merged,)
         batches = (*state.batches[:start], *inserted, *state.batches[start + len(old_keys) :])
-        retired = (*state.retired, *(RetiredBlob(key, now_ms) for key in old_keys))
+        replaced = state.batches[start : start + len(old_keys)]
+        retired = (*state.retired, *(RetiredBlob(k, now_ms) for b in replaced for k in b.keys))
         overflow = max(0, len(retired) - policy.max_retired)
         evicted = [r.key for r in retired[:overflow]]
         return replace(state, batches=batches, retired=retired[overflow:]), evicted

@@ -101,12 +101,12 @@ class Reader:
             # Batches in memory (this process wrote them, or read them lately) are used as they
             # are, without a trip through the event loop: a subscriber served so goes on to
             # send the updates before other work queued meanwhile gets the loop.
-            cached = [self.batches.cached(b.key) for b in chosen]
+            cached = [self.batches.cached_batch(b) for b in chosen]
             if all(table is not None for table in cached):
                 return shape(state, chosen, cast(list[pa.Table], cached))
             schema = state.schema.update_schema()
             try:
-                tables = await asyncio.gather(*(self.batches.read(b.key, schema) for b in chosen))
+                tables = await asyncio.gather(*(self.batches.read_batch(b, schema) for b in chosen))
             except NotFound:
                 log.info("read_restarted", collection=state.collection_id, version=current.version)
                 current = await self.shards.require(state.collection_id)

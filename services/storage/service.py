@@ -11,7 +11,7 @@ import pyarrow as pa
 from services.storage.core import StorageCore
 from services.storage.operations import short_id
 from services.storage.shards import Versioned
-from services.storage.state import CapabilityRecord, StoredBatch
+from services.storage.state import CapabilityRecord, PartRef, StoredBatch
 from services.storage.subscriptions import MAX_MESSAGE_DATA_BYTES, SubscribeSpec
 from tidemark.cdc import Progress
 from tidemark.cdc.proto import frontier_from_proto, frontier_to_proto
@@ -201,6 +201,28 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
             upper=frontier_to_proto(outcome.upper), already_committed=outcome.already_committed
         )
 
+    async def AppendParts(
+        self, request: storage_pb2.AppendPartsRequest, context: Context
+    ) -> storage_pb2.AppendResponse:
+        ref = _ref(request)
+        expected = (
+            frontier_from_proto(request.expected_upper)
+            if request.HasField("expected_upper")
+            else None
+        )
+        outcome = await self.core.append_parts(
+            ref.collection_id,
+            ref.id,
+            [PartRef(p.key, p.rows, p.bytes) for p in request.parts],
+            required_frontier(request, "new_upper"),
+            times=(request.least_time, request.greatest_time),
+            token=request.idempotency_token,
+            expected_upper=expected,
+        )
+        return storage_pb2.AppendResponse(
+            upper=frontier_to_proto(outcome.upper), already_committed=outcome.already_committed
+        )
+
     async def SubscribeAt(
         self, request: storage_pb2.SubscribeRequest, context: Context
     ) -> AsyncIterator[common_pb2.CdcMessage]:
@@ -330,7 +352,18 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
             as_of=listing.as_of,
             schema=state.schema.to_proto(),
             blob_url=listing.blob_url,
-            parts=[batch_summary(b) for b in listing.batches],
+            parts=[
+                storage_pb2.BatchSummary(
+                    key=part.key,
+                    lower=frontier_to_proto(b.lower),
+                    upper=frontier_to_proto(b.upper),
+                    since=frontier_to_proto(b.since),
+                    rows=part.rows,
+                    bytes=part.size,
+                )
+                for b in listing.batches
+                for part in b.parts
+            ],
             retired_grace_ms=self.core.settings.retired_grace_ms,
             since=frontier_to_proto(state.since),
             upper=frontier_to_proto(state.upper),

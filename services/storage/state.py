@@ -32,9 +32,21 @@ class CapabilityKind(enum.Enum):
 
 
 @dataclass(frozen=True)
+class PartRef:
+    """One Parquet part of a batch: its key in the blob store, rows and bytes."""
+
+    key: str
+    rows: int
+    size: int
+
+
+@dataclass(frozen=True)
 class StoredBatch:
-    """A Parquet blob with every update whose time lies in ``[lower, upper)``; times before
-    ``since`` were advanced to it when the blob was written (``{0}``: none were)."""
+    """Every update whose time lies in ``[lower, upper)``; times before ``since`` were
+    advanced to it when the batch was written (``{0}``: none were). Its updates are in one
+    Parquet part (``key``), or, for a batch whose parts were written elsewhere, in ``key``
+    and ``more_parts``. ``rows`` and ``size`` count every part. The first part's key names
+    the batch."""
 
     key: str
     lower: Antichain[int]
@@ -42,7 +54,23 @@ class StoredBatch:
     since: Antichain[int] = MINIMUM
     rows: int = 0
     size: int = 0
-    """Bytes of the blob."""
+    """Bytes of the blobs."""
+    more_parts: tuple[PartRef, ...] = ()
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The keys of every part, the first one first."""
+        return (self.key, *(p.key for p in self.more_parts))
+
+    @property
+    def parts(self) -> tuple[PartRef, ...]:
+        """Every part with its own rows and bytes."""
+        first = PartRef(
+            self.key,
+            self.rows - sum(p.rows for p in self.more_parts),
+            self.size - sum(p.size for p in self.more_parts),
+        )
+        return (first, *self.more_parts)
 
     @cached_property
     def field_bytes(self) -> bytes:
@@ -58,6 +86,10 @@ class StoredBatch:
             since=frontier_to_proto(self.since),
             rows=self.rows,
             bytes=self.size,
+            more_parts=[
+                storage_state_pb2.PartRef(key=p.key, rows=p.rows, bytes=p.size)
+                for p in self.more_parts
+            ],
         )
 
     @classmethod
@@ -69,6 +101,7 @@ class StoredBatch:
             frontier_from_proto(proto.since),
             proto.rows,
             proto.bytes,
+            tuple(PartRef(p.key, p.rows, p.bytes) for p in proto.more_parts),
         )
 
 

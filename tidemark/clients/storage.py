@@ -201,6 +201,16 @@ class BatchInfo:
 
 
 @dataclass(frozen=True)
+class WrittenPart:
+    """A Parquet part written to the blob store by a caller, for :meth:`StorageClient.
+    append_parts`."""
+
+    key: str
+    rows: int
+    bytes: int
+
+
+@dataclass(frozen=True)
 class PartsListing:
     """The Parquet parts holding a collection's updates at times ``<= as_of`` (see
     ``Storage.ListParts``): keys in the blob store at ``blob_url``, readable for at least
@@ -479,6 +489,42 @@ class StorageClient(GrpcClient):
                 return AppendResult(frontier_from_proto(response.upper), response.already_committed)
             except (Indeterminate, DeadlineExceeded) as exc:
                 # Unknown outcome: the same token makes a second attempt safe.
+                if backoff.expired() or time.monotonic() >= deadline:
+                    raise
+                log.debug("append_retry", error=exc.message)
+            await backoff.sleep()
+
+    async def append_parts(
+        self,
+        capability: Capability,
+        parts: Sequence[WrittenPart],
+        new_upper: FrontierLike,
+        *,
+        times: tuple[int, int] | None = None,
+        token: str | None = None,
+        expected_upper: FrontierLike | None = None,
+    ) -> AppendResult:
+        """Append the updates in Parquet ``parts`` written to the blob store elsewhere (see
+        ``Storage.AppendParts``), as one batch; ``times``: their least and greatest update
+        time (required with parts). Retried like :meth:`append_ipc`, under one token."""
+        request = storage_pb2.AppendPartsRequest(
+            capability=capability.ref,
+            parts=[storage_pb2.BatchSummary(key=p.key, rows=p.rows, bytes=p.bytes) for p in parts],
+            new_upper=frontier_to_proto(frontier(new_upper)),
+            idempotency_token=token or uuid.uuid4().hex,
+        )
+        if times is not None:
+            request.least_time, request.greatest_time = times
+        if expected_upper is not None:
+            request.expected_upper.CopyFrom(frontier_to_proto(frontier(expected_upper)))
+        deadline = time.monotonic() + self.timeout
+        backoff = self.retry.backoffs()
+        while True:
+            try:
+                seconds = max(0.1, deadline - time.monotonic())
+                response = await self._call(self.stub.AppendParts, request, seconds)
+                return AppendResult(frontier_from_proto(response.upper), response.already_committed)
+            except (Indeterminate, DeadlineExceeded) as exc:
                 if backoff.expired() or time.monotonic() >= deadline:
                     raise
                 log.debug("append_retry", error=exc.message)

@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import (
@@ -45,7 +45,8 @@ from pyspark.sql.types import (
 )
 
 from tidemark.clients.storage import PartsListing
-from tidemark.columnar import Column, ColumnType, RelationSchema, from_parquet
+from tidemark.columnar import Column as RelationColumn
+from tidemark.columnar import ColumnType, RelationSchema, from_parquet
 from tidemark.columnar.schema import DIFF_COLUMN, TIME_COLUMN
 from tidemark.v1 import common_pb2
 
@@ -79,7 +80,7 @@ def missing_part(error: BaseException) -> bool:
     return MISSING_PART in str(error)
 
 
-def spark_type(column: Column) -> DataType:
+def spark_type(column: RelationColumn) -> DataType:
     """The Spark type holding a column's values exactly as its Arrow type does."""
     if column.type is ColumnType.DECIMAL:
         arrow = column.arrow_type
@@ -193,6 +194,18 @@ def at_time(updates: pa.Table, as_of: int) -> pa.Table:
     return summed.select([*data, DIFF])
 
 
+def column(name: str) -> Column:
+    """The column called ``name``, quoted: "a.b" is a column, not a field of a struct."""
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
+def s3_credentials(environment: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The S3 credentials set in ``environment`` (default: this process's), for executors
+    to open the blob store with."""
+    env = os.environ if environment is None else environment
+    return {name: env[name] for name in _CREDENTIAL_VARIABLES if env.get(name)}
+
+
 _registered: set[int] = set()
 
 
@@ -214,8 +227,7 @@ def collection_frame(
     one row per distinct row. The S3 credentials in ``environment`` (default: this process's)
     go to the executors with the job."""
     register(spark)
-    env = os.environ if environment is None else environment
-    credentials = {name: env[name] for name in _CREDENTIAL_VARIABLES if env.get(name)}
+    credentials = s3_credentials(environment)
     schema = spark_schema(listing.schema)
     proto = listing.schema.to_proto().SerializeToString()
     frame = (
@@ -228,8 +240,7 @@ def collection_frame(
         .option(_CREDENTIALS_OPTION, json.dumps(credentials))
         .load()
     )
-    # Quoted: a column named "a.b" is a column, not a field of a struct.
-    columns = [F.col(f"`{c.name.replace('`', '``')}`") for c in listing.schema.columns]
+    columns = [column(c.name) for c in listing.schema.columns]
     grouped = frame.groupBy(*columns) if columns else frame.groupBy()
     summed = grouped.agg(F.sum(DIFF).alias(DIFF))
     return summed.where(F.col(DIFF).isNotNull() & (F.col(DIFF) != 0))
