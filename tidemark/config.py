@@ -76,8 +76,8 @@ def consensus_url_setting(default: str | None = None) -> Any:
         default = "sqlite://" + str(Path("data/consensus.db").absolute())
     return setting(
         default,
-        help="consensus backend: etcd://host:port[,host:port...] in production, "
-        "sqlite:///path for one machine",
+        help="consensus backend: etcd://host:port[,host:port...] in production (over TLS with "
+        "?ca=PATH&cert=PATH&key=PATH), sqlite:///path for one machine",
         metavar="URL",
     )
 
