@@ -87,7 +87,8 @@ def blob_url_setting(default: str | None = None) -> Any:
         default = "file://" + str(Path("data/blobs").absolute())
     return setting(
         default,
-        help="blob store: s3://bucket/prefix in production, file:///path for one machine",
+        help="blob store: s3://bucket/prefix in production (?endpoint=HOST:PORT, secure=false "
+        "for HTTP, ca=PATH for a private CA), file:///path for one machine",
         metavar="URL",
     )
 
