@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from tidemark.errors import InvalidArgument
@@ -34,14 +34,25 @@ def _field(data: bytes) -> bytes:
     return struct.pack(">Q", len(data)) + data
 
 
-def canonical(settings: Mapping[str, str], transaction: bytes, user: str, key_id: str) -> bytes:
-    """The bytes a signature covers: one encoding for one session, whatever order the map's
-    entries travelled in, with every part length-prefixed so no two sessions share it."""
-    parts = [_DOMAIN, _field(key_id.encode()), struct.pack(">Q", len(settings))]
+def canonical_parts(
+    settings: Mapping[str, str], transaction: bytes, user: str, key_id: str
+) -> Iterator[bytes]:
+    """The bytes a signature covers, in pieces (the transaction is not copied): one encoding
+    for one session, whatever order the map's entries travelled in, with every part
+    length-prefixed so no two sessions share it."""
+    yield _DOMAIN
+    yield _field(key_id.encode())
+    yield struct.pack(">Q", len(settings))
     for name, value in sorted((k.encode(), v.encode()) for k, v in settings.items()):
-        parts += [_field(name), _field(value)]
-    parts += [_field(transaction), _field(user.encode())]
-    return b"".join(parts)
+        yield _field(name)
+        yield _field(value)
+    yield struct.pack(">Q", len(transaction))
+    yield transaction
+    yield _field(user.encode())
+
+
+def canonical(settings: Mapping[str, str], transaction: bytes, user: str, key_id: str) -> bytes:
+    return b"".join(canonical_parts(settings, transaction, user, key_id))
 
 
 class SessionSigner:
@@ -68,8 +79,10 @@ class SessionSigner:
         return cls([new_key("ephemeral")])
 
     def _mac(self, key: SessionKey, session: adapter_pb2.Session, user: str) -> bytes:
-        message = canonical(session.settings, session.transaction, user, key.key_id)
-        return hmac.new(key.secret, message, hashlib.sha256).digest()
+        mac = hmac.new(key.secret, digestmod=hashlib.sha256)
+        for part in canonical_parts(session.settings, session.transaction, user, key.key_id):
+            mac.update(part)
+        return mac.digest()
 
     def sign(self, session: adapter_pb2.Session, user: str) -> None:
         """Sets ``session.signature`` (cleared for an empty session, which needs none)."""
