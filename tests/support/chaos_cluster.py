@@ -199,6 +199,7 @@ class ChaosCluster:
                 {},
             )
         if name.startswith("adapter"):
+            keys = ensure_keys_file(self.directory / "session-keys")
             return (
                 "services.adapter",
                 [
@@ -208,7 +209,7 @@ class ChaosCluster:
                     *("--compute", f"default={self.address('compute')}"),
                     *("--peek-wait-seconds", "60"),
                     # One key for both adapters (and their restarts): sessions move freely.
-                    *("--session-keys-file", str(ensure_keys_file(self.directory / "keys"))),
+                    *("--session-keys-file", str(keys)),
                 ],
                 {},
             )
