@@ -76,8 +76,8 @@ def consensus_url_setting(default: str | None = None) -> Any:
         default = "sqlite://" + str(Path("data/consensus.db").absolute())
     return setting(
         default,
-        help="consensus backend: etcd://host:port[,host:port...] in production, "
-        "sqlite:///path for one machine",
+        help="consensus backend: etcd://host:port[,host:port...] in production (over TLS with "
+        "?ca=PATH&cert=PATH&key=PATH), sqlite:///path for one machine",
         metavar="URL",
     )
 
@@ -87,7 +87,8 @@ def blob_url_setting(default: str | None = None) -> Any:
         default = "file://" + str(Path("data/blobs").absolute())
     return setting(
         default,
-        help="blob store: s3://bucket/prefix in production, file:///path for one machine",
+        help="blob store: s3://bucket/prefix in production (?endpoint=HOST:PORT, secure=false "
+        "for HTTP, ca=PATH for a private CA), file:///path for one machine",
         metavar="URL",
     )
 

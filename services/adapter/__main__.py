@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from services.adapter.backends import Backends, parse_compute_endpoints
 from services.adapter.pgwire.server import PgServer
 from services.adapter.service import Adapter, AdapterSettings, adapter_service
+from services.adapter.session_signing import SessionSigner
 from tidemark.config import ServiceConfig, listen_setting, setting
 from tidemark.rpc import announce_port, serve
 from tidemark.runner import run_service
+from tidemark.session_keys import KeyFileError
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,14 @@ class AdapterConfig(ServiceConfig):
         metavar="PATH",
     )
     pgwire_tls_key: str = setting("", help="PEM private key for pgwire TLS", metavar="PATH")
+    session_keys_file: str = setting(
+        "",
+        help="id:base64key lines shared by the adapters: the first key signs the sessions "
+        "handed to gRPC clients, all verify them (rotate by adding a key, then moving it "
+        "first, then removing the old one); empty: a random key, so sessions are valid only "
+        "on this adapter until it restarts",
+        metavar="PATH",
+    )
 
     def settings(self) -> AdapterSettings:
         return AdapterSettings(
@@ -92,6 +102,10 @@ async def main(config: AdapterConfig) -> None:
         endpoints = parse_compute_endpoints(config.compute)
     except ValueError as exc:
         raise SystemExit(f"--compute: {exc}") from None
+    try:
+        signer = SessionSigner.from_file(config.session_keys_file)
+    except KeyFileError as exc:
+        raise SystemExit(f"--session-keys-file: {exc}") from None
     backends = Backends.connect(config.oracle, config.catalog, config.storage, endpoints)
     adapter = Adapter(backends, config.settings())
     pgwire: PgServer | None = None
@@ -103,7 +117,7 @@ async def main(config: AdapterConfig) -> None:
             )
             await pgwire.start(config.pgwire_listen)
         await serve(
-            [adapter_service(adapter)],
+            [adapter_service(adapter, signer)],
             config.listen,
             grace=config.shutdown_grace,
             on_started=announce_port,

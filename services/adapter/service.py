@@ -4,7 +4,8 @@
 A statement's failure is data (``StatementResult.error`` with an SQLSTATE); it stops the batch
 and marks an open transaction failed, and the call itself succeeds. Failures of the backend
 services become SQL errors too (08006 when one stayed unavailable through the clients'
-retries). Only a malformed session is a gRPC error (INVALID_ARGUMENT). Nothing a client sends
+retries). Only a malformed session is a gRPC error (INVALID_ARGUMENT), and so is a session the
+adapters did not sign for the caller (``session_signing``). Nothing a client sends
 makes the adapter answer with a stack trace: unexpected exceptions are logged with the request
 id, and the client gets XX000 naming it.
 """
@@ -37,6 +38,7 @@ from services.adapter.results import (
     sql_error,
 )
 from services.adapter.session import Settings
+from services.adapter.session_signing import SessionSigner
 from services.adapter.sql import parse
 from services.adapter.sql import statements as ast
 from services.adapter.sql.errors import SqlError
@@ -395,36 +397,75 @@ def _single_subscription(statements: list[ast.AnyStatement]) -> ast.Subscribe | 
     return statement
 
 
+USER_METADATA = "tidemark-user"
+
+
+def call_user(context: Context) -> str:
+    """The user a call is made as (metadata ``tidemark-user``; empty when absent)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == USER_METADATA:
+            return value if isinstance(value, str) else value.decode("utf-8", "replace")
+    return ""
+
+
 class AdapterServicer(adapter_pb2_grpc.AdapterServicer):
-    def __init__(self, adapter: Adapter) -> None:
+    """The gRPC face; the only place sessions cross it, so the only place they are checked
+    (on the way in) and signed (on the way out). pgwire keeps its sessions in the adapter."""
+
+    def __init__(self, adapter: Adapter, signer: SessionSigner) -> None:
         self.adapter = adapter
+        self.signer = signer
+
+    def _accept(self, session: adapter_pb2.Session, context: Context) -> str:
+        """The caller's user, once its ``session`` is known to be one the adapters signed for
+        that user (``InvalidArgument`` before anything runs otherwise)."""
+        user = call_user(context)
+        self.signer.verify(session, user)
+        return user
 
     async def Execute(
         self, request: adapter_pb2.ExecuteRequest, context: Context
     ) -> adapter_pb2.ExecuteResponse:
-        return await self.adapter.execute(request)
+        user = self._accept(request.session, context)
+        response = await self.adapter.execute(request)
+        self.signer.sign(response.session, user)
+        return response
 
     async def Subscribe(
         self, request: adapter_pb2.SubscribeSqlRequest, context: Context
     ) -> AsyncIterator[adapter_pb2.SubscribeSqlResponse]:
+        self._accept(request.session, context)
         async for message in self.adapter.subscribe(request):
             yield message
 
     async def CopyIn(
         self, request_iterator: AsyncIterator[adapter_pb2.CopyInRequest], context: Context
     ) -> adapter_pb2.CopyInResponse:
-        return await self.adapter.copy_in(request_iterator)
+        first = await anext(request_iterator, None)
+        if first is None:
+            raise InvalidArgument("CopyIn needs a first message with the session and the SQL")
+        user = self._accept(first.session, context)
+
+        async def requests() -> AsyncIterator[adapter_pb2.CopyInRequest]:
+            yield first
+            async for request in request_iterator:
+                yield request
+
+        response = await self.adapter.copy_in(requests())
+        self.signer.sign(response.session, user)
+        return response
 
     async def CopyOut(
         self, request: adapter_pb2.CopyOutRequest, context: Context
     ) -> AsyncIterator[adapter_pb2.CopyOutResponse]:
+        self._accept(request.session, context)
         async for message in self.adapter.copy_out(request):
             yield message
 
 
-def adapter_service(adapter: Adapter) -> Service[AdapterServicer]:
+def adapter_service(adapter: Adapter, signer: SessionSigner) -> Service[AdapterServicer]:
     return Service(
         adapter_pb2.DESCRIPTOR.services_by_name["Adapter"],
-        AdapterServicer(adapter),
+        AdapterServicer(adapter, signer),
         adapter_pb2_grpc.add_AdapterServicer_to_server,
     )

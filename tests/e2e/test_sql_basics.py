@@ -475,13 +475,15 @@ async def test_views_over_idle_tables_keep_advancing_without_reads(
 
 
 async def test_a_malformed_session_is_invalid_argument(stack: SqlStack) -> None:
+    """A session the client made up fails its signature check before anything else
+    (tests/e2e/test_session_signing.py has the rest)."""
     async with AdapterClient(stack.adapter(1)) as client:
         client.session.transaction = b"not a transaction"
-        with pytest.raises(InvalidArgument, match="malformed session transaction"):
+        with pytest.raises(InvalidArgument, match="session signature invalid"):
             await client.execute("SELECT 1")
         client.session.transaction = b""
         client.session.settings["statement_timeout"] = "-1"
-        with pytest.raises(InvalidArgument, match="malformed session"):
+        with pytest.raises(InvalidArgument, match="session signature invalid"):
             await client.execute("SELECT 1")
 
 

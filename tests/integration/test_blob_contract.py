@@ -1,6 +1,7 @@
-"""The blob contract, checked against every backend: memory, a local directory and S3.
+"""The blob contract, checked against every backend: memory, a local directory and S3, over
+HTTP and over HTTPS with a private CA.
 
-The S3 backend talks HTTP to a real S3 endpoint (``moto_server``, see tests/support/s3.py)
+The S3 backend talks HTTP(S) to a real S3 endpoint (``moto_server``, see tests/support/s3.py)
 through the same client as production. A few tests at the end concern one backend only:
 crash leftovers in the directory backend, outages of the S3 server, URL parsing.
 """
@@ -16,9 +17,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import urllib3
 from minio import Minio
 
 from tests.support.s3 import ACCESS_KEY, SECRET_KEY, S3Server, unique_bucket
+from tests.support.tls_certs import CertificateSet
 from tidemark.blob import Blob, DirectoryBlob, S3Settings, open_blob
 from tidemark.blob import directory as directory_module
 from tidemark.errors import (
@@ -30,7 +33,12 @@ from tidemark.errors import (
 )
 
 MiB = 1024 * 1024
-BACKENDS = ["memory", "directory", pytest.param("s3", marks=pytest.mark.s3)]
+BACKENDS = [
+    "memory",
+    "directory",
+    pytest.param("s3", marks=pytest.mark.s3),
+    pytest.param("s3-tls", marks=pytest.mark.s3),
+]
 
 
 def _value(size: int, seed: int) -> bytes:
@@ -44,7 +52,8 @@ def blob_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"memory://contract-{uuid.uuid4().hex}"
     if request.param == "directory":
         return (tmp_path / "blobs").as_uri()
-    server: S3Server = request.getfixturevalue("s3_server")
+    fixture = "s3_server" if request.param == "s3" else "tls_s3_server"
+    server: S3Server = request.getfixturevalue(fixture)
     # A prefix inside the bucket, so the tests also check that keys are mapped in and out.
     return server.url(unique_bucket(), "tenant-1/blobs")
 
@@ -84,7 +93,10 @@ async def test_large_value_round_trips(blob: Blob, blob_url: str) -> None:
     assert await blob.get("large/value") == value
     if _backend(blob_url) == "s3":
         settings = S3Settings.from_url(blob_url)
-        client = Minio(settings.endpoint, ACCESS_KEY, SECRET_KEY, secure=False)
+        http = urllib3.PoolManager(ca_certs=settings.ca) if settings.ca else None
+        client = Minio(
+            settings.endpoint, ACCESS_KEY, SECRET_KEY, secure=settings.secure, http_client=http
+        )
         stat = client.stat_object(settings.bucket, settings.prefix + "large/value")
         assert stat.size == len(value)
         assert stat.etag is not None and stat.etag.endswith("-2"), "expected a 2-part upload"
@@ -507,6 +519,46 @@ def test_s3_url_settings_and_credentials() -> None:
     assert anonymous.access_key is None and anonymous.secret_key is None
     with pytest.raises(InvalidArgument, match="TIDEMARK_S3_SECRET_KEY"):
         S3Settings.from_url("s3://my-bucket", environ={"TIDEMARK_S3_ACCESS_KEY": "only-id"})
+
+
+@pytest.mark.s3
+async def test_s3_over_https_needs_the_right_ca(tls_s3_server: S3Server, tmp_path: Path) -> None:
+    """The private CA verifies the server; another CA, or the usual roots, fail every call
+    with an error that says TLS failed and which CA was tried; plain HTTP gets no S3 answer."""
+    assert tls_s3_server.tls is not None
+    bucket = unique_bucket()
+    url = tls_s3_server.url(bucket, "p")
+    async with await open_blob(url) as store:
+        await store.put("k", b"over https")
+        assert await store.get("k") == b"over https"
+
+    other = CertificateSet.create(tmp_path, "other")
+    wrong_ca = url.replace(str(tls_s3_server.tls.ca_file), str(other.ca_file))
+    with pytest.raises(Unavailable) as wrong:
+        await open_blob(wrong_ca)
+    assert "TLS with the server failed" in wrong.value.message
+    assert "CERTIFICATE_VERIFY_FAILED" in wrong.value.message
+    assert f"the CA in {other.ca_file}" in wrong.value.message
+
+    usual_roots = url.split("&ca=")[0]
+    with pytest.raises(Unavailable, match="checked against the usual roots"):
+        await open_blob(usual_roots)
+
+    plaintext = f"s3://{bucket}/p?endpoint={tls_s3_server.endpoint}&secure=false&retries=0"
+    with pytest.raises((Unavailable, Indeterminate)):
+        await open_blob(plaintext)
+
+
+def test_s3_ca_parameter(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.crt"
+    ca.write_text("pem")
+    settings = S3Settings.from_url(f"s3://my-bucket?endpoint=minio:9000&ca={ca}", environ={})
+    assert (settings.secure, settings.ca) == (True, str(ca))
+    assert S3Settings.from_url("s3://my-bucket", environ={}).ca is None
+    with pytest.raises(InvalidArgument, match="ca needs HTTPS"):
+        S3Settings.from_url(f"s3://my-bucket?secure=false&ca={ca}", environ={})
+    with pytest.raises(InvalidArgument, match="cannot read the CA file"):
+        S3Settings.from_url(f"s3://my-bucket?ca={tmp_path / 'missing.crt'}", environ={})
 
 
 async def test_named_memory_stores_are_shared_and_private_ones_are_not() -> None:

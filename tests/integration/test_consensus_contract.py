@@ -1,4 +1,5 @@
-"""The consensus contract, run against every backend: memory, SQLite and a real etcd.
+"""The consensus contract, run against every backend: memory, SQLite and a real etcd, over
+plaintext and over TLS with client certificates.
 
 The first part is one parametrized suite (fixture ``store``) that every backend must pass.
 The outage tests at the end take the backend away in the way that fits it (etcd: kill,
@@ -53,15 +54,21 @@ class Backend:
         pytest.param("memory"),
         pytest.param("sqlite"),
         pytest.param("etcd", marks=pytest.mark.etcd),
+        pytest.param("etcd-tls", marks=pytest.mark.etcd),
     ]
 )
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
-    if request.param == "etcd":
-        server: EtcdServer = request.getfixturevalue("etcd_server")
-        return Backend("etcd", f"{server.url}?timeout=3")
+    if request.param in ("etcd", "etcd-tls"):
+        fixture = "etcd_server" if request.param == "etcd" else "tls_etcd_server"
+        server: EtcdServer = request.getfixturevalue(fixture)
+        return Backend(request.param, with_option(server.url, "timeout=3"))
     if request.param == "sqlite":
         return Backend("sqlite", f"sqlite://{tmp_path / 'consensus.db'}?timeout=3")
     return Backend("memory", None)
+
+
+def with_option(url: str, option: str) -> str:
+    return f"{url}{'&' if '?' in url else '?'}{option}"
 
 
 @pytest.fixture

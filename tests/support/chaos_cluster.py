@@ -30,6 +30,7 @@ from tests.support.ports import free_port
 from tests.support.s3 import ACCESS_KEY, SECRET_KEY, S3Server
 from tests.support.service_process import ServiceProcess
 from tests.support.storage import FAST_SETTINGS
+from tidemark.session_keys import ensure_keys_file
 
 S3_ENV = {"TIDEMARK_S3_ACCESS_KEY": ACCESS_KEY, "TIDEMARK_S3_SECRET_KEY": SECRET_KEY}
 ETCD_MEMBERS = 3
@@ -198,6 +199,7 @@ class ChaosCluster:
                 {},
             )
         if name.startswith("adapter"):
+            keys = ensure_keys_file(self.directory / "session-keys")
             return (
                 "services.adapter",
                 [
@@ -206,6 +208,8 @@ class ChaosCluster:
                     *("--catalog", self.address("catalog")),
                     *("--compute", f"default={self.address('compute')}"),
                     *("--peek-wait-seconds", "60"),
+                    # One key for both adapters (and their restarts): sessions move freely.
+                    *("--session-keys-file", str(keys)),
                 ],
                 {},
             )

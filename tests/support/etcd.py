@@ -11,6 +11,9 @@ Fixtures:
   stop it.
 - ``fresh_etcd_server`` (function scope): a private server for tests that stop, freeze or
   restart it; it is torn down after the test.
+- ``tls_etcd_server`` (session scope): like ``etcd_server``, but serving clients over TLS only
+  and requiring a client certificate (``--client-cert-auth``), with certificates of a CA made
+  for the session (tests/support/tls_certs.py); its ``url`` carries ``ca``, ``cert``, ``key``.
 
 A missing binary fails the test with a clear message rather than skipping it: the
 integration suite is meant to run against the real server.
@@ -23,6 +26,7 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import tempfile
 import time
@@ -34,6 +38,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.ports import free_port
+from tests.support.tls_certs import CertificateSet
 
 ETCD_BINARY = os.environ.get("TIDEMARK_ETCD_BINARY", "/usr/bin/etcd")
 
@@ -50,8 +55,11 @@ class EtcdServer:
     """One etcd member on loopback. Ports and data directory are fixed at construction,
     so :meth:`start` after :meth:`stop` brings back the same server with the same data."""
 
-    def __init__(self, base_dir: Path, name: str = "tidemark-test") -> None:
+    def __init__(
+        self, base_dir: Path, name: str = "tidemark-test", tls: CertificateSet | None = None
+    ) -> None:
         self.name = name
+        self.tls = tls
         self.base_dir = base_dir
         self.data_dir = base_dir / "data"
         self.log_path = base_dir / "etcd.log"
@@ -74,8 +82,22 @@ class EtcdServer:
 
     @property
     def url(self) -> str:
-        """The consensus URL for this server (see ``tidemark.consensus.open_consensus``)."""
+        """The consensus URL for this server (see ``tidemark.consensus.open_consensus``),
+        with the TLS options a client needs when it serves TLS."""
+        if self.tls is None:
+            return f"etcd://{self.endpoint}"
+        return f"{self.plaintext_url}?{self.tls_options}"
+
+    @property
+    def plaintext_url(self) -> str:
+        """The URL without TLS options (refused by a TLS server)."""
         return f"etcd://{self.endpoint}"
+
+    @property
+    def tls_options(self) -> str:
+        assert self.tls is not None
+        client = self.tls.client
+        return f"ca={self.tls.ca_file}&cert={client.cert}&key={client.key}"
 
     @property
     def pid(self) -> int | None:
@@ -113,7 +135,7 @@ class EtcdServer:
                 "package (make system-deps) or set TIDEMARK_ETCD_BINARY"
             )
         self.base_dir.mkdir(parents=True, exist_ok=True)
-        client_url = f"http://{self.endpoint}"
+        client_url = f"{self._client_scheme}://{self.endpoint}"
         peer_url = f"http://{_HOST}:{self.peer_port}"
         args = [
             ETCD_BINARY,
@@ -136,6 +158,13 @@ class EtcdServer:
             "--log-level",
             "warn",
         ]
+        if self.tls is not None:
+            args += [
+                *("--cert-file", str(self.tls.server.cert)),
+                *("--key-file", str(self.tls.server.key)),
+                *("--trusted-ca-file", str(self.tls.ca_file)),
+                "--client-cert-auth",
+            ]
         with open(self.log_path, "ab") as log:
             self._process = subprocess.Popen(
                 args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
@@ -155,9 +184,18 @@ class EtcdServer:
         self.stop()
         raise RuntimeError(f"etcd not healthy after {_START_TIMEOUT_S} s:\n{self.log_tail()}")
 
+    @property
+    def _client_scheme(self) -> str:
+        return "http" if self.tls is None else "https"
+
     def _is_healthy(self) -> bool:
+        context = None
+        if self.tls is not None:
+            context = ssl.create_default_context(cafile=str(self.tls.ca_file))
+            context.load_cert_chain(str(self.tls.client.cert), str(self.tls.client.key))
+        url = f"{self._client_scheme}://{self.endpoint}/health"
         try:
-            with urllib.request.urlopen(f"http://{self.endpoint}/health", timeout=1) as response:
+            with urllib.request.urlopen(url, timeout=1, context=context) as response:
                 body = json.loads(response.read())
         except (OSError, urllib.error.URLError, ValueError):
             return False
@@ -211,12 +249,14 @@ class EtcdServer:
 
 
 @contextlib.contextmanager
-def running_etcd(base_dir: Path | None = None) -> Iterator[EtcdServer]:
+def running_etcd(base_dir: Path | None = None, *, tls: bool = False) -> Iterator[EtcdServer]:
     """A started :class:`EtcdServer` for the duration of the block, destroyed afterwards.
-    Without ``base_dir`` a fresh temporary directory is used."""
+    Without ``base_dir`` a fresh temporary directory is used. ``tls``: clients only over TLS
+    with a client certificate, from certificates made in the directory."""
     owned = base_dir is None
     root = Path(tempfile.mkdtemp(prefix="tidemark-etcd-")) if base_dir is None else base_dir
-    server = EtcdServer(root)
+    certificates = CertificateSet.create(root / "certs", "etcd") if tls else None
+    server = EtcdServer(root, tls=certificates)
     try:
         server.start()
         yield server
@@ -230,6 +270,13 @@ def running_etcd(base_dir: Path | None = None) -> Iterator[EtcdServer]:
 def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
     """One etcd shared by the whole session; use a unique key prefix and never stop it."""
     with running_etcd(tmp_path_factory.mktemp("etcd-shared")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def tls_etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    """One etcd over TLS with client certificates, shared by the session; as ``etcd_server``."""
+    with running_etcd(tmp_path_factory.mktemp("etcd-tls"), tls=True) as server:
         yield server
 
 

@@ -10,6 +10,8 @@ production. Fixtures:
   :meth:`~S3Server.start` again, or :meth:`~S3Server.freeze` and :meth:`~S3Server.thaw`
   (a hung server), for outage tests.
 * ``s3_url`` (function): an ``s3://`` URL for a bucket no other test uses, on ``s3_server``.
+* ``tls_s3_server`` (session): a server speaking HTTPS only, with a certificate of a CA made
+  for the session (tests/support/tls_certs.py); its URLs say ``secure=true&ca=...``.
 
 Both server fixtures put test credentials in the environment (``TIDEMARK_S3_ACCESS_KEY`` /
 ``TIDEMARK_S3_SECRET_KEY``; moto accepts any) for as long as they live.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -37,6 +40,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.ports import free_port
+from tests.support.tls_certs import CertificateSet
 
 ACCESS_KEY = "tidemark-test"
 SECRET_KEY = "tidemark-test-secret"
@@ -45,7 +49,7 @@ _START_TIMEOUT_S = 30.0
 _STOP_TIMEOUT_S = 10.0
 
 
-def _moto_command(host: str, port: int) -> list[str]:
+def _moto_command(host: str, port: int, tls: CertificateSet | None = None) -> list[str]:
     script = Path(sys.executable).parent / "moto_server"
     if script.exists():
         command = [str(script)]
@@ -53,7 +57,9 @@ def _moto_command(host: str, port: int) -> list[str]:
         command = [found]
     else:
         command = [sys.executable, "-m", "moto.server"]
-    return [*command, "-H", host, "-p", str(port)]
+    options = [] if tls is None else ["--ssl-cert", str(tls.server.cert)]
+    options += [] if tls is None else ["--ssl-key", str(tls.server.key)]
+    return [*command, "-H", host, "-p", str(port), *options]
 
 
 class S3Server:
@@ -64,8 +70,11 @@ class S3Server:
     The server's output goes to :attr:`log_path`, quoted in the error if it fails to start.
     """
 
-    def __init__(self, port: int | None = None, host: str = _HOST) -> None:
+    def __init__(
+        self, port: int | None = None, host: str = _HOST, tls: CertificateSet | None = None
+    ) -> None:
         self.host = host
+        self.tls = tls
         self.port = port if port is not None else free_port(host)
         self._process: subprocess.Popen[bytes] | None = None
         self._log_dir = Path(tempfile.mkdtemp(prefix="tidemark-moto-"))
@@ -88,6 +97,8 @@ class S3Server:
     def url(self, bucket: str, prefix: str = "") -> str:
         """The ``s3://`` blob URL for ``bucket`` (and a key prefix inside it) on this server."""
         path = f"/{prefix.strip('/')}" if prefix.strip("/") else ""
+        if self.tls is not None:
+            return f"s3://{bucket}{path}?endpoint={self.endpoint}&secure=true&ca={self.tls.ca_file}"
         return f"s3://{bucket}{path}?endpoint={self.endpoint}&secure=false"
 
     def start(self) -> None:
@@ -95,7 +106,7 @@ class S3Server:
             return
         with open(self.log_path, "ab") as log:
             self._process = subprocess.Popen(
-                _moto_command(self.host, self.port),
+                _moto_command(self.host, self.port, self.tls),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -110,8 +121,13 @@ class S3Server:
                 raise RuntimeError(
                     f"moto_server exited with {self._process.returncode}:\n{self._log_tail()}"
                 )
+            scheme, context = "http", None
+            if self.tls is not None:
+                scheme, context = "https", ssl.create_default_context(cafile=self.tls.ca_file)
             try:
-                with urllib.request.urlopen(f"http://{self.endpoint}/", timeout=2):
+                with urllib.request.urlopen(
+                    f"{scheme}://{self.endpoint}/", timeout=2, context=context
+                ):
                     return
             except urllib.error.HTTPError:
                 return  # an HTTP error status is still an answer
@@ -176,6 +192,19 @@ def s3_credentials_in_environment() -> Iterator[None]:
 def s3_server() -> Iterator[S3Server]:
     """A moto S3 server shared by the whole session. Do not stop it; use a unique bucket."""
     server = S3Server()
+    with s3_credentials_in_environment():
+        try:
+            server.start()
+            yield server
+        finally:
+            server.close()
+
+
+@pytest.fixture(scope="session")
+def tls_s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A moto S3 server speaking HTTPS only, shared by the session; as ``s3_server``."""
+    certificates = CertificateSet.create(tmp_path_factory.mktemp("s3-tls"), "s3")
+    server = S3Server(tls=certificates)
     with s3_credentials_in_environment():
         try:
             server.start()

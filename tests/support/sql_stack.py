@@ -23,6 +23,7 @@ from tests.support.compute import Stack
 from tests.support.service_process import ServiceProcess
 from tests.support.storage import FAST_SETTINGS, embedded_backends, start_storage
 from tidemark.clients.adapter import AdapterClient
+from tidemark.session_keys import ensure_keys_file
 
 SPARK_MASTER = "local[2]"
 # A loaded 2-core machine can take longer than the 30 s default to start Spark and hydrate.
@@ -36,6 +37,9 @@ class SqlStack:
     adapter_extra: tuple[str, ...] = ()
     sources: ServiceProcess | None = None
     sources_extra: tuple[str, ...] = ()
+    session_keys_file: Path | None = None
+    """The keys every adapter signs and verifies sessions with, so a session moves freely
+    between them (an adapter's ``extra`` flags may name another file)."""
 
     @property
     def oracle(self) -> ServiceProcess:
@@ -68,12 +72,18 @@ class SqlStack:
                 self.catalog.address,
                 "--compute",
                 self.compute_endpoints(),
+                *self._session_keys_flag(),
                 *self.adapter_extra,
                 *extra,
             ],
         )
         self.adapters.append(process)
         return process
+
+    def _session_keys_flag(self) -> tuple[str, ...]:
+        if self.session_keys_file is None:
+            return ()
+        return ("--session-keys-file", str(self.session_keys_file))
 
     def start_sources(self) -> ServiceProcess:
         """The sources process (load generators, PostgreSQL sources), started afresh."""
@@ -132,7 +142,10 @@ def sql_stack(
     storage = start_storage(embedded_backends(directory), extra=FAST_SETTINGS)
     compute = Stack(directory, storage, engine=engine, spark_master=spark_master)
     stack = SqlStack(
-        compute, adapter_extra=tuple(adapter_extra), sources_extra=tuple(sources_extra)
+        compute,
+        adapter_extra=tuple(adapter_extra),
+        sources_extra=tuple(sources_extra),
+        session_keys_file=ensure_keys_file(directory / "session-keys"),
     )
     try:
         compute.start_oracle_and_catalog()

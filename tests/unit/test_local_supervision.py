@@ -8,7 +8,7 @@ import signal
 import time
 from pathlib import Path
 
-from tidemark.local.services import ServiceSpec
+from tidemark.local.services import ServiceSpec, planned_services, session_keys_path
 from tidemark.local.supervision import Backoff, ServiceRecord, SupervisorState, exit_reason
 from tidemark.local.supervisor import RunningService, supervise
 
@@ -57,3 +57,11 @@ def test_a_crashing_service_is_restarted_with_growing_delays(tmp_path: Path) -> 
     assert service.record.last_exit == "exit code 2"
     assert delays[:4] == [0.1, 0.2, 0.4, 0.4]
     assert "usage" in (tmp_path / "crasher.log").read_text()
+
+
+def test_the_adapter_gets_the_data_directorys_session_keys(tmp_path: Path) -> None:
+    """One keys file in the data directory: sessions survive the adapter's restarts."""
+    adapter = next(s for s in planned_services(tmp_path) if s.name == "adapter")
+    flag = adapter.args.index("--session-keys-file")
+    assert adapter.args[flag + 1] == str(session_keys_path(tmp_path))
+    assert session_keys_path(tmp_path) == tmp_path / "session-keys"

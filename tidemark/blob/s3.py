@@ -5,6 +5,9 @@ URL: ``s3://BUCKET[/PREFIX]?endpoint=HOST:PORT&secure=false&region=REGION``. Key
 
 * ``endpoint`` (default ``s3.amazonaws.com``), ``secure`` (HTTPS; default true),
   ``region`` (default: asked of the server);
+* ``ca``: with HTTPS, the PEM file of the CA that signed the server's certificate (a private
+  MinIO, say); without it the server is verified against ``SSL_CERT_FILE`` or certifi's roots.
+  A server whose certificate does not verify fails every call with ``Unavailable`` saying so;
 * ``connect_timeout`` and ``read_timeout`` in seconds (defaults 2 and 10; the read timeout
   bounds each wait for the next bytes, not a whole transfer) and ``retries`` (default 2):
   how long an unreachable server can hold a caller up before it gets
@@ -43,7 +46,7 @@ import certifi
 import urllib3
 from minio import Minio
 from minio.error import InvalidResponseError, S3Error, ServerError
-from urllib3.exceptions import ConnectTimeoutError, MaxRetryError, ResponseError
+from urllib3.exceptions import ConnectTimeoutError, MaxRetryError, ResponseError, SSLError
 
 from tidemark.blob.base import (
     MAX_KEY_BYTES,
@@ -65,7 +68,15 @@ _T = TypeVar("_T")
 
 _DEFAULT_ENDPOINT = "s3.amazonaws.com"
 _BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
-_QUERY_PARAMETERS = {"endpoint", "secure", "region", "connect_timeout", "read_timeout", "retries"}
+_QUERY_PARAMETERS = {
+    "endpoint",
+    "secure",
+    "region",
+    "ca",
+    "connect_timeout",
+    "read_timeout",
+    "retries",
+}
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -95,6 +106,8 @@ class S3Settings:
     endpoint: str = _DEFAULT_ENDPOINT
     secure: bool = True
     region: str | None = None
+    ca: str | None = None
+    """PEM file of the CA HTTPS certificates are verified against (None: the usual roots)."""
     access_key: str | None = None
     secret_key: str | None = field(default=None, repr=False)
     session_token: str | None = field(default=None, repr=False)
@@ -132,12 +145,14 @@ class S3Settings:
 
         env = os.environ if environ is None else environ
         access_key, secret_key, session_token = _credentials(env)
+        secure = _flag("secure", single.get("secure", "true"))
         return cls(
             bucket=bucket,
             prefix=prefix,
             endpoint=_endpoint(single.get("endpoint", _DEFAULT_ENDPOINT)),
-            secure=_flag("secure", single.get("secure", "true")),
+            secure=secure,
             region=single.get("region") or None,
+            ca=_ca_file(single.get("ca", ""), secure),
             access_key=access_key,
             secret_key=secret_key,
             session_token=session_token,
@@ -164,6 +179,16 @@ def _endpoint(value: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9.-]+(:[0-9]{1,5})?|\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?", value):
         raise InvalidArgument(f"S3 endpoint must be HOST or HOST:PORT, not {value!r}")
     return value
+
+
+def _ca_file(path: str, secure: bool) -> str | None:
+    if not path:
+        return None
+    if not secure:
+        raise InvalidArgument("S3 URL parameter ca needs HTTPS (secure=true)")
+    if not os.access(path, os.R_OK) or not os.path.isfile(path):
+        raise InvalidArgument(f"S3 URL parameter ca: cannot read the CA file {path!r}")
+    return path
 
 
 def _flag(name: str, value: str) -> bool:
@@ -217,7 +242,7 @@ def _http_pool(settings: S3Settings) -> urllib3.PoolManager:
         # The client uploads multipart parts three at a time, next to concurrent callers.
         maxsize=16,
         cert_reqs="CERT_REQUIRED",
-        ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where(),
+        ca_certs=settings.ca or os.environ.get("SSL_CERT_FILE") or certifi.where(),
     )
 
 
@@ -225,8 +250,14 @@ def _never_sent(exc: BaseException) -> bool:
     """Whether a transport failure happened before any request reached the server."""
     if isinstance(exc, MaxRetryError):
         exc = exc.reason if exc.reason is not None else exc
-    # NewConnectionError and NameResolutionError are ConnectTimeoutErrors too.
-    return isinstance(exc, ConnectTimeoutError)
+    # NewConnectionError and NameResolutionError are ConnectTimeoutErrors too; a failed TLS
+    # handshake comes before any request.
+    return isinstance(exc, ConnectTimeoutError | SSLError)
+
+
+def _tls_failure(exc: BaseException) -> SSLError | None:
+    reason = exc.reason if isinstance(exc, MaxRetryError) else exc
+    return reason if isinstance(reason, SSLError) else None
 
 
 class S3Blob(Blob):
@@ -313,6 +344,12 @@ class S3Blob(Blob):
         if isinstance(exc, (ServerError, InvalidResponseError)):
             detail = f"{where}: {what} failed: {exc}"
             return Indeterminate(detail) if write else Unavailable(detail)
+        if (tls := _tls_failure(exc)) is not None:
+            trusted = f"the CA in {self._settings.ca}" if self._settings.ca else "the usual roots"
+            return Unavailable(
+                f"{where}: {what} failed: TLS with the server failed ({tls}); its certificate "
+                f"was checked against {trusted} (the URL's ca= parameter)"
+            )
         if isinstance(exc, (urllib3.exceptions.HTTPError, OSError)):
             if _never_sent(exc):
                 return Unavailable(f"{where}: {what} failed: server unreachable: {exc}")

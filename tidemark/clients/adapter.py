@@ -12,6 +12,9 @@
 The adapter is stateless: a session's settings and open transaction travel in the ``Session``
 message. The client keeps the last one it got back and sends it with the next call, so one
 ``AdapterClient`` behaves like one SQL session (``BEGIN`` in one call, ``COMMIT`` in a later one).
+The adapter signs the sessions it hands out and refuses one that was edited or made up, so a
+session starts empty and changes only through statements (``SET``); the constructor's
+``settings`` are for servers that sign nothing, such as test fakes.
 
 Values arrive decoded by their column's SQL type: ``bigint`` as ``int``, ``double precision``
 as ``float``, ``numeric`` as ``Decimal``, ``date`` as ``datetime.date``, ``timestamp`` as

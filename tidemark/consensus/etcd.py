@@ -34,6 +34,8 @@ from tidemark.consensus.base import (
     encode_key,
     encode_prefix,
 )
+from tidemark.consensus.etcd_tls import EtcdTls
+from tidemark.consensus.etcd_tls import client as etcd_client
 from tidemark.errors import (
     Indeterminate,
     Internal,
@@ -68,6 +70,9 @@ _CHANNEL_OPTIONS: dict[str, Any] = {
     "grpc.http2.max_pings_without_data": 0,
 }
 
+# Details of a failed TLS handshake or a certificate the other side refused.
+_TLS_MARKERS = ("handshake failed", "tsi_", "certificate")
+
 # UNAVAILABLE with these details means the request never left this process.
 _NOT_SENT_MARKERS = ("failed to connect", "connection refused", "dns resolution failed")
 
@@ -101,6 +106,8 @@ def _classify(exc: BaseException, what: str, endpoint: Endpoint, *, writes: bool
     else:
         code, details = grpc.StatusCode.UNKNOWN, str(exc) or type(exc).__name__
     message = f"etcd {endpoint}: {what} failed: {code.name}: {details}"
+    if any(marker in details.lower() for marker in _TLS_MARKERS):
+        message += " (a TLS failure: check the consensus URL's ca, cert and key)"
 
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         error_type = ValueTooLarge if "too large" in details else InvalidArgument
@@ -124,9 +131,12 @@ class _ClientSlot:
     """The aetcd client for the endpoint in use. A client whose connection failed is retired
     (closed after in-flight calls have had their deadline) and the next endpoint is tried."""
 
-    def __init__(self, endpoints: Sequence[Endpoint], timeout_s: float) -> None:
+    def __init__(
+        self, endpoints: Sequence[Endpoint], timeout_s: float, tls: EtcdTls | None = None
+    ) -> None:
         self.endpoints = list(endpoints)
         self.timeout_s = timeout_s
+        self.tls = tls
         self._index = 0
         self._client: aetcd.Client | None = None
         self._endpoint = self.endpoints[0]
@@ -135,9 +145,10 @@ class _ClientSlot:
     def get(self) -> tuple[aetcd.Client, Endpoint]:
         if self._client is None:
             self._endpoint = self.endpoints[self._index]
-            self._client = aetcd.Client(
-                host=self._endpoint.host,
-                port=self._endpoint.port,
+            self._client = etcd_client(
+                self._endpoint.host,
+                self._endpoint.port,
+                self.tls,
                 timeout=self.timeout_s,
                 options=_CHANNEL_OPTIONS,
             )
@@ -187,15 +198,22 @@ def _state(kv: Any) -> VersionedData:
 class EtcdConsensus(Consensus):
     max_value_bytes = ETCD_MAX_VALUE_BYTES
 
-    def __init__(self, endpoints: Sequence[Endpoint], timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        endpoints: Sequence[Endpoint],
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        tls: EtcdTls | None = None,
+    ) -> None:
+        """``tls``: connect over TLS (see :mod:`tidemark.consensus.etcd_tls`); plaintext
+        without."""
         if not endpoints:
             raise InvalidArgument("etcd consensus needs at least one endpoint")
         self.endpoints = list(endpoints)
         self.timeout_s = timeout_s
         # Watch streams get their own connection, so a failing stream never takes calls
         # in flight down with it.
-        self._kv = _ClientSlot(self.endpoints, timeout_s)
-        self._watch = _ClientSlot(self.endpoints, timeout_s)
+        self._kv = _ClientSlot(self.endpoints, timeout_s, tls)
+        self._watch = _ClientSlot(self.endpoints, timeout_s, tls)
         self._closed = False
 
     async def _call(

@@ -1,7 +1,11 @@
 """Choosing a consensus backend by URL.
 
-- ``etcd://host:port[,host:port...][?timeout=SECONDS]``: etcd v3; endpoints are tried in
-  turn when one cannot be reached. ``timeout`` bounds every call (default 5 s).
+- ``etcd://host:port[,host:port...][?timeout=SECONDS&ca=PATH&cert=PATH&key=PATH&tls=BOOL]``:
+  etcd v3; endpoints are tried in turn when one cannot be reached. ``timeout`` bounds every
+  call (default 5 s). TLS: ``ca`` is the PEM file of the CA that signed the etcd servers'
+  certificates; ``cert`` and ``key`` are this client's certificate and key, for an etcd run
+  with ``--client-cert-auth``; ``tls=true`` alone uses the system's trusted roots. Any of them
+  switches TLS on (the files are read when the URL is opened); none: plaintext.
 - ``sqlite:///absolute/path.db`` or ``sqlite://relative/path.db`` ``[?timeout=SECONDS]``:
   one SQLite file, shared safely by the processes of one machine. Everything between
   ``sqlite://`` and ``?`` is the file path. ``timeout`` is how long a write waits for another
@@ -16,11 +20,13 @@ from urllib.parse import parse_qs
 
 from tidemark.consensus.base import Consensus
 from tidemark.consensus.etcd import DEFAULT_TIMEOUT_S, Endpoint, EtcdConsensus
+from tidemark.consensus.etcd_tls import EtcdTls
 from tidemark.consensus.memory import MemoryConsensus
 from tidemark.consensus.sqlite import DEFAULT_BUSY_TIMEOUT_S, SqliteConsensus
 from tidemark.errors import InvalidArgument
 
 ETCD_DEFAULT_PORT = 2379
+_ETCD_TLS_OPTIONS = ("ca", "cert", "key", "tls")
 _EXAMPLES = "etcd://host:port[,host:port], sqlite:///path/file.db or memory://"
 
 
@@ -50,10 +56,26 @@ def open_consensus(url: str) -> Consensus:
         timeout = _seconds(url, options, "timeout", DEFAULT_BUSY_TIMEOUT_S)
         return SqliteConsensus(body, busy_timeout_s=timeout)
     if scheme == "etcd":
-        _allow_options(url, options, {"timeout"})
+        _allow_options(url, options, {"timeout", *_ETCD_TLS_OPTIONS})
         timeout = _seconds(url, options, "timeout", DEFAULT_TIMEOUT_S)
-        return EtcdConsensus(_parse_endpoints(url, body), timeout_s=timeout)
+        endpoints = _parse_endpoints(url, body)
+        return EtcdConsensus(endpoints, timeout_s=timeout, tls=_etcd_tls(url, options))
     raise InvalidArgument(f"consensus URL {url!r}: unknown scheme {scheme!r}; expected {_EXAMPLES}")
+
+
+def _etcd_tls(url: str, options: dict[str, str]) -> EtcdTls | None:
+    switch = options.get("tls", "").lower()
+    if switch not in ("", "true", "false"):
+        raise InvalidArgument(f"consensus URL {url!r}: tls must be true or false")
+    files = {name: options.get(name, "") for name in ("ca", "cert", "key")}
+    if switch == "false" and any(files.values()):
+        raise InvalidArgument(f"consensus URL {url!r}: tls=false with ca, cert or key")
+    if switch != "true" and not any(files.values()):
+        return None
+    try:
+        return EtcdTls.from_files(**files)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"consensus URL {url!r}: {exc.message}") from None
 
 
 def _parse_options(url: str, query: str) -> dict[str, str]:

@@ -51,6 +51,12 @@ class ServiceSpec:
         return line
 
 
+def session_keys_path(data_dir: Path) -> Path:
+    """The adapter's session keys file (``up`` creates it once), so sessions clients hold stay
+    valid when the supervisor restarts the adapter."""
+    return data_dir / "session-keys"
+
+
 def with_metrics(spec: ServiceSpec) -> ServiceSpec:
     """``spec`` serving its metrics on its gRPC port plus ``METRICS_PORT_OFFSET``."""
     port = spec.port + METRICS_PORT_OFFSET
@@ -122,6 +128,8 @@ def planned_services(
                 f"{DEFAULT_CLUSTER}={compute}",
                 "--pgwire-listen",
                 pgwire,
+                "--session-keys-file",
+                str(session_keys_path(data_dir)),
             ),
             note=f"SQL: tidemark sql --address {adapter}",
             postgres_url=f"postgres://tidemark@{pgwire}/tidemark",

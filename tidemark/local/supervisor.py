@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from tidemark.local.health import check_health, wait_until_serving
-from tidemark.local.services import ServiceSpec, is_built, planned_services
+from tidemark.local.services import ServiceSpec, is_built, planned_services, session_keys_path
 from tidemark.local.supervision import (
     STATE_FILE,
     Backoff,
@@ -35,6 +35,7 @@ from tidemark.local.supervision import (
     SupervisorState,
     exit_reason,
 )
+from tidemark.session_keys import ensure_keys_file
 
 # Compute starts a Spark session before it serves; on a busy 2-core machine that takes a while.
 START_TIMEOUT_S = 180.0
@@ -166,6 +167,7 @@ def up(
     data_dir = data_dir.absolute()
     log_dir = data_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
+    ensure_keys_file(session_keys_path(data_dir))
     specs = planned_services(data_dir, base_port, spark_master)
     built = [s for s in specs if is_built(s)]
     pending = [s.name for s in specs if not is_built(s)]
