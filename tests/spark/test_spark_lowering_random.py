@@ -1,0 +1,37 @@
+"""Random plans over random inputs through the Spark lowering (``lower``) equal the reference
+evaluator's answer, multiset for multiset."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from pyspark.sql import SparkSession
+
+from tests.support import random_plans, reference_eval, spark_lowering
+
+pytestmark = pytest.mark.spark
+
+
+@settings(
+    max_examples=40,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.filter_too_much,
+        HealthCheck.function_scoped_fixture,
+    ],
+)
+@given(scenario=random_plans.scenarios(), at=st.integers(0, 5))
+def test_random_plans_through_spark_equal_the_reference(
+    spark: SparkSession, scenario: random_plans.Scenario, at: int
+) -> None:
+    inputs = random_plans.inputs_at(scenario.history, min(at, scenario.history.max_time))
+    try:
+        expected = reference_eval.evaluate(scenario.plan, inputs)
+    except reference_eval.UndefinedResult:
+        assume(False)
+        raise
+    got = spark_lowering.run(spark, scenario.plan, scenario.schemas, inputs)
+    assert got == expected
