@@ -4,11 +4,12 @@ evaluator's answer, multiset for multiset."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 
 from tests.support import random_plans, reference_eval, spark_lowering
+from tidemark.plan.walk import relations
 
 pytestmark = pytest.mark.spark
 
@@ -33,5 +34,8 @@ def test_random_plans_through_spark_equal_the_reference(
     except reference_eval.UndefinedResult:
         assume(False)
         raise
+    event("empty answer" if not expected else "non-empty answer")
+    for kind in {node.WhichOneof("kind") for node in relations(scenario.plan.root)}:
+        event(f"node {kind}")
     got = spark_lowering.run(spark, scenario.plan, scenario.schemas, inputs)
     assert got == expected

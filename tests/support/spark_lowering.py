@@ -19,9 +19,7 @@ from tidemark.v1 import plan_pb2
 Row = tuple[Any, ...]
 
 
-def input_frame(
-    spark: SparkSession, schema: RelationSchema, rows: Mapping[Row, int]
-) -> DataFrame:
+def input_frame(spark: SparkSession, schema: RelationSchema, rows: Mapping[Row, int]) -> DataFrame:
     types = [ScalarType.of_column(c) for c in schema.columns]
     names = [c.name for c in schema.columns]
     data = [(*row, count) for row, count in rows.items()]
@@ -35,9 +33,7 @@ def run(
     inputs: Mapping[str, Mapping[Row, int]],
 ) -> dict[Row, int]:
     """The plan's output through ``lower``, as a canonical multiset."""
-    frames = {
-        name: input_frame(spark, schemas[name], inputs.get(name, {})) for name in schemas
-    }
+    frames = {name: input_frame(spark, schemas[name], inputs.get(name, {})) for name in schemas}
     result: dict[Row, int] = {}
     for row in lower(plan, frames, spark).collect():
         values = tuple(from_spark(v) for v in row[:-1])
