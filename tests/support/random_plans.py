@@ -792,3 +792,27 @@ def scenarios(draw: st.DrawFn, max_depth: int = 3, max_time: int = 5) -> Scenari
     plan = draw(plans(schemas, max_depth))
     history = draw(histories(schemas, max_time))
     return Scenario(schemas, plan, history)
+
+
+@st.composite
+def expression_plans(draw: st.DrawFn, schemas: Mapping[str, RelationSchema]) -> plan_pb2.Plan:
+    """A Map of 1-3 deep random expressions over one input, sometimes grouped by a Reduce with
+    random aggregates over the new columns: many functions, casts and aggregates per plan,
+    for engines whose cost is per plan rather than per row."""
+    maker = _PlanMaker(draw, schemas)
+    name = draw(st.sampled_from(sorted(schemas)))
+    child = maker.node(pb.get(name, schemas[name]), nonneg=True)
+    types = list(child.types)
+    expressions = []
+    for _ in range(draw(st.integers(1, 3))):
+        expr = _ScalarMaker(draw, types).any_expr(3, leaf_ok=False)
+        types.append(scalar_type(expr, types))
+        expressions.append(expr)
+    mapped = maker.node(pb.map(child.relation, *expressions), nonneg=True)
+    root = mapped.relation
+    if draw(st.booleans()):
+        key = draw(st.lists(st.integers(0, len(types) - 1), max_size=1, unique=True))
+        scalars = _ScalarMaker(draw, types)
+        aggregates = [maker._aggregate(scalars) for _ in range(draw(st.integers(1, 3)))]
+        root = pb.reduce(root, key, aggregates)
+    return pb.plan(root, derive_schema(root))

@@ -507,3 +507,18 @@ def _numeric_aggregate(
         )
     result_scale = min(MAX_DECIMAL_PRECISION, scale + 6)
     return (lambda: aggregates.AvgExact(scale, result_scale)), computed_decimal(result_scale)
+
+
+def aggregate_spec(
+    aggregate: plan_pb2.Aggregate, input_types: Sequence[ScalarType], where: str = "aggregate"
+) -> tuple[AggregateSpec, ScalarType]:
+    """One Reduce aggregate as the engine evaluates it: its value and incremental state, and
+    its result type. The Spark lowering's fallbacks reuse it."""
+    return _aggregate(aggregate, input_types, where)
+
+
+def window_function_spec(
+    function: plan_pb2.WindowFunction, input_types: Sequence[ScalarType], where: str = "window"
+) -> tuple[WindowFunctionSpec, ScalarType]:
+    """One window function as the engine evaluates it, and its result type."""
+    return _window_function(function, input_types, where)

@@ -1,0 +1,46 @@
+"""Plan IR -> Spark: ``lower(plan, inputs)`` builds one DataFrame computing the plan.
+
+``inputs`` maps each Get's collection id to a DataFrame of the collection's columns (in
+schema order) and then ``diff`` (a long multiplicity; the rows need not be consolidated).
+The result has the plan's columns (named as the plan's output schema) and then ``diff``; it is
+consolidated: each row once, with its non-zero total multiplicity. Its multiset is what
+``tests/support/reference_eval.py`` computes from the same inputs.
+
+Modules: :mod:`.types` (plan types as Spark types, the ``c0..cN, diff`` layout),
+:mod:`.scalars` (expressions), :mod:`.aggregates` (Reduce), :mod:`.relations` (nodes),
+:mod:`.fallback` (Python UDFs running the in-process engine's code where Spark's semantics
+differ; each module's docstring lists its fallbacks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pyspark.sql import DataFrame, SparkSession
+
+from services.compute.spark.lowering.relations import RelationLowering
+from services.compute.spark.lowering.types import DIFF, name, spark_schema, spark_type
+from tidemark.plan import derive_schema
+from tidemark.v1 import plan_pb2
+
+__all__ = ["DIFF", "lower", "spark_schema", "spark_type"]
+
+
+def lower(
+    plan: plan_pb2.Plan | plan_pb2.Relation,
+    inputs: Mapping[str, DataFrame],
+    spark: SparkSession | None = None,
+) -> DataFrame:
+    """The DataFrame computing ``plan`` over ``inputs`` (see the module docstring). Raises
+    ``InvalidArgument`` for an invalid plan or a missing or misshapen input."""
+    root = plan.root if isinstance(plan, plan_pb2.Plan) else plan
+    schema = derive_schema(root)
+    if isinstance(plan, plan_pb2.Plan) and plan.output_schema.columns:
+        names = [c.name for c in plan.output_schema.columns]
+    else:
+        names = [c.name for c in schema.columns]
+    session = spark or SparkSession.getActiveSession()
+    if session is None:
+        raise RuntimeError("lower needs a SparkSession")
+    rel = RelationLowering(session, inputs).lower(root).consolidated()
+    return rel.df.select(*(rel.df[name(i)].alias(n) for i, n in enumerate(names)), rel.df[DIFF])

@@ -1,0 +1,383 @@
+"""Plan relations as Spark DataFrames with a ``diff`` column (layout in :mod:`.types`).
+
+Linear nodes (Filter, Map, Project, Union, Negate, inner Join) work on unconsolidated rows and
+multiply or negate diffs. Nodes whose answer depends on totals consolidate their input first:
+Threshold, Distinct, Reduce, TopK, Window and outer joins (a row is unmatched only when no
+row of non-zero multiplicity matches it).
+
+- Join: key expressions are lowered on their own side, numbers promoted to one kind exactly;
+  Spark's ``=`` never matches a NULL key. A matched pair's diff is the product; outer padding
+  keeps the preserved row's diff.
+- TopK: per group, rows ordered by the sort keys and then the whole row (NULLs last), a
+  running sum of diffs gives each row's positions [end - diff, end), and the row keeps
+  ``min(end, offset + limit) - max(end - diff, offset)`` of its copies.
+- Window (fallback): each partition's rows are collected and evaluated by the in-process
+  engine's window code (``evaluate_partition``), which already handles copies, frames and
+  peers exactly.
+- Let/LocalGet: the bound DataFrame is reused by every LocalGet (Spark may recompute it; the
+  plan stays one query).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from functools import reduce as fold
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from services.compute.spark.lowering.aggregates import plan_aggregate
+from services.compute.spark.lowering.fallback import from_spark
+from services.compute.spark.lowering.scalars import Lowered, ScalarLowering, to_decimal, to_float
+from services.compute.spark.lowering.types import DIFF, Rel, name, spark_schema
+from tidemark.columnar import ColumnType, RelationSchema
+from tidemark.errors import InvalidArgument
+from tidemark.plan import aggregate_type
+from tidemark.plan.datum import from_datum
+from tidemark.plan.derive import window_function_type
+from tidemark.plan.scalar_types import ScalarType, widest_numeric_kind
+from tidemark.v1 import plan_pb2
+
+T = ColumnType
+_Join = plan_pb2.Join
+
+
+def _types(schema: RelationSchema) -> list[ScalarType]:
+    return [ScalarType.of_column(c) for c in schema.columns]
+
+
+def _layout(df: DataFrame, columns: Iterable[Column], diff: Column) -> DataFrame:
+    return df.select(*(c.alias(name(i)) for i, c in enumerate(columns)), diff.alias(DIFF))
+
+
+class RelationLowering:
+    def __init__(self, spark: SparkSession, inputs: Mapping[str, DataFrame]) -> None:
+        self.spark = spark
+        self.inputs = inputs
+        self.lets: dict[int, Rel] = {}
+
+    def lower(self, relation: plan_pb2.Relation) -> Rel:
+        kind = relation.WhichOneof("kind")
+        method: Callable[[Any], Rel] = getattr(self, f"_{kind}")
+        return method(getattr(relation, str(kind)))
+
+    def scalars(self, rel: Rel) -> ScalarLowering:
+        return ScalarLowering(rel.df, rel.columns(), rel.types)
+
+    # -- leaves ----------------------------------------------------------------------------
+
+    def _get(self, get: plan_pb2.Get) -> Rel:
+        types = _types(RelationSchema.from_proto(get.schema))
+        df = self.inputs.get(get.collection_id)
+        if df is None:
+            raise InvalidArgument(f"no input DataFrame for collection {get.collection_id!r}")
+        if len(df.columns) != len(types) + 1 or df.columns[-1] != DIFF:
+            raise InvalidArgument(
+                f"input {get.collection_id!r} has columns {df.columns}; expected the "
+                f"collection's {len(types)} columns and then {DIFF!r}"
+            )
+        columns = [F.col(f"`{c}`") for c in df.columns[:-1]]
+        return Rel(_layout(df, columns, F.col(DIFF).cast("long")), types)
+
+    def _constant(self, constant: plan_pb2.Constant) -> Rel:
+        types = _types(RelationSchema.from_proto(constant.schema))
+        rows = [(*(from_datum(d) for d in row.values), row.diff or 1) for row in constant.rows]
+        df = self.spark.createDataFrame(rows, spark_schema(types))
+        return Rel(df, types)
+
+    # -- linear ----------------------------------------------------------------------------
+
+    def _filter(self, node: plan_pb2.Filter) -> Rel:
+        rel = self.lower(node.input)
+        lowering = self.scalars(rel)
+        predicates = [lowering.lower(p).column for p in node.predicates]
+        if not predicates:
+            return rel
+        # A NULL predicate drops the row, as FALSE does.
+        return rel.with_df(rel.df.where(fold(lambda a, b: a & b, predicates)))
+
+    def _map(self, node: plan_pb2.Map) -> Rel:
+        rel = self.lower(node.input)
+        for expr in node.expressions:  # each sees the columns appended before it
+            lowered = self.scalars(rel).lower(expr)
+            df = rel.df.select(*rel.columns(), lowered.column.alias(name(rel.width)), DIFF)
+            rel = Rel(df, [*rel.types, lowered.type])
+        return rel
+
+    def _project(self, node: plan_pb2.Project) -> Rel:
+        rel = self.lower(node.input)
+        picked = [F.col(name(c)) for c in node.columns]
+        return Rel(_layout(rel.df, picked, F.col(DIFF)), [rel.types[c] for c in node.columns])
+
+    def _union(self, node: plan_pb2.Union) -> Rel:
+        branches = [self.lower(r) for r in node.inputs]
+        df = fold(lambda a, b: a.union(b), (b.df for b in branches))
+        types = [
+            t.with_nullable(any(b.types[i].nullable for b in branches))
+            for i, t in enumerate(branches[0].types)
+        ]
+        return Rel(df, types)
+
+    def _negate(self, node: plan_pb2.Negate) -> Rel:
+        rel = self.lower(node.input)
+        return rel.with_df(rel.df.withColumn(DIFF, -F.col(DIFF)))
+
+    def _threshold(self, node: plan_pb2.Threshold) -> Rel:
+        rel = self.lower(node.input).consolidated()
+        return rel.with_df(rel.df.where(F.col(DIFF) > 0))
+
+    def _distinct(self, node: plan_pb2.Distinct) -> Rel:
+        rel = self.lower(node.input).consolidated()
+        return rel.with_df(rel.df.where(F.col(DIFF) > 0).withColumn(DIFF, F.lit(1).cast("long")))
+
+    # -- join ------------------------------------------------------------------------------
+
+    def _join(self, node: plan_pb2.Join) -> Rel:
+        left, right = self.lower(node.left), self.lower(node.right)
+        keep_left = node.kind in (_Join.KIND_LEFT_OUTER, _Join.KIND_FULL_OUTER)
+        keep_right = node.kind in (_Join.KIND_RIGHT_OUTER, _Join.KIND_FULL_OUTER)
+        if keep_left or keep_right:
+            left, right = left.consolidated(), right.consolidated()
+        left_keys = [self.scalars(left).lower(k) for k in node.left_keys]
+        right_keys = [self.scalars(right).lower(k) for k in node.right_keys]
+        pairs = [_promoted_pair(lk, rk) for lk, rk in zip(left_keys, right_keys, strict=True)]
+        ldf = left.df.select(
+            *(F.col(name(i)).alias(f"l{i}") for i in range(left.width)),
+            *(lk.alias(f"lk{i}") for i, (lk, _) in enumerate(pairs)),
+            F.col(DIFF).alias("ld"),
+        )
+        rdf = right.df.select(
+            *(F.col(name(i)).alias(f"r{i}") for i in range(right.width)),
+            *(rk.alias(f"rk{i}") for i, (_, rk) in enumerate(pairs)),
+            F.col(DIFF).alias("rd"),
+        )
+        condition = fold(
+            lambda a, b: a & b,
+            [F.col(f"lk{i}") == F.col(f"rk{i}") for i in range(len(pairs))],
+            F.lit(True),
+        )
+        how = {
+            _Join.KIND_INNER: "inner",
+            _Join.KIND_LEFT_OUTER: "left",
+            _Join.KIND_RIGHT_OUTER: "right",
+            _Join.KIND_FULL_OUTER: "full",
+        }[node.kind]
+        joined = ldf.join(rdf, condition, how)
+        # Padding rows keep the preserved side's diff; the other side's is NULL there.
+        diff = F.coalesce(F.col("ld"), F.lit(1)) * F.coalesce(F.col("rd"), F.lit(1))
+        columns = [F.col(f"l{i}") for i in range(left.width)]
+        columns += [F.col(f"r{i}") for i in range(right.width)]
+        left_types = [t.with_nullable(True) if keep_right else t for t in left.types]
+        right_types = [t.with_nullable(True) if keep_left else t for t in right.types]
+        return Rel(_layout(joined, columns, diff), left_types + right_types)
+
+    # -- reduce ----------------------------------------------------------------------------
+
+    def _reduce(self, node: plan_pb2.Reduce) -> Rel:
+        rel = self.lower(node.input).consolidated()
+        lowering = self.scalars(rel)
+        keys = [F.col(name(c)).alias(f"g{i}") for i, c in enumerate(node.group_key)]
+        key_names = [f"g{i}" for i in range(len(keys))]
+        values: list[Lowered | None] = [
+            lowering.lower(a.expression) if a.HasField("expression") else None
+            for a in node.aggregates
+        ]
+        base = rel.df.select(
+            *keys,
+            *((v.column if v else F.lit(None)).alias(f"v{i}") for i, v in enumerate(values)),
+            F.col(DIFF),
+        )
+        diff = F.col(DIFF)
+        parts: list[Column] = [F.sum(diff).alias("total")]
+        finals: dict[int, Callable[[list[Column]], Column]] = {}
+        part_names: dict[int, list[str]] = {}
+        distinct_frames: list[tuple[int, DataFrame]] = []
+        for i, aggregate in enumerate(node.aggregates):
+            value = values[i]
+            if aggregate.distinct and value is not None:
+                frame = self._distinct_aggregate(i, aggregate, value, rel, list(node.group_key))
+                distinct_frames.append((i, frame))
+                continue
+            plan = plan_aggregate(
+                aggregate,
+                F.col(f"v{i}") if value else None,
+                value.type if value else None,
+                diff,
+                rel.types,
+                base,
+            )
+            part_names[i] = [f"p{i}_{j}" for j in range(len(plan.parts))]
+            parts += [p.alias(n) for p, n in zip(plan.parts, part_names[i], strict=True)]
+            finals[i] = plan.final
+        grouped = base.groupBy(*key_names).agg(*parts).where(F.col("total") > 0)
+        for _, frame in distinct_frames:
+            grouped = _join_on_keys(grouped, frame, key_names)
+        outputs = [F.col(k) for k in key_names]
+        for i in range(len(node.aggregates)):
+            if i in finals:
+                outputs.append(finals[i]([F.col(n) for n in part_names[i]]))
+            elif node.aggregates[i].func == plan_pb2.Aggregate.FUNC_COUNT:
+                # A group with no non-NULL value has no row in the distinct frame.
+                outputs.append(F.coalesce(F.col(f"a{i}"), F.lit(0).cast("long")))
+            else:
+                outputs.append(F.col(f"a{i}"))
+        types = [rel.types[c] for c in node.group_key]
+        types += [aggregate_type(a, rel.types) for a in node.aggregates]
+        return Rel(_layout(grouped, outputs, F.lit(1).cast("long")), types)
+
+    def _distinct_aggregate(
+        self, index: int, aggregate: plan_pb2.Aggregate, value: Lowered, rel: Rel, key: list[int]
+    ) -> DataFrame:
+        """``aggregate`` over each group's distinct non-NULL values (multiplicity 1 each): a
+        frame of the group key columns ``g*`` and the result ``a{index}``. Spark's distinct
+        treats NaN as one value and -0.0 as 0.0, as the contract's equality does."""
+        key_names = [f"g{i}" for i in range(len(key))]
+        values = (
+            rel.df.select(
+                *(F.col(name(c)).alias(k) for c, k in zip(key, key_names, strict=True)),
+                value.column.alias("v"),
+            )
+            .where(F.col("v").isNotNull())
+            .distinct()
+        )
+        plain = plan_pb2.Aggregate()
+        plain.CopyFrom(aggregate)
+        plain.distinct = False
+        plan = plan_aggregate(
+            plain, F.col("v"), value.type, F.lit(1).cast("long"), rel.types, values
+        )
+        parts = [p.alias(f"q{j}") for j, p in enumerate(plan.parts)]
+        result = plan.final([F.col(f"q{j}") for j in range(len(parts))])
+        if aggregate.func == plan_pb2.Aggregate.FUNC_COUNT:
+            result = F.coalesce(result, F.lit(0).cast("long"))
+        grouped = values.groupBy(*key_names).agg(*parts)
+        return grouped.select(*key_names, result.alias(f"a{index}"))
+
+    # -- top k -----------------------------------------------------------------------------
+
+    def _top_k(self, node: plan_pb2.TopK) -> Rel:
+        rel = self.lower(node.input).consolidated()
+        order = _order_columns(node.order, rel.width)
+        window = Window.partitionBy(*(F.col(name(c)) for c in node.group_key)).orderBy(*order)
+        end = F.sum(DIFF).over(window.rowsBetween(Window.unboundedPreceding, Window.currentRow))
+        start = end - F.col(DIFF)
+        low = F.greatest(start, F.lit(node.offset))
+        if node.HasField("limit"):
+            kept = F.least(end, F.lit(node.offset + node.limit)) - low
+        else:
+            kept = end - low
+        df = rel.df.where(F.col(DIFF) > 0).select(*rel.columns(), kept.alias(DIFF))
+        return rel.with_df(df.where(F.col(DIFF) > 0))
+
+    # -- window ----------------------------------------------------------------------------
+
+    def _window(self, node: plan_pb2.Window) -> Rel:
+        rel = self.lower(node.input).consolidated()
+        types = list(rel.types)
+        out_types = [*types, *(window_function_type(f, types) for f in node.functions)]
+        window_bytes = node.SerializeToString()
+        evaluate = _partition_evaluator(window_bytes, types)
+        partition_key = list(node.partition_key)
+
+        def keyed(row: Any) -> tuple[Any, tuple[tuple[Any, ...], int]]:
+            values = tuple(from_spark(v) for v in row[:-1])
+            key = tuple(("NaN",) if v != v else v for v in (values[c] for c in partition_key))
+            return key, (values, row[-1])
+
+        rdd = rel.df.rdd.map(keyed).groupByKey().flatMap(lambda item: evaluate(item[1]))
+        df = self.spark.createDataFrame(rdd, spark_schema(out_types))
+        return Rel(df, out_types)
+
+    # -- sharing ---------------------------------------------------------------------------
+
+    def _let(self, node: plan_pb2.Let) -> Rel:
+        value = self.lower(node.value)
+        shadowed = self.lets.get(node.id)
+        self.lets[node.id] = value
+        try:
+            return self.lower(node.body)
+        finally:
+            if shadowed is None:
+                del self.lets[node.id]
+            else:
+                self.lets[node.id] = shadowed
+
+    def _local_get(self, node: plan_pb2.LocalGet) -> Rel:
+        rel = self.lets.get(node.id)
+        if rel is None:
+            raise InvalidArgument(f"no enclosing let binds id {node.id}")
+        return rel
+
+
+def _promoted_pair(left: Lowered, right: Lowered) -> tuple[Column, Column]:
+    """Join key columns of one kind, so that equal numbers are equal Spark values."""
+    if not (left.type.is_numeric and right.type.is_numeric) or left.type.kind is right.type.kind:
+        if left.type.kind is T.DECIMAL and right.type.kind is T.DECIMAL:
+            scale = max(left.type.scale, right.type.scale)
+            return to_decimal(left, 38, scale), to_decimal(right, 38, scale)
+        return left.column, right.column
+    kind = widest_numeric_kind([left.type, right.type])
+    if kind is T.FLOAT64:
+        return to_float(left), to_float(right)
+    scale = max(left.type.scale, right.type.scale)  # INT64 has scale 0
+    return to_decimal(left, 38, scale), to_decimal(right, 38, scale)
+
+
+def _order_columns(order: Iterable[plan_pb2.SortKey], width: int) -> list[Column]:
+    """The sort keys (ascending NULLs last, descending NULLs first, unless flipped), then the
+    whole row ascending with NULLs last: a total order, so positions are deterministic."""
+    columns = []
+    for key in order:
+        column = F.col(name(key.column))
+        nulls_first = key.descending != key.nulls_flipped
+        if key.descending:
+            columns.append(column.desc_nulls_first() if nulls_first else column.desc_nulls_last())
+        else:
+            columns.append(column.asc_nulls_first() if nulls_first else column.asc_nulls_last())
+    columns += [F.col(name(i)).asc_nulls_last() for i in range(width)]
+    return columns
+
+
+def _join_on_keys(left: DataFrame, right: DataFrame, keys: list[str]) -> DataFrame:
+    """``left`` with ``right``'s other columns, matching ``keys`` with NULL equal to NULL;
+    rows of ``left`` without a match keep NULLs there."""
+    renamed = right.select(
+        *(F.col(k).alias(f"j_{k}") for k in keys), *(c for c in right.columns if c not in keys)
+    )
+    condition = fold(
+        lambda a, b: a & b, [F.col(k).eqNullSafe(F.col(f"j_{k}")) for k in keys], F.lit(True)
+    )
+    joined = left.join(renamed, condition, "left")
+    return joined.drop(*(f"j_{k}" for k in keys))
+
+
+def _partition_evaluator(
+    window_bytes: bytes, types: list[ScalarType]
+) -> Callable[[Iterable[tuple[tuple[Any, ...], int]]], Iterator[tuple[Any, ...]]]:
+    """Evaluates one partition's (row, diff) pairs with the engine's window code, compiled
+    once per worker."""
+    compiled: list[Any] = []
+
+    def evaluate(rows: Iterable[tuple[tuple[Any, ...], int]]) -> Iterator[tuple[Any, ...]]:
+        from services.compute.dataflow.lower import window_function_spec
+        from services.compute.dataflow.operators.window import evaluate_partition
+        from services.compute.dataflow.ordering import compile_order_key, compile_sort_key
+
+        if not compiled:
+            window = plan_pb2.Window.FromString(window_bytes)
+            order = [
+                (k.column, k.descending, k.descending != k.nulls_flipped) for k in window.order
+            ]
+            specs = [window_function_spec(f, types)[0] for f in window.functions]
+            compiled.extend(
+                [compile_sort_key(order, types), compile_order_key(order, types), specs]
+            )
+        sort_key, peer_key, specs = compiled
+        copies = [
+            row for row, count in sorted(rows, key=lambda e: sort_key(e[0])) for _ in range(count)
+        ]
+        for row, count in evaluate_partition(copies, peer_key, specs).items():
+            yield (*row, count)
+
+    return evaluate

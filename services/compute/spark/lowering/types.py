@@ -1,0 +1,79 @@
+"""Plan types as Spark types, and the column layout every lowered relation shares.
+
+A lowered relation is a DataFrame whose columns are ``c0 .. c{n-1}`` (the plan's columns by
+position, so plan names never clash with each other or with ``diff``) followed by ``diff``, a
+long multiplicity. Rows need not be consolidated: the same row may appear several times and
+its multiplicities add up; a node that needs totals consolidates first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as S
+
+from tidemark.columnar import ColumnType
+from tidemark.plan.scalar_types import ScalarType
+
+DIFF = "diff"
+
+_SIMPLE: dict[ColumnType, S.DataType] = {
+    ColumnType.BOOL: S.BooleanType(),
+    ColumnType.INT64: S.LongType(),
+    ColumnType.FLOAT64: S.DoubleType(),
+    ColumnType.TEXT: S.StringType(),
+    ColumnType.JSON: S.StringType(),
+    ColumnType.BYTES: S.BinaryType(),
+    ColumnType.DATE: S.DateType(),
+    # Naive UTC: the session time zone never shifts these.
+    ColumnType.TIMESTAMP: S.TimestampNTZType(),
+}
+
+
+def spark_type(scalar: ScalarType) -> S.DataType:
+    """The Spark type holding values of ``scalar`` exactly (a decimal keeps its precision
+    and scale)."""
+    if scalar.kind is ColumnType.DECIMAL:
+        return S.DecimalType(scalar.precision, scalar.scale)
+    return _SIMPLE[scalar.kind]
+
+
+def name(position: int) -> str:
+    return f"c{position}"
+
+
+def spark_schema(types: Sequence[ScalarType], names: Sequence[str] | None = None) -> S.StructType:
+    """The struct of a relation of ``types`` (every field nullable: Spark's nullability is a
+    hint the plan's own types already carry), then ``diff``."""
+    labels = list(names) if names is not None else [name(i) for i in range(len(types))]
+    fields = [S.StructField(n, spark_type(t), True) for n, t in zip(labels, types, strict=True)]
+    return S.StructType([*fields, S.StructField(DIFF, S.LongType(), False)])
+
+
+@dataclass(frozen=True)
+class Rel:
+    """A lowered relation: ``df`` laid out as above, and the plan type of each column."""
+
+    df: DataFrame
+    types: list[ScalarType]
+
+    @property
+    def width(self) -> int:
+        return len(self.types)
+
+    def columns(self) -> list[Column]:
+        return [F.col(name(i)) for i in range(self.width)]
+
+    def with_df(self, df: DataFrame) -> Rel:
+        return Rel(df, self.types)
+
+    def consolidated(self) -> Rel:
+        """Each distinct row once, with its total multiplicity; zero totals dropped. Grouping
+        treats NULLs as equal and normalises NaN and -0.0, as the contract's equality does."""
+        if not self.types:
+            return self
+        df = self.df.groupBy(*self.columns()).agg(F.sum(DIFF).alias(DIFF)).where(F.col(DIFF) != 0)
+        return self.with_df(df)
