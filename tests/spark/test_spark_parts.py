@@ -131,6 +131,30 @@ async def test_spark_reads_a_collection_at_a_time_as_storage_does(
         assert spark_version(spark, listing) == expected
 
 
+async def test_a_reader_of_some_columns_reads_those_and_may_skip_consolidation(
+    spark: SparkSession, client: StorageClient
+) -> None:
+    rng = random.Random(5)
+    pair = await client.create("u990003", SCHEMA, initial_frontier=1, holder="test")
+    rows = [random_row(rng) for _ in range(30)]
+    await client.append(pair.write, [(r, 1, 2) for r in rows], 2, expected_upper=1)
+    await client.append(pair.write, [(r, 2, -1) for r in rows[:10]], 3, expected_upper=2)
+    listing = await client.list_parts(pair.read, 2)
+    expected: dict[Row, int] = {}
+    for row, diff in (await client.snapshot(pair.read, 2)).version().items():
+        narrowed = tuple(v if i in (0, 3) else None for i, v in enumerate(row))
+        expected[narrowed] = expected.get(narrowed, 0) + diff
+    for consolidate in (True, False):
+        frame = collection_frame(spark, listing, columns={3, 0}, consolidate=consolidate)
+        assert frame.columns == [c.name for c in SCHEMA.columns] + ["diff"]
+        found: dict[Row, int] = {}
+        for row in frame.collect():
+            key = tuple(row[:-1])
+            assert consolidate is False or key not in found
+            found[key] = found.get(key, 0) + row[-1]
+        assert {k: d for k, d in found.items() if d} == {k: d for k, d in expected.items() if d}
+
+
 async def test_an_empty_and_a_retracted_collection_read_as_empty(
     spark: SparkSession, client: StorageClient
 ) -> None:

@@ -23,31 +23,21 @@ import asyncio
 import base64
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-from pyspark.sql.types import (
-    BinaryType,
-    BooleanType,
-    DataType,
-    DateType,
-    DecimalType,
-    DoubleType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampNTZType,
-)
+from pyspark.sql.types import DataType, DecimalType, LongType, StructField, StructType
 
+from services.compute.spark.lowering.types import spark_type as scalar_spark_type
 from tidemark.clients.storage import PartsListing
 from tidemark.columnar import Column as RelationColumn
-from tidemark.columnar import ColumnType, RelationSchema, from_parquet
+from tidemark.columnar import ColumnType, RelationSchema
 from tidemark.columnar.schema import DIFF_COLUMN, TIME_COLUMN
+from tidemark.plan.scalar_types import ScalarType
 from tidemark.v1 import common_pb2
 
 SOURCE_NAME = "tidemark_parts"
@@ -83,21 +73,9 @@ def missing_part(error: BaseException) -> bool:
 def spark_type(column: RelationColumn) -> DataType:
     """The Spark type holding a column's values exactly as its Arrow type does."""
     if column.type is ColumnType.DECIMAL:
-        arrow = column.arrow_type
+        arrow = column.arrow_type  # precision 0 reads as 38 there
         return DecimalType(arrow.precision, arrow.scale)
-    return _SPARK_TYPES[column.type]
-
-
-_SPARK_TYPES: dict[ColumnType, DataType] = {
-    ColumnType.BOOL: BooleanType(),
-    ColumnType.INT64: LongType(),
-    ColumnType.FLOAT64: DoubleType(),
-    ColumnType.TEXT: StringType(),
-    ColumnType.BYTES: BinaryType(),
-    ColumnType.DATE: DateType(),
-    ColumnType.TIMESTAMP: TimestampNTZType(),
-    ColumnType.JSON: StringType(),
-}
+    return scalar_spark_type(ScalarType.of_column(column))
 
 
 def spark_schema(schema: RelationSchema) -> StructType:
@@ -145,19 +123,29 @@ class _PartsReader(DataSourceReader):  # type: ignore[misc]
         self.groups: list[list[str]] = json.loads(options["parts"])
         self.relation = _relation(options["relation_schema"])
         self.environment: dict[str, str] = json.loads(options.get(_CREDENTIALS_OPTION, "{}"))
+        chosen = options.get("columns", "")
+        self.columns = {int(c) for c in chosen.split(",") if c} if chosen else None
 
     def partitions(self) -> Sequence[InputPartition]:
         # At least one: Spark reads a source that offers none as one partition of its own.
         return [_Parts(tuple(group)) for group in self.groups] or [_Parts(())]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        import pyarrow.parquet as pq
+
         os.environ.update(self.environment)
         assert isinstance(partition, _Parts)
         parts = asyncio.run(_fetch(self.blob_url, partition.keys))
         update_schema = self.relation.update_schema()
-        output = pa.schema([f for f in update_schema if f.name != TIME_COLUMN])
+        wanted = [
+            f.name for i, f in enumerate(update_schema) if self.columns is None or i in self.columns
+        ]
+        names = [*wanted, TIME_COLUMN, DIFF] if self.columns is not None else None
+        output = pa.schema([update_schema.field(n) for n in wanted if n != TIME_COLUMN])
+        if self.columns is not None:
+            output = output.append(update_schema.field(DIFF))
         for data in parts:
-            table = from_parquet(data, update_schema)
+            table = pq.read_table(pa.BufferReader(data), columns=names)
             yield from at_time(table, self.as_of).cast(output).to_batches()
 
 
@@ -180,13 +168,19 @@ async def _fetch(blob_url: str, keys: Sequence[str]) -> list[bytes]:
 
 
 def at_time(updates: pa.Table, as_of: int) -> pa.Table:
-    """The updates at times ``<= as_of``, summed per row (zero sums dropped), without
-    ``time``: one part's share of the collection at ``as_of``."""
+    """The updates at times ``<= as_of`` without ``time``: one part's share of the collection
+    at ``as_of``. Readers sum the diffs of equal rows anyway; a part of several times (one
+    that compaction made, with retractions) is summed here already, which can shrink it."""
     import pyarrow.compute as pc
 
-    kept = updates.filter(pc.less_equal(updates.column(TIME_COLUMN), pa.scalar(as_of, pa.uint64())))
+    times = updates.column(TIME_COLUMN)
+    kept = updates.filter(pc.less_equal(times, pa.scalar(as_of, pa.uint64())))
     data = [name for name in kept.column_names if name not in (TIME_COLUMN, DIFF)]
     if kept.num_rows == 0:
+        return kept.drop_columns([TIME_COLUMN])
+    bounds = pc.min_max(kept.column(TIME_COLUMN))
+    if bounds["min"] == bounds["max"]:
+        # Storage consolidates a part per row and time: with one time, nothing cancels.
         return kept.drop_columns([TIME_COLUMN])
     summed = kept.group_by(data, use_threads=False).aggregate([(DIFF, "sum")])
     summed = summed.rename_columns([*data, DIFF])
@@ -220,15 +214,25 @@ def collection_frame(
     spark: SparkSession,
     listing: PartsListing,
     *,
+    columns: Collection[int] | None = None,
+    consolidate: bool = True,
     target_bytes: int = PARTITION_BYTES,
     environment: Mapping[str, str] | None = None,
 ) -> DataFrame:
-    """The collection at ``listing.as_of``: its columns and ``diff`` (> 0 or < 0, never 0),
-    one row per distinct row. The S3 credentials in ``environment`` (default: this process's)
-    go to the executors with the job."""
+    """The collection at ``listing.as_of``: its columns and ``diff``. With ``columns`` (the
+    positions a reader needs), the parts' other columns are not read and come out NULL.
+    ``consolidate``: one row per distinct row with its multiplicity (never 0), at the cost of
+    a shuffle; otherwise a row may come several times and its diffs add up. The S3
+    credentials in ``environment`` (default: this process's) go to the executors with the
+    job."""
     register(spark)
     credentials = s3_credentials(environment)
     schema = spark_schema(listing.schema)
+    every = range(len(listing.schema.columns))
+    chosen = None if columns is None else sorted(set(columns) & set(every))
+    read_schema = schema
+    if chosen is not None:
+        read_schema = StructType([*(schema.fields[i] for i in chosen), schema.fields[-1]])
     proto = listing.schema.to_proto().SerializeToString()
     frame = (
         spark.read.format(SOURCE_NAME)
@@ -236,11 +240,23 @@ def collection_frame(
         .option("as_of", str(listing.as_of))
         .option("parts", json.dumps(partitions(listing, target_bytes)))
         .option("relation_schema", base64.b64encode(proto).decode())
-        .option("spark_schema", schema.json())
+        .option("spark_schema", read_schema.json())
+        .option("columns", "" if chosen is None else ",".join(map(str, chosen)))
         .option(_CREDENTIALS_OPTION, json.dumps(credentials))
         .load()
     )
-    columns = [column(c.name) for c in listing.schema.columns]
-    grouped = frame.groupBy(*columns) if columns else frame.groupBy()
+    if chosen is not None:
+        present = set(chosen)
+        frame = frame.select(
+            *(
+                column(f.name) if i in present else F.lit(None).cast(f.dataType).alias(f.name)
+                for i, f in enumerate(schema.fields[:-1])
+            ),
+            column(DIFF),
+        )
+    if not consolidate:
+        return frame
+    names = [column(c.name) for c in listing.schema.columns]
+    grouped = frame.groupBy(*names) if names else frame.groupBy()
     summed = grouped.agg(F.sum(DIFF).alias(DIFF))
     return summed.where(F.col(DIFF).isNotNull() & (F.col(DIFF) != 0))
