@@ -85,6 +85,13 @@ class ComputeConfig(ServiceConfig):
         "over it fails with RESOURCE_EXHAUSTED (SQLSTATE 53200) (0: no budget)",
         metavar="MIB",
     )
+    spark_one_shot_rows: int = setting(
+        20_000,
+        help="with --engine spark, one-shot queries whose inputs hold at least this many "
+        "updates run as Spark jobs over storage's Parquet parts; smaller ones run in this "
+        "process, where they answer sooner (-1: never on Spark)",
+        metavar="ROWS",
+    )
     dataflow_memory_mb: int = setting(
         4096,
         help="memory budget of one dataflow, estimated from the rows it holds in this process "
@@ -107,6 +114,7 @@ class ComputeConfig(ServiceConfig):
             index_history_ms=self.index_history_ms,
             one_shot_workers=self.one_shot_workers,
             statement_budget_bytes=self.statement_memory_mb << 20,
+            spark_one_shot_rows=self.spark_one_shot_rows,
         )
 
     def make_engine(self) -> Engine:

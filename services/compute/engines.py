@@ -21,6 +21,7 @@ from services.compute.dataflow import Dataflow, Index, Row, Update
 from services.compute.dataflow.dataflow import Batches
 from services.compute.dataflow.guard import Guard
 from services.compute.spark import ResidentCluster, SparkDataflow, spark_session
+from services.compute.spark.queries import SparkQueries
 from tidemark.errors import FailedPrecondition, Unavailable
 from tidemark.logging import get_logger
 from tidemark.tasks import cancel_and_wait
@@ -71,6 +72,10 @@ class Engine(Protocol):
 
     def describe(self) -> tuple[str, str]:
         """``(master, application id)`` for Status (empty when not applicable)."""
+        ...
+
+    async def queries(self) -> SparkQueries | None:
+        """What runs one-shot queries as Spark jobs (``None``: this engine has no Spark)."""
         ...
 
     async def close(self) -> None: ...
@@ -185,6 +190,9 @@ class LocalEngine:
     def describe(self) -> tuple[str, str]:
         return "", ""
 
+    async def queries(self) -> SparkQueries | None:
+        return None
+
     async def close(self) -> None:
         return None
 
@@ -266,6 +274,7 @@ class SparkEngine:
         self._cluster: ResidentCluster | None = None
         self._cluster_lock = asyncio.Lock()
         self._warming: asyncio.Task[None] | None = None
+        self._queries: SparkQueries | None = None
 
     def start(self) -> None:
         """Begins starting the session and the resident cluster (idempotent), so the first
@@ -286,7 +295,11 @@ class SparkEngine:
         for attempt in range(1, SESSION_ATTEMPTS + 1):
             try:
                 session = spark_session(
-                    self.master, app_name=self.app_name, settings=self._settings
+                    self.master,
+                    # The resident tasks, plus room for bulk jobs beside them.
+                    min_slots=self.shards + 4,
+                    app_name=self.app_name,
+                    settings=self._settings,
                 )
                 break
             except Exception as exc:
@@ -350,6 +363,11 @@ class SparkEngine:
             )
 
         return SparkEngineDataflow(await asyncio.to_thread(make))
+
+    async def queries(self) -> SparkQueries | None:
+        if self._queries is None:
+            self._queries = SparkQueries(await self.session())
+        return self._queries
 
     def describe(self) -> tuple[str, str]:
         if self._session is None:

@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -39,10 +39,11 @@ from services.compute.oneshot import OneShotPool, result_table
 from services.compute.output import OutputWriter
 from services.compute.planning import checked_plan
 from services.compute.running import FAILED, RUNNING, RunningDataflow, RunSettings
+from services.compute.spark.queries import QueryInput
 from services.compute.spec import DataflowInputSpec, DataflowSpec
 from services.compute.subscriptions import output_changes
 from tidemark.catalog_items import CATALOG_HOLDER
-from tidemark.clients.storage import Capability, SnapshotResult, StorageClient
+from tidemark.clients.storage import Capability, PartsListing, SnapshotResult, StorageClient
 from tidemark.columnar import RelationSchema, frontier_bound
 from tidemark.errors import (
     AlreadyExists,
@@ -85,6 +86,9 @@ class HostSettings:
     """One-shot peeks evaluated at once; more wait in line (``oneshot.OneShotPool``)."""
     statement_budget_bytes: int = 1 << 30
     """The memory budget of each one-shot peek (0: none)."""
+    spark_one_shot_rows: int = 20_000
+    """One-shot peeks over at least this many input updates run as Spark jobs (with a Spark
+    engine; -1: never), smaller ones in this process."""
 
     @property
     def holder(self) -> str:
@@ -537,11 +541,55 @@ class DataflowManager:
                 return snapshot.version  # decoded into rows on the evaluation's thread
             return functools.partial(_widened, snapshot, positions, width)
 
+        on_spark = await self._on_spark(checked, schema, inputs, timestamp, deadline, read_columns)
+        if on_spark is not None:
+            return PeekAnswer(on_spark, schema, timestamp)
         loaded = await asyncio.gather(*(contents(spec) for spec in inputs))
         result = await self.one_shots.evaluate(
             checked, timestamp, dict(zip(input_ids, loaded, strict=True)), budget_bytes
         )
         return PeekAnswer(result_table(schema, result, timestamp), schema, timestamp)
+
+    async def _on_spark(
+        self,
+        plan: plan_pb2.Plan,
+        schema: RelationSchema,
+        inputs: Sequence[DataflowInputSpec],
+        timestamp: int,
+        deadline: float,
+        read_columns: Mapping[str, set[int] | None],
+    ) -> pa.Table | None:
+        """The one-shot's answer computed by Spark, or ``None`` when it is better computed
+        here: the engine has no Spark, or the inputs hold fewer than
+        ``spark_one_shot_rows`` updates (a Spark job costs a few hundred milliseconds
+        however small its input; the in-process engine answers small inputs sooner)."""
+        threshold = self.settings.spark_one_shot_rows
+        if threshold < 0:
+            return None
+        queries = await self.engine.queries()
+        if queries is None:
+            return None
+        capabilities = {}
+        for spec in inputs:
+            if spec.read_capability is None:
+                raise InvalidArgument(f"input {spec.collection_id!r} has no read capability")
+            capabilities[spec.collection_id] = _unknown_capability(spec.read_capability)
+
+        async def listing(collection_id: str) -> PartsListing:
+            return await self.storage.list_parts(
+                capabilities[collection_id],
+                timestamp,
+                timeout=max(0.01, deadline - time.monotonic()),
+            )
+
+        listed = await asyncio.gather(*(listing(spec.collection_id) for spec in inputs))
+        chosen = [
+            QueryInput(spec.collection_id, parts, read_columns.get(spec.collection_id))
+            for spec, parts in zip(inputs, listed, strict=True)
+        ]
+        if sum(i.rows for i in chosen) < threshold:
+            return None
+        return await queries.evaluate(plan, schema, chosen, timestamp, listing)
 
     async def subscribe(
         self, dataflow_id: str, as_of: int | None, snapshot: bool

@@ -5,7 +5,7 @@ keeps it. Compute runs two kinds of Spark work side by side: P resident tasks pe
 shards, which hold a task slot for their whole life while mostly waiting on a socket, and
 short bulk jobs (hydration, checks). The session therefore needs at least P + 2 slots; in
 local mode ``local[*]`` is widened to that many when the machine has fewer cores, because
-resident tasks are idle most of the time.
+resident tasks are idle most of the time. A ``local[N]`` with fewer slots is widened too.
 """
 
 from __future__ import annotations
@@ -74,7 +74,10 @@ def spark_session(
         if _session is not None:
             return _session
         _prepare_worker_environment()
-        if master == DEFAULT_MASTER:
+        slots = local_slots(master)
+        if slots is not None and slots < min_slots:
+            # Resident tasks hold their slots for good: a local master too narrow for them
+            # plus bulk jobs (one-shot queries, hydration) is widened, never left to hang.
             master = local_master(min_slots)
         builder = SparkSession.builder.master(master).appName(app_name)
         for key, value in {**_SETTINGS, **(settings or {})}.items():

@@ -1,0 +1,146 @@
+"""One-shot queries as Spark jobs over storage's Parquet parts.
+
+A query's plan is lowered to DataFrame operations (:mod:`.lowering`) over its inputs read
+straight from the parts storage listed for the query's time (:mod:`.parts_source`): the
+executors fetch the parts, scan only the columns the plan reads and compute the answer; the
+driver receives only the answer, as Arrow. The run is a job group of its own
+(:mod:`.jobs`): a statement that is cancelled or passes its deadline cancels its Spark jobs.
+
+A listed part may be compacted away (and, after storage's grace period, deleted) while a long
+query runs; the query then lists its inputs again and runs once more, as storage's own reads
+do. Spark running out of memory is ResourceExhausted (SQLSTATE 53200 at the adapter); Spark
+spills the shuffles and aggregations that fit on disk first.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass, replace
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+
+from services.compute.spark.jobs import JobProgress, SparkJobs
+from services.compute.spark.lowering import DIFF, lower
+from services.compute.spark.parts_source import collection_frame, missing_part
+from tidemark.clients.storage import PartsListing
+from tidemark.columnar import RelationSchema
+from tidemark.columnar.schema import TIME_COLUMN, TIME_TYPE
+from tidemark.errors import Internal, ResourceExhausted
+from tidemark.logging import get_logger
+from tidemark.v1 import plan_pb2
+
+log = get_logger("compute.spark.queries")
+
+MAX_ATTEMPTS = 3
+"""Runs of one query, when listed parts keep being compacted away under it."""
+
+_OUT_OF_MEMORY = ("java.lang.OutOfMemoryError", "SparkOutOfMemoryError", "UNABLE_TO_ACQUIRE_MEMORY")
+
+
+@dataclass(frozen=True)
+class QueryInput:
+    """One collection a query reads: its parts at the query's time, and the column positions
+    the plan reads (``None``: all)."""
+
+    collection_id: str
+    listing: PartsListing
+    columns: Collection[int] | None = None
+
+    @property
+    def rows(self) -> int:
+        """Rows in the listed parts (updates, before consolidation): the query's input size."""
+        return sum(part.rows for part in self.listing.parts)
+
+
+Relist = Callable[[str], Awaitable[PartsListing]]
+"""Lists a collection's parts again (at the same time), after a part went missing."""
+
+
+class SparkQueries:
+    """Evaluates one-shot plans as Spark jobs on ``spark``."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        self.spark = spark
+        self.jobs = SparkJobs(spark, prefix="one-shot")
+
+    def running(self) -> list[JobProgress]:
+        return self.jobs.running()
+
+    async def evaluate(
+        self,
+        plan: plan_pb2.Plan,
+        schema: RelationSchema,
+        inputs: Sequence[QueryInput],
+        timestamp: int,
+        relist: Relist,
+    ) -> pa.Table:
+        """The plan's output over ``inputs`` at ``timestamp``: ``schema``'s columns, ``time``
+        (= ``timestamp``) and ``diff`` (each row once, its multiplicity)."""
+        started = time.monotonic()
+        rows_in = sum(i.rows for i in inputs)
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            group = self.jobs.new_group()
+            description = (
+                f"one-shot at {timestamp} over {', '.join(i.collection_id for i in inputs)}"
+            )
+            try:
+                answer = functools.partial(self._answer, plan, schema, list(inputs), timestamp)
+                table = await self.jobs.run(answer, description, group=group)
+            except Exception as exc:
+                if missing_part(exc) and attempt < MAX_ATTEMPTS:
+                    log.info("one_shot_relisting", group=group, attempt=attempt)
+                    inputs = [replace(i, listing=await relist(i.collection_id)) for i in inputs]
+                    continue
+                raise _translated(exc) from exc
+            log.info(
+                "spark_one_shot_done",
+                group=group,
+                rows_in=rows_in,
+                rows_out=table.num_rows,
+                seconds=round(time.monotonic() - started, 3),
+            )
+            return table
+        raise AssertionError("unreachable")  # the last attempt returns or raises
+
+    def _answer(
+        self,
+        plan: plan_pb2.Plan,
+        schema: RelationSchema,
+        inputs: Sequence[QueryInput],
+        timestamp: int,
+    ) -> pa.Table:
+        frames = {
+            i.collection_id: collection_frame(
+                self.spark, i.listing, columns=i.columns, consolidate=False
+            )
+            for i in inputs
+        }
+        answer = lower(plan, frames, self.spark).toArrow()
+        names = [c.name for c in schema.columns]
+        times = pa.repeat(pa.scalar(timestamp, TIME_TYPE), answer.num_rows)
+        data = [answer.column(i) for i in range(len(names))]
+        diffs = answer.column(answer.num_columns - 1)
+        assert answer.column_names[-1] == DIFF
+        return pa.table([*data, times, diffs], names=[*names, TIME_COLUMN, DIFF]).cast(
+            schema.update_schema()
+        )
+
+
+def _translated(exc: BaseException) -> Exception:
+    """A failed Spark run as the error the caller reports."""
+    text = str(exc)
+    if any(marker in text for marker in _OUT_OF_MEMORY):
+        return ResourceExhausted(
+            "the query ran out of memory in Spark; narrow it, or give the cluster more memory"
+        )
+    if isinstance(exc, Exception) and not _is_spark_error(exc):
+        return exc
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return Internal(f"the Spark job of the query failed: {first[:500]}")
+
+
+def _is_spark_error(exc: BaseException) -> bool:
+    return type(exc).__module__.startswith(("pyspark", "py4j"))
