@@ -20,10 +20,22 @@ from tidemark.columnar import RelationSchema, from_ipc, slices, to_ipc
 from tidemark.errors import InvalidArgument
 from tidemark.frontier import Antichain
 from tidemark.rpc import Service
+from tidemark.rpc.authorization import CallerPolicy, kinds
 from tidemark.rpc.streamed_calls import answer_streamed_calls
 from tidemark.v1 import common_pb2, storage_pb2, storage_pb2_grpc
 
 Context = grpc.aio.ServicerContext[object, object]
+
+
+# With mTLS on: the services that keep data. Which collections each may touch is decided per
+# collection (its tenant and writer, see services.storage.access).
+STORAGE_CALLERS = CallerPolicy(
+    default=kinds("adapter", "catalog", "compute", "sources"),
+    methods={
+        "Create": kinds("adapter", "catalog"),
+        "ResetHistory": kinds("adapter", "catalog", "compute"),
+    },
+)
 
 
 def capability_proto(collection_id: str, record: CapabilityRecord) -> storage_pb2.Capability:
@@ -335,4 +347,5 @@ def storage_service(core: StorageCore) -> Service[StorageServicer]:
         storage_pb2_grpc.add_StorageServicer_to_server,
         hot=True,
         on_stopping=servicer.stopping.set,
+        callers=STORAGE_CALLERS,
     )

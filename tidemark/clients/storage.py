@@ -56,6 +56,7 @@ from tidemark.logging import get_logger
 from tidemark.retry import RetryPolicy
 from tidemark.rpc import CLIENT_RETRY, GrpcClient, error_from_rpc, stream
 from tidemark.rpc.streamed_calls import StreamedCalls
+from tidemark.rpc.tls import TlsSettings
 from tidemark.tasks import cancel_and_wait
 from tidemark.v1 import common_pb2, storage_pb2, storage_pb2_grpc
 
@@ -320,10 +321,11 @@ class StorageClient(GrpcClient):
         timeout: float = 10.0,
         retry: RetryPolicy = CLIENT_RETRY,
         append_stream: bool = True,
+        tls: TlsSettings | None = None,
     ) -> None:
         """``append_stream``: send appends as messages of one long-lived ``AppendStream``
         call (cheaper per append), rather than as ``Append`` calls."""
-        super().__init__(address, timeout=timeout, retry=retry)
+        super().__init__(address, timeout=timeout, retry=retry, tls=tls)
         self.stub = storage_pb2_grpc.StorageStub(self.channel)
         self._schemas: dict[str, RelationSchema] = {}
         self.append_stream = append_stream
