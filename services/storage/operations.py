@@ -146,6 +146,8 @@ def initial_state(
     *,
     critical_id: str = "",
     critical_holder: str = "",
+    tenant: str = "",
+    writer: str = "",
 ) -> tuple[ShardState, tuple[CapabilityRecord, CapabilityRecord]]:
     """A new, empty collection with ``since = upper = {initial_frontier}`` and a read and a
     write capability there; with a ``critical_holder``, that holder's critical read capability
@@ -164,6 +166,8 @@ def initial_state(
         upper=frontier,
         capabilities=capabilities,
         created_ms=now_ms,
+        tenant=tenant,
+        writer=writer,
     )
     return state, (read, write)
 
@@ -338,10 +342,11 @@ def drop(capability_id: str) -> Operation[CapabilityRecord]:
 
 
 def acquire(
-    read_id: str, write_id: str, holder: str, policy: Policy
+    read_id: str, write_id: str, holder: str, policy: Policy, *, with_write: bool = True
 ) -> Operation[tuple[CapabilityRecord, CapabilityRecord]]:
     """Fresh capabilities at the current since and upper. A frontier that is already ``{}``
-    gives a record with an empty id that is not stored: nothing is left to hold."""
+    gives a record with an empty id that is not stored: nothing is left to hold; so does the
+    write capability of a caller that may not write (``with_write=False``)."""
     check_holder(holder)
 
     def run(
@@ -355,7 +360,8 @@ def acquire(
             read = state.capability(read_id) or replace(read, id="", lease_expires_ms=0)
             write = state.capability(write_id) or replace(write, id="", lease_expires_ms=0)
             return state, (read, write)
-        kept = [record for record in (read, write) if not record.frontier.is_empty()]
+        wanted = (read, write) if with_write else (read,)
+        kept = [record for record in wanted if not record.frontier.is_empty()]
         _check_room(state, len(kept), policy)
         useless = [replace(r, id="", lease_expires_ms=0) for r in (read, write) if r not in kept]
         out = {r.kind: r for r in [*kept, *useless]}

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import grpc.aio
 import pyarrow as pa
 
+from services.storage import access
 from services.storage.core import StorageCore
 from services.storage.operations import short_id
 from services.storage.shards import Versioned
@@ -21,6 +22,7 @@ from tidemark.errors import InvalidArgument
 from tidemark.frontier import Antichain
 from tidemark.rpc import Service
 from tidemark.rpc.authorization import CallerPolicy, kinds
+from tidemark.rpc.identity import current_caller
 from tidemark.rpc.streamed_calls import answer_streamed_calls
 from tidemark.v1 import common_pb2, storage_pb2, storage_pb2_grpc
 
@@ -94,6 +96,8 @@ def description_proto(versioned: Versioned) -> storage_pb2.CollectionDescription
         state_version=versioned.version,
         state_bytes=versioned.size,
         created_ms=state.created_ms,
+        tenant=state.tenant,
+        writer=state.writer,
     )
 
 
@@ -130,16 +134,35 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
         # Set when the server starts stopping: open append streams then end (see AppendStream).
         self.stopping = asyncio.Event()
 
+    async def _check(self, collection_id: str, check: access.Check) -> None:
+        """Applies an access rule when the caller has an identity (mTLS on)."""
+        caller = current_caller()
+        if caller is not None:
+            check(caller, await self.core.owned_state(collection_id))
+
+    async def _check_capability(self, collection_id: str, capability_id: str) -> None:
+        caller = current_caller()
+        if caller is None or caller.kind in access.OWNERS:
+            return
+        # A capability's kind never changes: a state that already has it will do.
+        state = await self.core.owned_state(collection_id)
+        if state.capability(capability_id) is None:
+            state = await self.core.current_state(collection_id)
+        access.check_capability(caller, state, state.capability(capability_id))
+
     async def Create(
         self, request: storage_pb2.CreateRequest, context: Context
     ) -> storage_pb2.CapabilityPair:
         schema = RelationSchema.from_proto(request.schema)
+        access.check_policy(request.tenant, request.writer)
         pair = await self.core.create(
             request.collection_id,
             schema,
             initial_frontier=request.initial_frontier,
             holder=request.holder,
             critical_holder=request.critical_holder,
+            tenant=request.tenant,
+            writer=request.writer,
         )
         return pair_proto(request.collection_id, pair)
 
@@ -191,6 +214,7 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
         self, request: storage_pb2.AppendRequest, parts: list[pa.Table] | None = None
     ) -> storage_pb2.AppendResponse:
         ref = _ref(request)
+        await self._check(ref.collection_id, access.check_write)
         if parts is None:
             updates = from_ipc(request.arrow_ipc) if request.arrow_ipc else None
         else:
@@ -216,6 +240,7 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
         self, request: storage_pb2.SubscribeRequest, context: Context
     ) -> AsyncIterator[common_pb2.CdcMessage]:
         ref = _ref(request)
+        await self._check(ref.collection_id, access.check_read)
         options = request.options
         spec = SubscribeSpec(
             snapshot=not options.no_snapshot,
@@ -235,6 +260,7 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
         self, request: storage_pb2.SnapshotRequest, context: Context
     ) -> AsyncIterator[storage_pb2.SnapshotResponse]:
         ref = _ref(request)
+        await self._check(ref.collection_id, access.check_read)
         result = await self.core.snapshot(
             ref.collection_id,
             ref.id,
@@ -256,6 +282,7 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
         self, request: storage_pb2.CloneCapabilityRequest, context: Context
     ) -> storage_pb2.Capability:
         ref = _ref(request)
+        await self._check_capability(ref.collection_id, ref.id)
         record = await self.core.clone(ref.collection_id, ref.id, request.holder)
         return capability_proto(ref.collection_id, record)
 
@@ -263,6 +290,7 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
         self, request: storage_pb2.DowngradeCapabilityRequest, context: Context
     ) -> storage_pb2.Capability:
         ref = _ref(request)
+        await self._check_capability(ref.collection_id, ref.id)
         frontier = required_frontier(request, "frontier")
         record = await self.core.downgrade(ref.collection_id, ref.id, frontier)
         return capability_proto(ref.collection_id, record)
@@ -271,21 +299,33 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
         self, request: storage_pb2.DropCapabilityRequest, context: Context
     ) -> storage_pb2.DropCapabilityResponse:
         ref = _ref(request)
+        await self._check_capability(ref.collection_id, ref.id)
         await self.core.drop(ref.collection_id, ref.id)
         return storage_pb2.DropCapabilityResponse()
 
     async def AcquireCapabilities(
         self, request: storage_pb2.AcquireCapabilitiesRequest, context: Context
     ) -> storage_pb2.CapabilityPair:
+        caller = current_caller()
+        with_write = True
+        if caller is not None:
+            state = await self.core.owned_state(request.collection_id)
+            if request.critical:
+                access.check_owner(caller, state, "take a critical hold on")
+            access.check_read(caller, state)
+            # A reader that may not write gets no write capability (an empty one).
+            with_write = access.may_write(caller, state)
         if request.critical:
             hold = await self.core.acquire_critical(request.collection_id, request.holder)
             return storage_pb2.CapabilityPair(read=capability_proto(request.collection_id, hold))
-        pair = await self.core.acquire(request.collection_id, request.holder)
+        pair = await self.core.acquire(request.collection_id, request.holder, with_write=with_write)
         return pair_proto(request.collection_id, pair)
 
     async def RenewLeases(
         self, request: storage_pb2.RenewLeasesRequest, context: Context
     ) -> storage_pb2.RenewLeasesResponse:
+        for collection_id in {ref.collection_id for ref in request.capabilities}:
+            await self._check(collection_id, access.check_read)
         renewed, missing = await self.core.renew(
             [(ref.collection_id, ref.id) for ref in request.capabilities]
         )
@@ -303,6 +343,7 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
         except StopAsyncIteration:
             raise InvalidArgument("IngestCdc needs at least one message") from None
         ref = _ref(first)
+        await self._check(ref.collection_id, access.check_write)
 
         async def messages() -> AsyncIterator[common_pb2.CdcMessage]:
             if first.HasField("message"):
@@ -321,17 +362,24 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
     async def Describe(
         self, request: storage_pb2.DescribeRequest, context: Context
     ) -> storage_pb2.CollectionDescription:
+        await self._check(request.collection_id, access.check_read)
         return description_proto(await self.core.describe(request.collection_id))
 
     async def List(
         self, request: storage_pb2.ListRequest, context: Context
     ) -> storage_pb2.ListResponse:
-        described = [description_proto(v) for v in await self.core.list_collections()]
+        caller = current_caller()
+        described = [
+            description_proto(v)
+            for v in await self.core.list_collections()
+            if access.may_read(caller, v.state)
+        ]
         return storage_pb2.ListResponse(collections=described)
 
     async def ResetHistory(
         self, request: storage_pb2.ResetHistoryRequest, context: Context
     ) -> storage_pb2.Capability:
+        await self._check(request.collection_id, access.check_reset)
         record = await self.core.reset_history(request.collection_id, request.holder)
         return capability_proto(request.collection_id, record)
 

@@ -147,6 +147,10 @@ class ShardState:
     capabilities: tuple[CapabilityRecord, ...] = ()
     retired: tuple[RetiredBlob, ...] = ()
     created_ms: int = 0
+    tenant: str = ""
+    """The tenant (database) owning the collection; empty: the system's own."""
+    writer: str = ""
+    """The identity URI allowed to write it (empty: any service but compute)."""
 
     def capability(self, capability_id: str) -> CapabilityRecord | None:
         for record in self.capabilities:
@@ -210,6 +214,8 @@ class ShardState:
             since=frontier_to_proto(self.since),
             upper=frontier_to_proto(self.upper),
             created_ms=self.created_ms,
+            tenant=self.tenant,
+            writer=self.writer,
         ).SerializeToString(deterministic=True)
         return b"".join(
             [
@@ -233,6 +239,8 @@ class ShardState:
             capabilities=tuple(CapabilityRecord.from_proto(c) for c in proto.capabilities),
             retired=tuple(RetiredBlob(r.key, r.retired_ms) for r in proto.retired),
             created_ms=proto.created_ms,
+            tenant=proto.tenant,
+            writer=proto.writer,
         )
 
 

@@ -11,6 +11,7 @@ from tidemark.rpc.tls import TlsSettings
 from tidemark.security.certs import default_identities, file_stem, write_certificates
 
 TENANT_A = compute_identity("tenant_a", "c1")
+TENANT_A_OTHER = compute_identity("tenant_a", "c2")
 TENANT_B = compute_identity("tenant_b", "c1")
 TOOL = Identity("client", name="tests")
 
@@ -30,5 +31,5 @@ class CertDir:
 
 
 def make_certs(directory: Path) -> CertDir:
-    write_certificates(directory, [*default_identities(), TENANT_A, TENANT_B, TOOL])
+    write_certificates(directory, [*default_identities(), TENANT_A, TENANT_A_OTHER, TENANT_B, TOOL])
     return CertDir(directory)

@@ -197,6 +197,8 @@ class CollectionInfo:
     state_version: int
     state_bytes: int
     created_ms: int
+    tenant: str = ""
+    writer: str = ""
 
     @classmethod
     def from_proto(cls, proto: storage_pb2.CollectionDescription) -> CollectionInfo:
@@ -233,6 +235,8 @@ class CollectionInfo:
             proto.state_version,
             proto.state_bytes,
             proto.created_ms,
+            proto.tenant,
+            proto.writer,
         )
 
 
@@ -351,15 +355,21 @@ class StorageClient(GrpcClient):
         initial_frontier: int = 0,
         holder: str = "",
         critical_holder: str = "",
+        tenant: str = "",
+        writer: str = "",
     ) -> CapabilityPair:
         """A new collection and a read and write capability on it; with ``critical_holder``,
-        also that holder's critical read capability (see :meth:`acquire_critical`)."""
+        also that holder's critical read capability (see :meth:`acquire_critical`).
+        ``tenant`` (the database; empty: the system) and ``writer`` (the one identity that
+        may write it) decide who may use it when storage checks identities (mTLS)."""
         request = storage_pb2.CreateRequest(
             collection_id=collection_id,
             schema=schema.to_proto(),
             initial_frontier=initial_frontier,
             holder=holder,
             critical_holder=critical_holder,
+            tenant=tenant,
+            writer=writer,
         )
         pair = CapabilityPair.from_proto(await self._call(self.stub.Create, request))
         self._schemas[collection_id] = schema
