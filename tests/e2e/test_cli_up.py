@@ -22,6 +22,7 @@ import time
 from decimal import Decimal
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from tests.support.service_process import REPO_ROOT
@@ -435,6 +436,15 @@ def test_up_with_tls_serves_sql_over_mtls_only(tmp_path: Path) -> None:
         assert_spend(
             done.stdout[done.stdout.index(" customer") :], {"ada": ("19.75", 2), "bob": ("3.00", 1)}
         )
+        # PostgreSQL clients get TLS with the adapter's certificate, verified against the CA.
+        url = (
+            f"postgresql://tidemark@127.0.0.1:{base - 1}/tidemark"
+            f"?sslmode=verify-full&sslrootcert={tls_dir / 'ca.crt'}"
+        )
+        with psycopg.connect(url, autocommit=True) as conn:
+            assert conn.pgconn.ssl_in_use
+            rows = conn.execute("SELECT customer, n FROM spend ORDER BY customer").fetchall()
+            assert rows == [("ada", 2), ("bob", 1)]
         status = tidemark("status", "--base-port", str(base), "--data-dir", str(data_dir))
         assert status.returncode == 0, status.stdout
         assert status.stdout.count("SERVING") == len(SERVICES)

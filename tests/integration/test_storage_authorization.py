@@ -14,9 +14,11 @@ import pytest
 from tests.support.service_process import ServiceProcess
 from tests.support.storage import embedded_backends, start_storage
 from tests.support.tls import TENANT_A, TENANT_A_OTHER, TENANT_B, CertDir, make_certs
+from tidemark.cdc import Progress
 from tidemark.clients.storage import StorageClient
 from tidemark.columnar import ColumnType, RelationSchema
 from tidemark.errors import PermissionDenied
+from tidemark.frontier import u64_frontier
 from tidemark.retry import RetryPolicy
 from tidemark.rpc.identity import Identity
 from tidemark.rpc.tls import TlsSettings
@@ -133,8 +135,18 @@ async def test_only_the_maintaining_cluster_writes_a_view_output(
             await other.append(stolen, [((2, "two"), upper + 1, 1)], upper + 2)
         with pytest.raises(PermissionDenied):
             await other.reset_history(VIEW_A, HOLDER)
+    # Nor through a CDC ingest.
+    async with client(storage, certs.tls(Identity("sources"))) as sources:
+        with pytest.raises(PermissionDenied):
+            await sources.ingest_cdc(
+                stolen, [Progress(u64_frontier(upper + 1), u64_frontier(upper + 2), [])]
+            )
     read = (await adapter.acquire(VIEW_A, "adapter")).read
     assert (await adapter.snapshot(read, upper)).version() == {(1, "one"): 1}
+    # Tenant B's cluster may not keep A's capabilities alive either.
+    async with client(storage, certs.tls(TENANT_B)) as compute_b:
+        with pytest.raises(PermissionDenied):
+            await compute_b.renew([read])
 
 
 async def test_durable_holds_belong_to_adapter_and_catalog(

@@ -96,6 +96,8 @@ def with_tls(spec: ServiceSpec, tls_dir: Path) -> ServiceSpec:
     note = spec.note
     if spec.name == "adapter":
         note = f"SQL: tidemark sql --address {spec.address} --tls-dir {tls_dir}"
+        # PostgreSQL clients get TLS too (sslmode=require), with the same certificate.
+        flags += ("--pgwire-tls-cert", tls.cert, "--pgwire-tls-key", tls.key)
     return replace(spec, args=(*spec.args, *flags), note=note)
 
 
