@@ -92,7 +92,7 @@ def with_metrics(spec: ServiceSpec) -> ServiceSpec:
 def with_tls(spec: ServiceSpec, tls_dir: Path) -> ServiceSpec:
     """``spec`` serving (and calling) over mTLS with its identity's certificate."""
     tls = tls_settings(tls_dir, identity_of(spec.name))
-    flags = ("--tls-cert", tls.cert, "--tls-key", tls.key, "--tls-ca", tls.ca)
+    flags: tuple[str, ...] = ("--tls-cert", tls.cert, "--tls-key", tls.key, "--tls-ca", tls.ca)
     note = spec.note
     if spec.name == "adapter":
         note = f"SQL: tidemark sql --address {spec.address} --tls-dir {tls_dir}"
