@@ -3,6 +3,7 @@ refusal of plaintext and certificate-less clients, and reflection switched off."
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -134,3 +135,28 @@ def test_half_a_tls_setup_is_a_usage_error(certs: CertDir) -> None:
     )
     assert done.returncode == 2
     assert "--tls-cert, --tls-key and --tls-ca together" in done.stderr
+
+
+def _health(address: str, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMARK_")}
+    return subprocess.run(
+        [sys.executable, "-m", "tidemark.cli", "health", "--address", address, *extra],
+        cwd=REPO_ROOT,
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_tidemark_health_probes_over_mtls_with_the_services_own_variables(
+    oracle: ServiceProcess, certs: CertDir
+) -> None:
+    own = certs.tls(ORACLE)
+    env = {"TIDEMARK_TLS_CERT": own.cert, "TIDEMARK_TLS_KEY": own.key, "TIDEMARK_TLS_CA": own.ca}
+    ready = _health(oracle.address, env)
+    assert (ready.returncode, ready.stdout.strip()) == (0, "SERVING")
+    alive = _health(oracle.address, env, "--liveness")
+    assert (alive.returncode, alive.stdout.strip()) == (0, "SERVING")
+    plaintext = _health(oracle.address, {}, "--timeout", "1")
+    assert (plaintext.returncode, plaintext.stdout.strip()) == (1, "UNREACHABLE")

@@ -21,13 +21,16 @@ def _channel(address: str, tls: TlsSettings | None) -> grpc.Channel:
     return grpc.secure_channel(address, tls.channel_credentials())
 
 
-def check_health(address: str, timeout: float = 2.0, tls: TlsSettings | None = None) -> str:
+def check_health(
+    address: str, timeout: float = 2.0, tls: TlsSettings | None = None, service: str = ""
+) -> str:
     """The server's overall status name (``SERVING``, ``NOT_SERVING``, ...), or
-    ``UNREACHABLE`` when nothing answers within ``timeout`` seconds; over mTLS with ``tls``."""
+    ``UNREACHABLE`` when nothing answers within ``timeout`` seconds; over mTLS with ``tls``.
+    ``service``: a health service name instead of the overall status (``liveness``)."""
     with _channel(address, tls) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
-            response = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
+            response = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
         except grpc.RpcError:
             return UNREACHABLE
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
