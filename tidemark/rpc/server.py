@@ -1,9 +1,11 @@
 """Server bootstrap shared by every Tidemark process.
 
-A :class:`Server` serves the given services plus gRPC health checking and server reflection,
-with the access-log and error-mapping interceptors in front of every call. Stopping is graceful:
-health turns NOT_SERVING, the listener closes, and calls in flight get a grace period to finish
-before they are cancelled.
+A :class:`Server` serves the given services plus gRPC health checking and server reflection
+(unless switched off), with the access-log and error-mapping interceptors in front of every
+call; plaintext by default, or TLS, where with client certificates required (mTLS) each call's
+caller is also checked against its service's table (:mod:`tidemark.rpc.authorization`).
+Stopping is graceful: health turns NOT_SERVING, the listener closes, and calls in flight get a
+grace period to finish before they are cancelled.
 
 Health has two sides. *Liveness* (the health service ``liveness``) is SERVING from start to
 stop: the process answers. *Readiness* (the overall status ``""`` and each service's name) is
@@ -207,11 +209,7 @@ class Server:
             listen=self.listen,
             port=port,
             services=self.service_names,
-            tls="mtls"
-            if self.tls and self.tls.require_client_auth
-            else "tls"
-            if self.tls
-            else "off",
+            tls=self.tls.mode if self.tls is not None else "off",
         )
         return port
 

@@ -38,6 +38,11 @@ class TlsSettings:
             raise ValueError("TLS needs --tls-cert, --tls-key and --tls-ca together")
         return cls(cert, key, ca, require_client_auth)
 
+    @property
+    def mode(self) -> str:
+        """``mtls`` or ``tls``, as logs show it."""
+        return "mtls" if self.require_client_auth else "tls"
+
     def server_credentials(self) -> grpc.ServerCredentials:
         cert, key = Path(self.cert).read_bytes(), Path(self.key).read_bytes()
         ca = Path(self.ca).read_bytes()
