@@ -16,7 +16,9 @@ from tests.support.service_process import ServiceProcess
 from tests.support.storage import FAST_SETTINGS, embedded_backends, start_storage
 from tests.support.tls import TENANT_A, TOOL, CertDir, make_certs
 from tidemark.clients.adapter import AdapterClient, StatementError, StatementResult
-from tidemark.errors import Unavailable
+from tidemark.clients.catalog import CatalogClient
+from tidemark.clients.compute import ComputeClient
+from tidemark.errors import FailedPrecondition, PermissionDenied, Unavailable
 from tidemark.retry import RetryPolicy
 from tidemark.rpc.identity import Identity, compute_identity
 from tidemark.rpc.tls import TlsSettings
@@ -32,6 +34,8 @@ class TlsStack:
     adapter: ServiceProcess
     strict_adapter: ServiceProcess
     """One that requires SQL clients' certificates (--tls-client-auth)."""
+    catalog: ServiceProcess
+    computes: dict[str, ServiceProcess]
 
     def sql_tls(self, with_certificate: bool) -> TlsSettings:
         tls = self.certs.tls(TOOL)
@@ -86,7 +90,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsStack]:
         )
         adapter = start("services.adapter", Identity("adapter"), *backends)
         strict = start("services.adapter", Identity("adapter"), *backends, "--tls-client-auth")
-        yield TlsStack(certs, processes, adapter, strict)
+        yield TlsStack(certs, processes, adapter, strict, catalog, computes)
     finally:
         for process in processes:
             process.kill()
@@ -176,3 +180,22 @@ async def test_sql_clients_need_tls_and_a_certificate_where_required(stack: TlsS
             await sql.execute("SELECT 1")
     async with AdapterClient(strict, tls=stack.sql_tls(True)) as sql:
         assert (await ok(sql, "SELECT 1 + 1")).rows == [(2,)]
+
+
+async def test_the_catalog_and_compute_take_commands_from_the_adapter_only(
+    stack: TlsStack,
+) -> None:
+    cluster_a = stack.certs.tls(TENANT_A)
+    async with CatalogClient(stack.catalog.address, tls=cluster_a, retry=QUICK) as catalog:
+        # Clusters read the catalog (this read gets past the caller check to the catalog,
+        # which has compacted time 0 away) ...
+        with pytest.raises(FailedPrecondition, match="compacted"):
+            await catalog.snapshot_at(0)
+        with pytest.raises(PermissionDenied, match="CompareAndAppend"):
+            await catalog.compare_and_append(0, 1, [])  # ... but do not write it
+    default = stack.computes["default"].address
+    async with ComputeClient(default, tls=cluster_a, retry=QUICK) as compute:
+        with pytest.raises(PermissionDenied, match="AdvanceCatalogFrontier"):
+            await compute.advance_catalog_frontier(0)
+    async with ComputeClient(default, tls=stack.certs.tls(TOOL)) as tool:
+        assert (await tool.status()).cluster == "default"
