@@ -89,8 +89,17 @@ def check_reset(caller: Identity | None, state: ShardState) -> None:
 def check_capability(
     caller: Identity | None, state: ShardState, record: CapabilityRecord | None
 ) -> None:
-    """Using, cloning, downgrading or dropping a capability: a write capability is the
-    writer's, a critical one the owners', any other the readers'."""
+    """Cloning, downgrading or dropping a capability: one acquired by another identity is
+    that identity's (and the owners'), a write capability the writer's, a critical one the
+    owners', any other the readers'."""
+    if (
+        record is not None
+        and record.owner
+        and caller is not None
+        and caller.kind not in OWNERS
+        and record.owner != caller.uri
+    ):
+        raise _denied(caller, f"touch {record.owner}'s capability on", state)
     if record is not None and record.critical:
         check_owner(caller, state, "touch a critical hold on")
     elif record is not None and record.kind is CapabilityKind.WRITE:

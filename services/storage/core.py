@@ -190,6 +190,7 @@ class StorageCore:
         critical_holder: str = "",
         tenant: str = "",
         writer: str = "",
+        owner: str = "",
     ) -> tuple[CapabilityRecord, CapabilityRecord]:
         validate_global_id(collection_id)
         state, (read, write) = operations.initial_state(
@@ -205,6 +206,7 @@ class StorageCore:
             critical_holder=critical_holder,
             tenant=tenant,
             writer=writer,
+            owner=owner,
         )
         await self.shards.create(collection_id, state)
         log.info("collection_created", collection=collection_id, frontier=initial_frontier)
@@ -404,10 +406,12 @@ class StorageCore:
     # -- capabilities -----------------------------------------------------------------------
 
     async def clone(
-        self, collection_id: str, capability_id: str, holder: str = ""
+        self, collection_id: str, capability_id: str, holder: str = "", *, owner: str = ""
     ) -> CapabilityRecord:
         validate_global_id(collection_id)
-        operation = operations.clone(capability_id, new_capability_id(), holder, self.policy)
+        operation = operations.clone(
+            capability_id, new_capability_id(), holder, self.policy, owner=owner
+        )
         return await self.shards.update(collection_id, operation)
 
     async def downgrade(
@@ -422,12 +426,17 @@ class StorageCore:
         await self.shards.update(collection_id, operations.drop(capability_id))
 
     async def acquire(
-        self, collection_id: str, holder: str = "", *, with_write: bool = True
+        self, collection_id: str, holder: str = "", *, with_write: bool = True, owner: str = ""
     ) -> tuple[CapabilityRecord, CapabilityRecord]:
         validate_global_id(collection_id)
         check_holder(holder)
         operation = operations.acquire(
-            new_capability_id(), new_capability_id(), holder, self.policy, with_write=with_write
+            new_capability_id(),
+            new_capability_id(),
+            holder,
+            self.policy,
+            with_write=with_write,
+            owner=owner,
         )
         return await self.shards.update(collection_id, operation)
 

@@ -121,6 +121,12 @@ def _concatenated(parts: list[pa.Table]) -> pa.Table | None:
         raise InvalidArgument(f"the chunks' columns differ: {exc}") from None
 
 
+def _owner() -> str:
+    """The identity new capabilities are recorded as acquired by (empty without mTLS)."""
+    caller = current_caller()
+    return caller.uri if caller is not None else ""
+
+
 def _ref(request: object) -> storage_pb2.CapabilityRef:
     if not request.HasField("capability"):  # type: ignore[attr-defined]
         raise InvalidArgument("the request names no capability")
@@ -163,6 +169,7 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
             critical_holder=request.critical_holder,
             tenant=request.tenant,
             writer=request.writer,
+            owner=_owner(),
         )
         return pair_proto(request.collection_id, pair)
 
@@ -283,7 +290,7 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
     ) -> storage_pb2.Capability:
         ref = _ref(request)
         await self._check_capability(ref.collection_id, ref.id)
-        record = await self.core.clone(ref.collection_id, ref.id, request.holder)
+        record = await self.core.clone(ref.collection_id, ref.id, request.holder, owner=_owner())
         return capability_proto(ref.collection_id, record)
 
     async def DowngradeCapability(
@@ -318,7 +325,9 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
         if request.critical:
             hold = await self.core.acquire_critical(request.collection_id, request.holder)
             return storage_pb2.CapabilityPair(read=capability_proto(request.collection_id, hold))
-        pair = await self.core.acquire(request.collection_id, request.holder, with_write=with_write)
+        pair = await self.core.acquire(
+            request.collection_id, request.holder, with_write=with_write, owner=_owner()
+        )
         return pair_proto(request.collection_id, pair)
 
     async def RenewLeases(

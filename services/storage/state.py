@@ -87,6 +87,8 @@ class CapabilityRecord:
     last_token: str = ""
     token_upper: Antichain[int] = field(default_factory=lambda: CLOSED)
     critical: bool = False
+    owner: str = ""
+    """The identity that acquired it (mTLS on; empty otherwise)."""
 
     def expired(self, now_ms: int) -> bool:
         return not self.critical and self.lease_expires_ms <= now_ms
@@ -106,6 +108,7 @@ class CapabilityRecord:
             last_token=self.last_token,
             token_upper=frontier_to_proto(self.token_upper),
             critical=self.critical,
+            owner=self.owner,
         )
 
     @classmethod
@@ -119,6 +122,7 @@ class CapabilityRecord:
             proto.last_token,
             frontier_from_proto(proto.token_upper),
             proto.critical,
+            proto.owner,
         )
 
 

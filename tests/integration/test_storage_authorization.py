@@ -161,6 +161,17 @@ async def test_durable_holds_belong_to_adapter_and_catalog(
             await compute_a.drop(hold)
         with pytest.raises(PermissionDenied):
             await compute_a.reset_history(TABLE_A, HOLDER)
+        mine = (await compute_a.acquire(TABLE_A, "compute-a")).read
+    # Another cluster of the tenant may read the table, but not drop what A1 holds; the
+    # adapter may.
+    async with client(storage, certs.tls(TENANT_A_OTHER)) as other:
+        with pytest.raises(PermissionDenied, match="compute/tenant_a/c1's capability"):
+            await other.drop(mine)
+        with pytest.raises(PermissionDenied, match="compute/tenant_a/c1's capability"):
+            await other.clone(mine, "stolen")
+        assert (await other.acquire(TABLE_A, "compute-a2")).read.usable
+    async with client(storage, certs.tls(ADAPTER)) as adapter:
+        await adapter.drop(mine)
 
 
 async def test_the_rules_survive_a_restart(

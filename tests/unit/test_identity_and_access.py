@@ -103,6 +103,12 @@ def test_holds_and_resets() -> None:
     access.check_capability(A1, view, write)
     with pytest.raises(PermissionDenied):
         access.check_capability(A2, view, write)
+    owned = CapabilityRecord("e" * 32, CapabilityKind.READ, MINIMUM, 1, "x", owner=A1.uri)
+    access.check_capability(A1, view, owned)
+    access.check_capability(ADAPTER, view, owned)
+    access.check_capability(None, view, owned)
+    with pytest.raises(PermissionDenied, match="c1's capability"):
+        access.check_capability(A2, view, owned)
 
 
 def test_create_checks_the_policy_it_records() -> None:
