@@ -5,7 +5,9 @@ localhost, embedded backends (SQLite consensus, a blob directory) under one data
 one log file per process. A service that crashes is restarted (with backoff) while the others
 keep serving. Ctrl-C stops them all; running it again finds the same data. ``tidemark sql`` is
 a SQL shell connected to an adapter; ``tidemark status`` shows the health of the local
-services, and how often each was restarted and why it last exited.
+services, and how often each was restarted and why it last exited. ``tidemark certs`` makes
+a local CA and a certificate per service identity, for mTLS (``tidemark up --tls`` does it
+itself).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tidemark.local.services import DEFAULT_BASE_PORT, DEFAULT_SPARK_MASTER
+from tidemark.rpc.tls import TlsSettings
 
 
 def _add_base_port(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +42,47 @@ def _add_data_dir(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_client_tls(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "TLS",
+        "for an adapter serving TLS; a client certificate is needed only where the "
+        "adapter requires one (its --tls-client-auth)",
+    )
+    group.add_argument(
+        "--tls-dir",
+        type=Path,
+        default=os.environ.get("TIDEMARK_TLS_DIR") or None,
+        help="the directory tidemark certs (or tidemark up --tls, in <data>/tls) wrote: its "
+        "ca.crt, client-cli.crt and client-cli.key [env TIDEMARK_TLS_DIR]",
+    )
+    for name, what in (
+        ("ca", "the CA's certificate"),
+        ("cert", "a client certificate"),
+        ("key", "its key"),
+    ):
+        group.add_argument(
+            f"--tls-{name}",
+            default=os.environ.get(f"TIDEMARK_TLS_{name.upper()}", ""),
+            metavar="PATH",
+            help=f"PEM file: {what} [env TIDEMARK_TLS_{name.upper()}]",
+        )
+
+
+def client_tls(args: argparse.Namespace) -> TlsSettings | None:
+    """The TLS settings the tool's flags give (``None``: plaintext)."""
+    if args.tls_dir is not None:
+        from tidemark.local.services import cli_tls
+
+        return cli_tls(args.tls_dir)
+    if not args.tls_ca:
+        if args.tls_cert or args.tls_key:
+            raise SystemExit("tidemark: --tls-cert and --tls-key need --tls-ca")
+        return None
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise SystemExit("tidemark: --tls-cert and --tls-key go together")
+    return TlsSettings(args.tls_cert, args.tls_key, args.tls_ca)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tidemark", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -51,6 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("TIDEMARK_SPARK_MASTER", DEFAULT_SPARK_MASTER),
         help="the Spark master of the compute cluster [env TIDEMARK_SPARK_MASTER; "
         f"default: {DEFAULT_SPARK_MASTER}]",
+    )
+    up_parser.add_argument(
+        "--tls",
+        action="store_true",
+        default=os.environ.get("TIDEMARK_UP_TLS", "") not in ("", "0", "false"),
+        help="write a CA and a certificate per service into <data>/tls and run every service "
+        "with mTLS (each call's caller checked by its certificate's identity) [env "
+        "TIDEMARK_UP_TLS]",
     )
 
     sql_parser = commands.add_parser("sql", help="a SQL shell on an adapter")
@@ -68,6 +120,41 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SQL",
         help="run SQL (or one backslash command) and exit; may be given several times",
     )
+    _add_client_tls(sql_parser)
+
+    certs_parser = commands.add_parser(
+        "certs",
+        help="a local CA and a certificate per service identity, for mTLS",
+        description="Writes ca.crt/ca.key (an existing CA in DIR is reused) and <name>.crt/"
+        "<name>.key per identity, each naming its identity as a SAN URI plus localhost, "
+        "127.0.0.1 and its Kubernetes service names. Without --identity: every service, "
+        "the cluster 'default' of the database 'tidemark', and client 'cli'.",
+    )
+    certs_parser.add_argument("directory", type=Path, metavar="DIR")
+    certs_parser.add_argument(
+        "--identity",
+        action="append",
+        dest="identities",
+        metavar="URI",
+        help="tidemark://adapter, tidemark://compute/<tenant>/<cluster>, "
+        "tidemark://client/<name>, ...; may be given several times",
+    )
+
+    health_parser = commands.add_parser(
+        "health",
+        help="one service's health check; exit status 0 when it is SERVING",
+        description="Asks a service's gRPC health check, over mTLS with the TLS flags (which "
+        "read the same TIDEMARK_TLS_* variables as the services, so a Kubernetes exec probe "
+        "can run it with the service's own certificate): readiness by default.",
+    )
+    health_parser.add_argument(
+        "--address", required=True, metavar="HOST:PORT", help="the service's gRPC address"
+    )
+    health_parser.add_argument(
+        "--liveness", action="store_true", help="whether it answers, not whether it is ready"
+    )
+    health_parser.add_argument("--timeout", type=float, default=2.0, metavar="SECONDS")
+    _add_client_tls(health_parser)
 
     status_parser = commands.add_parser(
         "status", help="health of the local services, their restarts and last exits"
@@ -82,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "up":
         from tidemark.local.supervisor import up
 
-        return up(args.data_dir, args.base_port, args.spark_master)
+        return up(args.data_dir, args.base_port, args.spark_master, tls=args.tls)
     if args.command == "sql":
         from tidemark.clients.adapter import BlockingAdapterClient
         from tidemark.logging import configure_logging
@@ -91,13 +178,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The shell's output is the results; library chatter (retries) stays out of it.
         configure_logging("console", "warning")
 
-        with BlockingAdapterClient(args.address) as connection:
+        with BlockingAdapterClient(args.address, tls=client_tls(args)) as connection:
             return run(connection, args.commands)
+    if args.command == "health":
+        from tidemark.local.health import SERVING, check_health
+        from tidemark.rpc.server import LIVENESS_SERVICE
+
+        service = LIVENESS_SERVICE if args.liveness else ""
+        state = check_health(args.address, args.timeout, client_tls(args), service)
+        print(state)
+        return 0 if state == SERVING else 1
+    if args.command == "certs":
+        return _certs(args.directory, args.identities or [])
     if args.command == "status":
         from tidemark.local.supervisor import status
 
         return status(args.base_port, args.data_dir)
     return 2
+
+
+def _certs(directory: Path, uris: Sequence[str]) -> int:
+    from tidemark.rpc.identity import Identity
+    from tidemark.security.certs import default_identities, write_certificates
+
+    try:
+        identities = [Identity.parse(uri) for uri in uris] or default_identities()
+    except ValueError as exc:
+        print(f"tidemark certs: {exc}", file=sys.stderr)
+        return 2
+    for path in write_certificates(directory, identities):
+        print(path)
+    return 0
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar, get_type_hints
 
 from tidemark.logging import LOG_FORMATS, LOG_LEVELS
+from tidemark.rpc.tls import TlsSettings
 
 ENV_PREFIX = "TIDEMARK_"
 _SETTING = "tidemark.setting"
@@ -114,6 +115,26 @@ class ServiceConfig:
         help="port of the Prometheus /metrics endpoint, on the host of --listen (0: none)",
         metavar="PORT",
     )
+    tls_cert: str = setting(
+        "",
+        help="PEM certificate naming this service's tidemark:// identity; with --tls-key and "
+        "--tls-ca the service serves mTLS, and presents it on its own calls (empty: plaintext)",
+        metavar="PATH",
+    )
+    tls_key: str = setting("", help="PEM private key of --tls-cert", metavar="PATH")
+    tls_ca: str = setting(
+        "",
+        help="PEM certificate of the CA that signs the peers' certificates (clients' and servers')",
+        metavar="PATH",
+    )
+    reflection: bool = setting(
+        True, help="serve gRPC server reflection (lists the services and their messages)"
+    )
+
+    def tls(self) -> TlsSettings | None:
+        """The TLS settings of the service's own channels and (requiring client certificates)
+        of its server; ``None``: plaintext. ValueError when only some files are given."""
+        return TlsSettings.from_paths(self.tls_cert, self.tls_key, self.tls_ca)
 
 
 def _parse_bool(text: str) -> bool:
@@ -225,4 +246,9 @@ def load_config(
                 values[item.name] = item.parse(env[env_var(item.name)])
             except ValueError as exc:
                 parser.error(f"environment variable {env_var(item.name)}: {exc}")
-    return config_type(**values)
+    config = config_type(**values)
+    try:
+        config.tls()
+    except ValueError as exc:
+        parser.error(str(exc))
+    return config

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from services.adapter.backends import Backends, parse_compute_endpoints
 from services.adapter.pgwire.server import PgServer
@@ -84,6 +84,13 @@ class AdapterConfig(ServiceConfig):
         "on this adapter until it restarts",
         metavar="PATH",
     )
+    tls_client_auth: bool = setting(
+        False,
+        help="with --tls-cert/--tls-key/--tls-ca, also require SQL clients on the gRPC port to "
+        "present a certificate signed by the CA (off: the port serves TLS and SQL users "
+        "authenticate by password; the adapter's own calls to the other services are mTLS "
+        "either way)",
+    )
 
     def settings(self) -> AdapterSettings:
         return AdapterSettings(
@@ -106,7 +113,8 @@ async def main(config: AdapterConfig) -> None:
         signer = SessionSigner.from_file(config.session_keys_file)
     except KeyFileError as exc:
         raise SystemExit(f"--session-keys-file: {exc}") from None
-    backends = Backends.connect(config.oracle, config.catalog, config.storage, endpoints)
+    tls = config.tls()
+    backends = Backends.connect(config.oracle, config.catalog, config.storage, endpoints, tls)
     adapter = Adapter(backends, config.settings())
     pgwire: PgServer | None = None
     try:
@@ -122,6 +130,8 @@ async def main(config: AdapterConfig) -> None:
             grace=config.shutdown_grace,
             on_started=announce_port,
             readiness=adapter.readiness,
+            tls=replace(tls, require_client_auth=config.tls_client_auth) if tls else None,
+            reflection=config.reflection,
         )
     finally:
         if pgwire is not None:

@@ -10,6 +10,7 @@ from tidemark.clients.catalog import CatalogClient
 from tidemark.clients.compute import ComputeClient
 from tidemark.clients.oracle import OracleClient
 from tidemark.clients.storage import StorageClient
+from tidemark.rpc.tls import TlsSettings
 
 UNDEFINED_OBJECT = "42704"
 
@@ -39,12 +40,21 @@ class Backends:
     compute: dict[str, ComputeClient] = field(default_factory=dict)
 
     @classmethod
-    def connect(cls, oracle: str, catalog: str, storage: str, compute: dict[str, str]) -> Backends:
+    def connect(
+        cls,
+        oracle: str,
+        catalog: str,
+        storage: str,
+        compute: dict[str, str],
+        tls: TlsSettings | None = None,
+    ) -> Backends:
+        """Clients of every service; over mTLS with the adapter's own certificate when
+        ``tls`` is given."""
         return cls(
-            OracleClient(oracle),
-            CatalogClient(catalog),
-            StorageClient(storage),
-            {name: ComputeClient(address) for name, address in compute.items()},
+            OracleClient(oracle, tls=tls),
+            CatalogClient(catalog, tls=tls),
+            StorageClient(storage, tls=tls),
+            {name: ComputeClient(address, tls=tls) for name, address in compute.items()},
         )
 
     def compute_for(self, cluster: str, position: int = 0) -> ComputeClient:

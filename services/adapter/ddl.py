@@ -48,6 +48,7 @@ from tidemark.columnar import RelationSchema
 from tidemark.errors import AlreadyExists, TidemarkError
 from tidemark.logging import get_logger
 from tidemark.plan.catalog_relations import RELATION_KINDS
+from tidemark.rpc.identity import compute_identity
 from tidemark.v1 import catalog_pb2
 
 log = get_logger("services.adapter.ddl")
@@ -120,6 +121,12 @@ class CatalogDraft:
         return updates
 
 
+def view_writer(database: str, cluster: str) -> str:
+    """The identity that writes a materialized view's output: the cluster maintaining it,
+    serving the view's database as its tenant."""
+    return compute_identity(database, cluster).uri
+
+
 class CollectionMaker:
     """Creates the storage collections of new items across the attempts of one statement."""
 
@@ -129,14 +136,18 @@ class CollectionMaker:
         self.storage = storage
         self.holds = holds
         self.timestamps = timestamps
-        self.made: dict[str, RelationSchema] = {}
+        self.made: dict[str, tuple[RelationSchema, str, str]] = {}
         self.used: set[str] = set()
 
-    async def make(self, draft: CatalogDraft, schema: RelationSchema) -> str:
-        """A fresh id from ``draft`` with a collection of ``schema`` behind it."""
+    async def make(
+        self, draft: CatalogDraft, schema: RelationSchema, *, tenant: str, writer: str = ""
+    ) -> str:
+        """A fresh id from ``draft`` with a collection of ``schema`` behind it, belonging to
+        ``tenant`` (the item's database) and written only by ``writer`` if given (see
+        :func:`view_writer`): storage enforces both when mTLS is on."""
         while True:
             global_id = draft.allocate()
-            if self.made.get(global_id) == schema:
+            if self.made.get(global_id) == (schema, tenant, writer):
                 self.used.add(global_id)
                 return global_id
             if global_id in self.made:
@@ -149,12 +160,14 @@ class CollectionMaker:
                     holder=self.holds.holder,
                     # The catalog's durable hold, there from the first moment on.
                     critical_holder=CATALOG_HOLDER,
+                    tenant=tenant,
+                    writer=writer,
                 )
             except AlreadyExists:
                 # Another adapter made it for an append of its own: skip the id.
                 continue
             self.holds.adopt(pair)
-            self.made[global_id] = schema
+            self.made[global_id] = (schema, tenant, writer)
             self.used.add(global_id)
             return global_id
 

@@ -36,6 +36,7 @@ from services.adapter.ddl import (
     resolve_drop_target,
     table_schema,
     unknown_object,
+    view_writer,
 )
 from services.adapter.results import DUPLICATE_OBJECT
 from services.adapter.session import Settings
@@ -136,7 +137,7 @@ class DdlStatements:
         if skipped is not None:
             return DdlOutcome(tag, [skipped])
         schema = table_schema(statement.columns)
-        global_id = await maker.make(draft, schema)
+        global_id = await maker.make(draft, schema, tenant=name.database)
         item = catalog_pb2.CatalogItem(id=global_id, name=name, owner=OWNER)
         body = item.source if is_source else item.table
         body.schema.CopyFrom(schema.to_proto())
@@ -191,7 +192,12 @@ class DdlStatements:
             return DdlOutcome(tag)
         cluster_name = statement.in_cluster or settings.cluster
         cluster = resolve_cluster(state, cluster_name, statement.position)
-        global_id = await maker.make(draft, definition.schema)
+        global_id = await maker.make(
+            draft,
+            definition.schema,
+            tenant=name.database,
+            writer=view_writer(name.database, cluster.name.item),
+        )
         depends = [d for d in definition.depends_on if d != cluster.id] + [cluster.id]
         draft.create(
             catalog_pb2.CatalogItem(

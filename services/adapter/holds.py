@@ -77,10 +77,22 @@ class CollectionHolds:
                 return held
             pair = await self.storage.acquire(collection_id, self.holder)
             if not pair.read.usable and not pair.write.usable:
+                # Under mTLS this process gets no write capability on a view's output (its
+                # cluster is the writer): an upper still open tells a lost history apart.
+                if await self._upper_open(collection_id):
+                    raise HistoryLost(
+                        f"collection {collection_id} has lost its history (since {{}})"
+                    )
                 raise CollectionGone(f"collection {collection_id} has been dropped")
             held = _Held(pair.read, pair.write)
             self._held[collection_id] = held
             return held
+
+    async def _upper_open(self, collection_id: str) -> bool:
+        try:
+            return not (await self.storage.describe(collection_id)).upper.is_empty()
+        except NotFound:
+            return False
 
     async def read(self, collection_id: str) -> Capability:
         """This process's read capability on ``collection_id``."""

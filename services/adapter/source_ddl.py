@@ -129,7 +129,7 @@ async def create_ingested_source(
         check_new_relation_name(state, other, False, statement.position, "source")
 
     primary_schema = relations[primary_relation] if primary_relation else PROGRESS_SCHEMA
-    primary_id = await maker.make(draft, primary_schema)
+    primary_id = await maker.make(draft, primary_schema, tenant=name.database)
     primary = catalog_pb2.CatalogItem(
         id=primary_id, name=name, owner=OWNER, depends_on=list(depends_on)
     )
@@ -142,7 +142,7 @@ async def create_ingested_source(
     draft.create(primary)
 
     async def member(item_name: str, schema: RelationSchema, role: int, upstream: str) -> None:
-        global_id = await maker.make(draft, schema)
+        global_id = await maker.make(draft, schema, tenant=name.database)
         draft.create(
             catalog_pb2.CatalogItem(
                 id=global_id,

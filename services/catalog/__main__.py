@@ -68,8 +68,9 @@ class CatalogConfig(ServiceConfig):
 
 
 async def main(config: CatalogConfig) -> None:
-    storage = StorageClient(config.storage)
-    oracle = OracleClient(config.oracle)
+    tls = config.tls()
+    storage = StorageClient(config.storage, tls=tls)
+    oracle = OracleClient(config.oracle, tls=tls)
     catalog = Catalog(StorageCatalogLog(storage, CATALOG_COLLECTION_ID), oracle, config.settings())
     holds = CatalogHolds(
         storage,
@@ -85,6 +86,8 @@ async def main(config: CatalogConfig) -> None:
             grace=config.shutdown_grace,
             on_started=announce_port,
             readiness=catalog.readiness,
+            tls=tls,
+            reflection=config.reflection,
         )
     finally:
         await holds.close()

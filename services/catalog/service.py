@@ -11,9 +11,17 @@ from services.catalog.items import Row
 from tidemark.cdc.proto import to_proto
 from tidemark.clients.catalog import UPPER_METADATA_KEY, CatalogUpperMismatch
 from tidemark.rpc import Service
+from tidemark.rpc.authorization import CallerPolicy, kinds
 from tidemark.v1 import catalog_pb2, catalog_pb2_grpc, common_pb2
 
 Context = grpc.aio.ServicerContext[object, object]
+
+
+# With mTLS on: everyone that follows the catalog reads it; only adapters change it.
+CATALOG_CALLERS = CallerPolicy(
+    default=kinds("adapter", "compute", "sources"),
+    methods={"CompareAndAppend": kinds("adapter")},
+)
 
 
 class CatalogServicer(catalog_pb2_grpc.CatalogServicer):
@@ -73,4 +81,5 @@ def catalog_service(catalog: Catalog) -> Service[CatalogServicer]:
         catalog_pb2.DESCRIPTOR.services_by_name["Catalog"],
         CatalogServicer(catalog),
         catalog_pb2_grpc.add_CatalogServicer_to_server,
+        callers=CATALOG_CALLERS,
     )

@@ -40,6 +40,7 @@ from tidemark.errors import (
 from tidemark.frontier import Antichain
 from tidemark.lattice import U64
 from tidemark.logging import get_logger
+from tidemark.rpc.identity import Identity
 from tidemark.tasks import cancel_and_wait
 
 logger = get_logger("tidemark.catalog.storage")
@@ -100,6 +101,8 @@ class StorageCatalogLog(CatalogLog):
                 initial_frontier=0,
                 holder=self.holder,
                 critical_holder=LOG_HOLDER,
+                # Only the catalog writes its log (checked when mTLS is on).
+                writer=Identity("catalog").uri,
             )
             logger.info("catalog_collection_created", collection=self.collection_id)
         except AlreadyExists:

@@ -135,7 +135,7 @@ def catalog_controller(
     """The controller of the process's cluster. It starts following the catalog at the
     oracle's catalog read time, a time every catalog write acknowledged so far is at or
     before."""
-    oracle = OracleClient(config.oracle)
+    oracle = OracleClient(config.oracle, tls=config.tls())
 
     async def start_time() -> int:
         return await oracle.read_ts(timelines.CATALOG)
@@ -148,15 +148,16 @@ def catalog_controller(
 async def main(config: ComputeConfig) -> None:
     if config.catalog and not config.oracle:
         raise SystemExit("--catalog needs --oracle: the controller reads catalog times from it")
-    storage = StorageClient(config.storage)
-    catalog = CatalogClient(config.catalog) if config.catalog else None
+    tls = config.tls()
+    storage = StorageClient(config.storage, tls=tls)
+    catalog = CatalogClient(config.catalog, tls=tls) if config.catalog else None
     engine = config.make_engine()
     host = DataflowManager(storage, engine, config.host_settings())
     controller = None
     if catalog is not None:
         controller = catalog_controller(config, catalog, host)
         host.controller = controller
-        data_oracle = OracleClient(config.oracle)
+        data_oracle = OracleClient(config.oracle, tls=tls)
 
         async def publish_time(timestamp: int) -> None:
             await data_oracle.apply_write(timelines.DATA, timestamp)
@@ -171,6 +172,8 @@ async def main(config: ComputeConfig) -> None:
             grace=config.shutdown_grace,
             on_started=announce_port,
             readiness=ComputeReadiness(host, controller),
+            tls=tls,
+            reflection=config.reflection,
         ),
         name="serve",
     )

@@ -13,6 +13,7 @@ from services.compute.spec import DataflowInputSpec, DataflowSpec
 from tidemark.columnar import to_ipc
 from tidemark.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
 from tidemark.rpc import Service
+from tidemark.rpc.authorization import CallerPolicy, kinds
 from tidemark.v1 import common_pb2, compute_pb2, compute_pb2_grpc, storage_pb2
 
 Context = grpc.aio.ServicerContext[object, object]
@@ -60,6 +61,13 @@ def spec_from_request(request: compute_pb2.MaintainViewRequest) -> DataflowSpec:
         as_of=request.as_of if request.HasField("as_of") else None,
         from_catalog=False,
     )
+
+
+# With mTLS on: a cluster takes its commands (views, peeks, subscriptions) from adapters only;
+# tools may ask for its status.
+COMPUTE_CALLERS = CallerPolicy(
+    default=kinds("adapter"), methods={"Status": kinds("adapter", "client")}
+)
 
 
 class ComputeServicer(compute_pb2_grpc.ComputeServicer):
@@ -160,4 +168,5 @@ def compute_service(
         compute_pb2.DESCRIPTOR.services_by_name["Compute"],
         ComputeServicer(host, engine, cluster),
         compute_pb2_grpc.add_ComputeServicer_to_server,
+        callers=COMPUTE_CALLERS,
     )

@@ -42,6 +42,8 @@ async def main(config: OracleConfig) -> None:
             config.listen,
             grace=config.shutdown_grace,
             on_started=announce_port,
+            tls=config.tls(),
+            reflection=config.reflection,
         )
     finally:
         await oracle.close()

@@ -6,9 +6,14 @@ import grpc.aio
 
 from services.oracle.oracle import TimestampOracle
 from tidemark.rpc import Service
+from tidemark.rpc.authorization import CallerPolicy, kinds
 from tidemark.v1 import oracle_pb2, oracle_pb2_grpc
 
 Context = grpc.aio.ServicerContext[object, object]
+
+
+# With mTLS on: the services that read and write data or catalog times.
+ORACLE_CALLERS = CallerPolicy(default=kinds("adapter", "catalog", "compute", "sources"))
 
 
 class OracleServicer(oracle_pb2_grpc.TimestampOracleServicer):
@@ -45,4 +50,5 @@ def oracle_service(oracle: TimestampOracle) -> Service[OracleServicer]:
         OracleServicer(oracle),
         oracle_pb2_grpc.add_TimestampOracleServicer_to_server,
         hot=True,
+        callers=ORACLE_CALLERS,
     )

@@ -55,9 +55,10 @@ class SourcesConfig(ServiceConfig):
 
 
 async def main(config: SourcesConfig) -> None:
-    storage = StorageClient(config.storage, timeout=config.storage_timeout)
-    oracle = OracleClient(config.oracle)
-    catalog = CatalogClient(config.catalog)
+    tls = config.tls()
+    storage = StorageClient(config.storage, timeout=config.storage_timeout, tls=tls)
+    oracle = OracleClient(config.oracle, tls=tls)
+    catalog = CatalogClient(config.catalog, tls=tls)
     runtime = SourcesRuntime(catalog, storage, oracle, config.runtime_settings())
     try:
         runtime.start()
@@ -67,6 +68,8 @@ async def main(config: SourcesConfig) -> None:
             grace=config.shutdown_grace,
             on_started=announce_port,
             readiness=runtime.readiness,
+            tls=tls,
+            reflection=config.reflection,
         )
     finally:
         await runtime.close()

@@ -82,6 +82,8 @@ async def main(config: StorageConfig) -> None:
             config.listen,
             grace=config.shutdown_grace,
             on_started=announce_port,
+            tls=config.tls(),
+            reflection=config.reflection,
         )
     finally:
         await core.close()

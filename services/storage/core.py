@@ -207,6 +207,9 @@ class StorageCore:
         initial_frontier: int = 0,
         holder: str = "",
         critical_holder: str = "",
+        tenant: str = "",
+        writer: str = "",
+        owner: str = "",
     ) -> tuple[CapabilityRecord, CapabilityRecord]:
         validate_global_id(collection_id)
         state, (read, write) = operations.initial_state(
@@ -220,10 +223,25 @@ class StorageCore:
             self.policy,
             critical_id=new_capability_id(),
             critical_holder=critical_holder,
+            tenant=tenant,
+            writer=writer,
+            owner=owner,
         )
         await self.shards.create(collection_id, state)
         log.info("collection_created", collection=collection_id, frontier=initial_frontier)
         return read, write
+
+    async def owned_state(self, collection_id: str) -> ShardState:
+        """A state of the collection to decide access by (its tenant and writer never change,
+        so the newest one this process has seen will do; else the current one)."""
+        seen = self.shards.latest_seen(validate_global_id(collection_id))
+        if seen is not None:
+            return seen.state
+        return (await self.shards.require(collection_id)).state
+
+    async def current_state(self, collection_id: str) -> ShardState:
+        """The collection's current state (its capabilities as they are now)."""
+        return await self._current(collection_id)
 
     async def describe(self, collection_id: str) -> Versioned:
         """The current state (expired capabilities left out, as the next change will)."""
@@ -508,10 +526,12 @@ class StorageCore:
     # -- capabilities -----------------------------------------------------------------------
 
     async def clone(
-        self, collection_id: str, capability_id: str, holder: str = ""
+        self, collection_id: str, capability_id: str, holder: str = "", *, owner: str = ""
     ) -> CapabilityRecord:
         validate_global_id(collection_id)
-        operation = operations.clone(capability_id, new_capability_id(), holder, self.policy)
+        operation = operations.clone(
+            capability_id, new_capability_id(), holder, self.policy, owner=owner
+        )
         return await self.shards.update(collection_id, operation)
 
     async def downgrade(
@@ -526,12 +546,17 @@ class StorageCore:
         await self.shards.update(collection_id, operations.drop(capability_id))
 
     async def acquire(
-        self, collection_id: str, holder: str = ""
+        self, collection_id: str, holder: str = "", *, with_write: bool = True, owner: str = ""
     ) -> tuple[CapabilityRecord, CapabilityRecord]:
         validate_global_id(collection_id)
         check_holder(holder)
         operation = operations.acquire(
-            new_capability_id(), new_capability_id(), holder, self.policy
+            new_capability_id(),
+            new_capability_id(),
+            holder,
+            self.policy,
+            with_write=with_write,
+            owner=owner,
         )
         return await self.shards.update(collection_id, operation)
 

@@ -147,14 +147,19 @@ def initial_state(
     *,
     critical_id: str = "",
     critical_holder: str = "",
+    tenant: str = "",
+    writer: str = "",
+    owner: str = "",
 ) -> tuple[ShardState, tuple[CapabilityRecord, CapabilityRecord]]:
     """A new, empty collection with ``since = upper = {initial_frontier}`` and a read and a
     write capability there; with a ``critical_holder``, that holder's critical read capability
     (id ``critical_id``) too."""
     frontier = u64_frontier(initial_frontier)
     expires = now_ms + policy.lease_ms
-    read = CapabilityRecord(read_id, CapabilityKind.READ, frontier, expires, check_holder(holder))
-    write = CapabilityRecord(write_id, CapabilityKind.WRITE, frontier, expires, holder)
+    read = CapabilityRecord(
+        read_id, CapabilityKind.READ, frontier, expires, check_holder(holder), owner=owner
+    )
+    write = CapabilityRecord(write_id, CapabilityKind.WRITE, frontier, expires, holder, owner=owner)
     capabilities: tuple[CapabilityRecord, ...] = (read, write)
     if critical_holder:
         capabilities += (_critical(critical_id, frontier, critical_holder),)
@@ -165,6 +170,8 @@ def initial_state(
         upper=frontier,
         capabilities=capabilities,
         created_ms=now_ms,
+        tenant=tenant,
+        writer=writer,
     )
     return state, (read, write)
 
@@ -288,7 +295,7 @@ def append(request: AppendRequest, policy: Policy) -> Operation[AppendOutcome]:
 
 
 def clone(
-    capability_id: str, new_id: str, holder: str, policy: Policy
+    capability_id: str, new_id: str, holder: str, policy: Policy, *, owner: str = ""
 ) -> Operation[CapabilityRecord]:
     """A new capability like ``capability_id`` (which counts as used, so it is renewed)."""
     check_holder(holder)
@@ -300,7 +307,12 @@ def clone(
         record = require_capability(state, capability_id)
         _check_room(state, 1, policy)
         copy = CapabilityRecord(
-            new_id, record.kind, record.frontier, now_ms + policy.lease_ms, holder or record.holder
+            new_id,
+            record.kind,
+            record.frontier,
+            now_ms + policy.lease_ms,
+            holder or record.holder,
+            owner=owner,
         )
         renewed = _swap(state, _renewed(record, now_ms, policy))
         return renewed.with_capabilities((*renewed.capabilities, copy)), copy
@@ -342,24 +354,36 @@ def drop(capability_id: str) -> Operation[CapabilityRecord]:
 
 
 def acquire(
-    read_id: str, write_id: str, holder: str, policy: Policy
+    read_id: str,
+    write_id: str,
+    holder: str,
+    policy: Policy,
+    *,
+    with_write: bool = True,
+    owner: str = "",
 ) -> Operation[tuple[CapabilityRecord, CapabilityRecord]]:
     """Fresh capabilities at the current since and upper. A frontier that is already ``{}``
-    gives a record with an empty id that is not stored: nothing is left to hold."""
+    gives a record with an empty id that is not stored: nothing is left to hold; so does the
+    write capability of a caller that may not write (``with_write=False``)."""
     check_holder(holder)
 
     def run(
         state: ShardState, now_ms: int
     ) -> tuple[ShardState, tuple[CapabilityRecord, CapabilityRecord]]:
         expires = now_ms + policy.lease_ms
-        read = CapabilityRecord(read_id, CapabilityKind.READ, state.since, expires, holder)
-        write = CapabilityRecord(write_id, CapabilityKind.WRITE, state.upper, expires, holder)
+        read = CapabilityRecord(
+            read_id, CapabilityKind.READ, state.since, expires, holder, owner=owner
+        )
+        write = CapabilityRecord(
+            write_id, CapabilityKind.WRITE, state.upper, expires, holder, owner=owner
+        )
         if state.capability(read_id) or state.capability(write_id):
             # This very call already landed (e.g. a compare-and-set whose reply was lost).
             read = state.capability(read_id) or replace(read, id="", lease_expires_ms=0)
             write = state.capability(write_id) or replace(write, id="", lease_expires_ms=0)
             return state, (read, write)
-        kept = [record for record in (read, write) if not record.frontier.is_empty()]
+        wanted = (read, write) if with_write else (read,)
+        kept = [record for record in wanted if not record.frontier.is_empty()]
         _check_room(state, len(kept), policy)
         useless = [replace(r, id="", lease_expires_ms=0) for r in (read, write) if r not in kept]
         out = {r.kind: r for r in [*kept, *useless]}

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import grpc.aio
 import pyarrow as pa
 
+from services.storage import access
 from services.storage.core import StorageCore
 from services.storage.operations import short_id
 from services.storage.shards import Versioned
@@ -20,10 +21,23 @@ from tidemark.columnar import RelationSchema, from_ipc, slices, to_ipc
 from tidemark.errors import InvalidArgument
 from tidemark.frontier import Antichain
 from tidemark.rpc import Service
+from tidemark.rpc.authorization import CallerPolicy, kinds
+from tidemark.rpc.identity import current_caller
 from tidemark.rpc.streamed_calls import answer_streamed_calls
 from tidemark.v1 import common_pb2, storage_pb2, storage_pb2_grpc
 
 Context = grpc.aio.ServicerContext[object, object]
+
+
+# With mTLS on: the services that keep data. Which collections each may touch is decided per
+# collection (its tenant and writer, see services.storage.access).
+STORAGE_CALLERS = CallerPolicy(
+    default=kinds("adapter", "catalog", "compute", "sources"),
+    methods={
+        "Create": kinds("adapter", "catalog"),
+        "ResetHistory": kinds("adapter", "catalog", "compute"),
+    },
+)
 
 
 def capability_proto(collection_id: str, record: CapabilityRecord) -> storage_pb2.Capability:
@@ -83,6 +97,8 @@ def description_proto(versioned: Versioned) -> storage_pb2.CollectionDescription
         state_version=versioned.version,
         state_bytes=versioned.size,
         created_ms=state.created_ms,
+        tenant=state.tenant,
+        writer=state.writer,
     )
 
 
@@ -106,6 +122,12 @@ def _concatenated(parts: list[pa.Table]) -> pa.Table | None:
         raise InvalidArgument(f"the chunks' columns differ: {exc}") from None
 
 
+def _owner() -> str:
+    """The identity new capabilities are recorded as acquired by (empty without mTLS)."""
+    caller = current_caller()
+    return caller.uri if caller is not None else ""
+
+
 def _ref(request: object) -> storage_pb2.CapabilityRef:
     if not request.HasField("capability"):  # type: ignore[attr-defined]
         raise InvalidArgument("the request names no capability")
@@ -119,16 +141,36 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
         # Set when the server starts stopping: open append streams then end (see AppendStream).
         self.stopping = asyncio.Event()
 
+    async def _check(self, collection_id: str, check: access.Check) -> None:
+        """Applies an access rule when the caller has an identity (mTLS on)."""
+        caller = current_caller()
+        if caller is not None:
+            check(caller, await self.core.owned_state(collection_id))
+
+    async def _check_capability(self, collection_id: str, capability_id: str) -> None:
+        caller = current_caller()
+        if caller is None or caller.kind in access.OWNERS:
+            return
+        # A capability's kind never changes: a state that already has it will do.
+        state = await self.core.owned_state(collection_id)
+        if state.capability(capability_id) is None:
+            state = await self.core.current_state(collection_id)
+        access.check_capability(caller, state, state.capability(capability_id))
+
     async def Create(
         self, request: storage_pb2.CreateRequest, context: Context
     ) -> storage_pb2.CapabilityPair:
         schema = RelationSchema.from_proto(request.schema)
+        access.check_policy(request.tenant, request.writer)
         pair = await self.core.create(
             request.collection_id,
             schema,
             initial_frontier=request.initial_frontier,
             holder=request.holder,
             critical_holder=request.critical_holder,
+            tenant=request.tenant,
+            writer=request.writer,
+            owner=_owner(),
         )
         return pair_proto(request.collection_id, pair)
 
@@ -180,6 +222,7 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
         self, request: storage_pb2.AppendRequest, parts: list[pa.Table] | None = None
     ) -> storage_pb2.AppendResponse:
         ref = _ref(request)
+        await self._check(ref.collection_id, access.check_write)
         if parts is None:
             updates = from_ipc(request.arrow_ipc) if request.arrow_ipc else None
         else:
@@ -205,6 +248,7 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
         self, request: storage_pb2.AppendPartsRequest, context: Context
     ) -> storage_pb2.AppendResponse:
         ref = _ref(request)
+        await self._check(ref.collection_id, access.check_write)
         expected = (
             frontier_from_proto(request.expected_upper)
             if request.HasField("expected_upper")
@@ -227,6 +271,7 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
         self, request: storage_pb2.SubscribeRequest, context: Context
     ) -> AsyncIterator[common_pb2.CdcMessage]:
         ref = _ref(request)
+        await self._check(ref.collection_id, access.check_read)
         options = request.options
         spec = SubscribeSpec(
             snapshot=not options.no_snapshot,
@@ -246,6 +291,7 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
         self, request: storage_pb2.SnapshotRequest, context: Context
     ) -> AsyncIterator[storage_pb2.SnapshotResponse]:
         ref = _ref(request)
+        await self._check(ref.collection_id, access.check_read)
         result = await self.core.snapshot(
             ref.collection_id,
             ref.id,
@@ -267,13 +313,15 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
         self, request: storage_pb2.CloneCapabilityRequest, context: Context
     ) -> storage_pb2.Capability:
         ref = _ref(request)
-        record = await self.core.clone(ref.collection_id, ref.id, request.holder)
+        await self._check_capability(ref.collection_id, ref.id)
+        record = await self.core.clone(ref.collection_id, ref.id, request.holder, owner=_owner())
         return capability_proto(ref.collection_id, record)
 
     async def DowngradeCapability(
         self, request: storage_pb2.DowngradeCapabilityRequest, context: Context
     ) -> storage_pb2.Capability:
         ref = _ref(request)
+        await self._check_capability(ref.collection_id, ref.id)
         frontier = required_frontier(request, "frontier")
         record = await self.core.downgrade(ref.collection_id, ref.id, frontier)
         return capability_proto(ref.collection_id, record)
@@ -282,21 +330,35 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
         self, request: storage_pb2.DropCapabilityRequest, context: Context
     ) -> storage_pb2.DropCapabilityResponse:
         ref = _ref(request)
+        await self._check_capability(ref.collection_id, ref.id)
         await self.core.drop(ref.collection_id, ref.id)
         return storage_pb2.DropCapabilityResponse()
 
     async def AcquireCapabilities(
         self, request: storage_pb2.AcquireCapabilitiesRequest, context: Context
     ) -> storage_pb2.CapabilityPair:
+        caller = current_caller()
+        with_write = True
+        if caller is not None:
+            state = await self.core.owned_state(request.collection_id)
+            if request.critical:
+                access.check_owner(caller, state, "take a critical hold on")
+            access.check_read(caller, state)
+            # A reader that may not write gets no write capability (an empty one).
+            with_write = access.may_write(caller, state)
         if request.critical:
             hold = await self.core.acquire_critical(request.collection_id, request.holder)
             return storage_pb2.CapabilityPair(read=capability_proto(request.collection_id, hold))
-        pair = await self.core.acquire(request.collection_id, request.holder)
+        pair = await self.core.acquire(
+            request.collection_id, request.holder, with_write=with_write, owner=_owner()
+        )
         return pair_proto(request.collection_id, pair)
 
     async def RenewLeases(
         self, request: storage_pb2.RenewLeasesRequest, context: Context
     ) -> storage_pb2.RenewLeasesResponse:
+        for collection_id in {ref.collection_id for ref in request.capabilities}:
+            await self._check(collection_id, access.check_read)
         renewed, missing = await self.core.renew(
             [(ref.collection_id, ref.id) for ref in request.capabilities]
         )
@@ -314,6 +376,7 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
         except StopAsyncIteration:
             raise InvalidArgument("IngestCdc needs at least one message") from None
         ref = _ref(first)
+        await self._check(ref.collection_id, access.check_write)
 
         async def messages() -> AsyncIterator[common_pb2.CdcMessage]:
             if first.HasField("message"):
@@ -332,18 +395,25 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
     async def Describe(
         self, request: storage_pb2.DescribeRequest, context: Context
     ) -> storage_pb2.CollectionDescription:
+        await self._check(request.collection_id, access.check_read)
         return description_proto(await self.core.describe(request.collection_id))
 
     async def List(
         self, request: storage_pb2.ListRequest, context: Context
     ) -> storage_pb2.ListResponse:
-        described = [description_proto(v) for v in await self.core.list_collections()]
+        caller = current_caller()
+        described = [
+            description_proto(v)
+            for v in await self.core.list_collections()
+            if access.may_read(caller, v.state)
+        ]
         return storage_pb2.ListResponse(collections=described)
 
     async def ListParts(
         self, request: storage_pb2.ListPartsRequest, context: Context
     ) -> storage_pb2.ListPartsResponse:
         ref = _ref(request)
+        await self._check(ref.collection_id, access.check_read)
         listing = await self.core.parts(
             ref.collection_id, ref.id, request.as_of if request.HasField("as_of") else None
         )
@@ -372,6 +442,7 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
     async def ResetHistory(
         self, request: storage_pb2.ResetHistoryRequest, context: Context
     ) -> storage_pb2.Capability:
+        await self._check(request.collection_id, access.check_reset)
         record = await self.core.reset_history(request.collection_id, request.holder)
         return capability_proto(request.collection_id, record)
 
@@ -387,4 +458,5 @@ def storage_service(core: StorageCore) -> Service[StorageServicer]:
         storage_pb2_grpc.add_StorageServicer_to_server,
         hot=True,
         on_stopping=servicer.stopping.set,
+        callers=STORAGE_CALLERS,
     )

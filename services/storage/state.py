@@ -120,6 +120,8 @@ class CapabilityRecord:
     last_token: str = ""
     token_upper: Antichain[int] = field(default_factory=lambda: CLOSED)
     critical: bool = False
+    owner: str = ""
+    """The identity that acquired it (mTLS on; empty otherwise)."""
 
     def expired(self, now_ms: int) -> bool:
         return not self.critical and self.lease_expires_ms <= now_ms
@@ -139,6 +141,7 @@ class CapabilityRecord:
             last_token=self.last_token,
             token_upper=frontier_to_proto(self.token_upper),
             critical=self.critical,
+            owner=self.owner,
         )
 
     @classmethod
@@ -152,6 +155,7 @@ class CapabilityRecord:
             proto.last_token,
             frontier_from_proto(proto.token_upper),
             proto.critical,
+            proto.owner,
         )
 
 
@@ -180,6 +184,10 @@ class ShardState:
     capabilities: tuple[CapabilityRecord, ...] = ()
     retired: tuple[RetiredBlob, ...] = ()
     created_ms: int = 0
+    tenant: str = ""
+    """The tenant (database) owning the collection; empty: the system's own."""
+    writer: str = ""
+    """The identity URI allowed to write it (empty: any service but compute)."""
 
     def capability(self, capability_id: str) -> CapabilityRecord | None:
         for record in self.capabilities:
@@ -243,6 +251,8 @@ class ShardState:
             since=frontier_to_proto(self.since),
             upper=frontier_to_proto(self.upper),
             created_ms=self.created_ms,
+            tenant=self.tenant,
+            writer=self.writer,
         ).SerializeToString(deterministic=True)
         return b"".join(
             [
@@ -266,6 +276,8 @@ class ShardState:
             capabilities=tuple(CapabilityRecord.from_proto(c) for c in proto.capabilities),
             retired=tuple(RetiredBlob(r.key, r.retired_ms) for r in proto.retired),
             created_ms=proto.created_ms,
+            tenant=proto.tenant,
+            writer=proto.writer,
         )
 
 

@@ -22,11 +22,15 @@ import time
 from decimal import Decimal
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from tests.support.service_process import REPO_ROOT
 from tidemark.clients.catalog import CatalogClient
 from tidemark.clients.oracle import OracleClient
+from tidemark.clients.storage import StorageClient
+from tidemark.errors import PermissionDenied
+from tidemark.local.services import cli_tls
 
 SERVICES = ("oracle", "storage", "catalog", "sources", "compute", "adapter")
 START_TIMEOUT_S = 300
@@ -109,7 +113,7 @@ class LineReader:
 
 
 class Up:
-    def __init__(self, data_dir: Path, base_port: int) -> None:
+    def __init__(self, data_dir: Path, base_port: int, *extra: str) -> None:
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -122,6 +126,7 @@ class Up:
                 str(base_port),
                 "--spark-master",
                 "local[2]",
+                *extra,
             ],
             cwd=REPO_ROOT,
             # The services read TIDEMARK_* variables too. The first read of a new materialized
@@ -411,3 +416,45 @@ async def test_up_restarts_a_killed_service_while_the_others_keep_serving(tmp_pa
         started = time.monotonic()
         assert up.interrupt() == 0
         assert time.monotonic() - started < 30
+
+
+def test_up_with_tls_serves_sql_over_mtls_only(tmp_path: Path) -> None:
+    base = free_port_range(6)
+    data_dir = tmp_path / "data"
+    up = Up(data_dir, base, "--tls")
+    try:
+        tls_dir = data_dir / "tls"
+        adapter = up.endpoint("adapter")
+        assert f"--tls-dir {tls_dir}" in next(line for line in up.lines if "adapter" in line)
+        assert sql(adapter, "SELECT 1;").returncode == 1  # plaintext: no handshake
+        done = tidemark(
+            "sql",
+            *("--address", adapter, "--tls-dir", str(tls_dir)),
+            *(a for s in [*README_SETUP, README_SELECT] for a in ("-c", s)),
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert_spend(
+            done.stdout[done.stdout.index(" customer") :], {"ada": ("19.75", 2), "bob": ("3.00", 1)}
+        )
+        # PostgreSQL clients get TLS with the adapter's certificate, verified against the CA.
+        url = (
+            f"postgresql://tidemark@127.0.0.1:{base - 1}/tidemark"
+            f"?sslmode=verify-full&sslrootcert={tls_dir / 'ca.crt'}"
+        )
+        with psycopg.connect(url, autocommit=True) as conn:
+            assert conn.pgconn.ssl_in_use
+            rows = conn.execute("SELECT customer, n FROM spend ORDER BY customer").fetchall()
+            assert rows == [("ada", 2), ("bob", 1)]
+        status = tidemark("status", "--base-port", str(base), "--data-dir", str(data_dir))
+        assert status.returncode == 0, status.stdout
+        assert status.stdout.count("SERVING") == len(SERVICES)
+
+        # Storage refuses a client certificate it has no table entry for.
+        async def list_as_cli() -> None:
+            async with StorageClient(up.endpoint("storage"), tls=cli_tls(tls_dir)) as storage:
+                with pytest.raises(PermissionDenied):
+                    await storage.list()
+
+        asyncio.run(list_as_cli())
+    finally:
+        assert up.interrupt() == 0

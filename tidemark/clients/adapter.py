@@ -42,6 +42,7 @@ import grpc.aio
 from tidemark.retry import RetryPolicy
 from tidemark.rpc import CLIENT_RETRY, GrpcClient, stream
 from tidemark.rpc.errors import error_from_rpc
+from tidemark.rpc.tls import TlsSettings
 from tidemark.v1 import adapter_pb2, adapter_pb2_grpc
 
 T = TypeVar("T")
@@ -252,8 +253,9 @@ class AdapterClient(GrpcClient):
         timeout: float = DEFAULT_EXECUTE_TIMEOUT,
         retry: RetryPolicy = CLIENT_RETRY,
         settings: dict[str, str] | None = None,
+        tls: TlsSettings | None = None,
     ) -> None:
-        super().__init__(address, timeout=timeout, retry=retry)
+        super().__init__(address, timeout=timeout, retry=retry, tls=tls)
         self.stub = adapter_pb2_grpc.AdapterStub(self.channel)
         self.session = adapter_pb2.Session(settings=settings or {})
 

@@ -31,6 +31,7 @@ from tidemark.frontier import Antichain
 from tidemark.lattice import U64
 from tidemark.retry import RetryPolicy
 from tidemark.rpc import CLIENT_RETRY, GrpcClient, call, stream
+from tidemark.rpc.tls import TlsSettings
 from tidemark.v1 import catalog_pb2, catalog_pb2_grpc
 
 # Trailing metadata of a CompareAndAppend that lost on its expected upper: the current upper.
@@ -115,9 +116,14 @@ class CatalogClient(GrpcClient):
     """``compare_and_append`` / ``snapshot_at`` / ``subscribe_at`` against a catalog."""
 
     def __init__(
-        self, address: str, *, timeout: float = 10.0, retry: RetryPolicy = CLIENT_RETRY
+        self,
+        address: str,
+        *,
+        timeout: float = 10.0,
+        retry: RetryPolicy = CLIENT_RETRY,
+        tls: TlsSettings | None = None,
     ) -> None:
-        super().__init__(address, timeout=timeout, retry=retry)
+        super().__init__(address, timeout=timeout, retry=retry, tls=tls)
         self.stub = catalog_pb2_grpc.CatalogStub(self.channel)
 
     async def compare_and_append(

@@ -32,6 +32,7 @@ from tidemark.columnar import RelationSchema, Row, RowUpdate, from_ipc, updates_
 from tidemark.frontier import Antichain
 from tidemark.retry import RetryPolicy
 from tidemark.rpc import CLIENT_RETRY, GrpcClient, stream
+from tidemark.rpc.tls import TlsSettings
 from tidemark.v1 import common_pb2, compute_pb2, compute_pb2_grpc, plan_pb2, storage_pb2
 
 DEFAULT_PEEK_WAIT_MS = 30_000
@@ -161,9 +162,14 @@ class ComputeClient(GrpcClient):
     errors otherwise; unary calls other than waits finish within ``timeout`` seconds."""
 
     def __init__(
-        self, address: str, *, timeout: float = 30.0, retry: RetryPolicy = CLIENT_RETRY
+        self,
+        address: str,
+        *,
+        timeout: float = 30.0,
+        retry: RetryPolicy = CLIENT_RETRY,
+        tls: TlsSettings | None = None,
     ) -> None:
-        super().__init__(address, timeout=timeout, retry=retry)
+        super().__init__(address, timeout=timeout, retry=retry, tls=tls)
         self.stub = compute_pb2_grpc.ComputeStub(self.channel)
 
     def _wait_deadline(self, wait_ms: int) -> float:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from tidemark.batching import GroupCommit
 from tidemark.retry import RetryPolicy
 from tidemark.rpc import CLIENT_RETRY, GrpcClient
+from tidemark.rpc.tls import TlsSettings
 from tidemark.v1 import oracle_pb2, oracle_pb2_grpc
 
 
@@ -52,9 +53,14 @@ class OracleClient(GrpcClient):
     otherwise."""
 
     def __init__(
-        self, address: str, *, timeout: float = 10.0, retry: RetryPolicy = CLIENT_RETRY
+        self,
+        address: str,
+        *,
+        timeout: float = 10.0,
+        retry: RetryPolicy = CLIENT_RETRY,
+        tls: TlsSettings | None = None,
     ) -> None:
-        super().__init__(address, timeout=timeout, retry=retry)
+        super().__init__(address, timeout=timeout, retry=retry, tls=tls)
         self.stub = oracle_pb2_grpc.TimestampOracleStub(self.channel)
         self._timelines: dict[str, _TimelineCalls] = {}
 

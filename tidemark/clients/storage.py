@@ -57,6 +57,7 @@ from tidemark.logging import get_logger
 from tidemark.retry import RetryPolicy
 from tidemark.rpc import CLIENT_RETRY, GrpcClient, error_from_rpc, stream
 from tidemark.rpc.streamed_calls import StreamedCalls
+from tidemark.rpc.tls import TlsSettings
 from tidemark.tasks import cancel_and_wait
 from tidemark.v1 import common_pb2, storage_pb2, storage_pb2_grpc
 
@@ -251,6 +252,8 @@ class CollectionInfo:
     state_version: int
     state_bytes: int
     created_ms: int
+    tenant: str = ""
+    writer: str = ""
 
     @classmethod
     def from_proto(cls, proto: storage_pb2.CollectionDescription) -> CollectionInfo:
@@ -277,6 +280,8 @@ class CollectionInfo:
             proto.state_version,
             proto.state_bytes,
             proto.created_ms,
+            proto.tenant,
+            proto.writer,
         )
 
 
@@ -365,10 +370,11 @@ class StorageClient(GrpcClient):
         timeout: float = 10.0,
         retry: RetryPolicy = CLIENT_RETRY,
         append_stream: bool = True,
+        tls: TlsSettings | None = None,
     ) -> None:
         """``append_stream``: send appends as messages of one long-lived ``AppendStream``
         call (cheaper per append), rather than as ``Append`` calls."""
-        super().__init__(address, timeout=timeout, retry=retry)
+        super().__init__(address, timeout=timeout, retry=retry, tls=tls)
         self.stub = storage_pb2_grpc.StorageStub(self.channel)
         self._schemas: dict[str, RelationSchema] = {}
         self.append_stream = append_stream
@@ -394,15 +400,21 @@ class StorageClient(GrpcClient):
         initial_frontier: int = 0,
         holder: str = "",
         critical_holder: str = "",
+        tenant: str = "",
+        writer: str = "",
     ) -> CapabilityPair:
         """A new collection and a read and write capability on it; with ``critical_holder``,
-        also that holder's critical read capability (see :meth:`acquire_critical`)."""
+        also that holder's critical read capability (see :meth:`acquire_critical`).
+        ``tenant`` (the database; empty: the system) and ``writer`` (the one identity that
+        may write it) decide who may use it when storage checks identities (mTLS)."""
         request = storage_pb2.CreateRequest(
             collection_id=collection_id,
             schema=schema.to_proto(),
             initial_frontier=initial_frontier,
             holder=holder,
             critical_holder=critical_holder,
+            tenant=tenant,
+            writer=writer,
         )
         pair = CapabilityPair.from_proto(await self._call(self.stub.Create, request))
         self._schemas[collection_id] = schema

@@ -64,6 +64,8 @@ class SupervisorState:
     supervisor_pid: int
     base_port: int
     services: dict[str, ServiceRecord] = field(default_factory=dict)
+    tls: bool = False
+    """The services serve mTLS (``tidemark up --tls``)."""
 
     def save(self, data_dir: Path) -> None:
         path = data_dir / STATE_FILE
@@ -78,7 +80,12 @@ class SupervisorState:
         try:
             raw = json.loads((data_dir / STATE_FILE).read_text())
             services = {name: ServiceRecord(**r) for name, r in raw["services"].items()}
-            return cls(int(raw["supervisor_pid"]), int(raw["base_port"]), services)
+            return cls(
+                int(raw["supervisor_pid"]),
+                int(raw["base_port"]),
+                services,
+                bool(raw.get("tls", False)),
+            )
         except (OSError, ValueError, KeyError, TypeError):
             return None
 

@@ -12,6 +12,10 @@ Once all are up, a service that exits is restarted after a backoff
 calls to it until it is back. Each exit and restart is printed, and recorded in the state file
 ``tidemark status`` reads (:class:`tidemark.local.supervision.SupervisorState`).
 Services without a ``__main__`` yet are listed and skipped.
+
+With ``tls``, the CA and a certificate per service are written to ``<data>/tls`` first (the CA
+is kept across runs, the certificates are issued afresh) and every service serves mTLS; the
+supervisor's own health checks present the tools' certificate.
 """
 
 from __future__ import annotations
@@ -27,7 +31,14 @@ from pathlib import Path
 from typing import IO
 
 from tidemark.local.health import check_health, wait_until_serving
-from tidemark.local.services import ServiceSpec, is_built, planned_services, session_keys_path
+from tidemark.local.services import (
+    TLS_DIR,
+    ServiceSpec,
+    cli_tls,
+    is_built,
+    planned_services,
+    session_keys_path,
+)
 from tidemark.local.supervision import (
     STATE_FILE,
     Backoff,
@@ -35,6 +46,8 @@ from tidemark.local.supervision import (
     SupervisorState,
     exit_reason,
 )
+from tidemark.rpc.tls import TlsSettings
+from tidemark.security.certs import default_identities, write_certificates
 from tidemark.session_keys import ensure_keys_file
 
 # Compute starts a Spark session before it serves; on a busy 2-core machine that takes a while.
@@ -51,8 +64,12 @@ class ServiceFailed(RuntimeError):
 class RunningService:
     """One service's process, started again by :meth:`restart` when it has exited."""
 
-    def __init__(self, spec: ServiceSpec, data_dir: Path, log_dir: Path) -> None:
+    def __init__(
+        self, spec: ServiceSpec, data_dir: Path, log_dir: Path, tls: TlsSettings | None = None
+    ) -> None:
         self.spec = spec
+        self.tls = tls
+        """What health checks present (``tidemark up --tls``)."""
         self.data_dir = data_dir
         self.log_path = log_dir / f"{spec.name}.log"
         self.log: IO[str] = self.log_path.open("a")
@@ -103,7 +120,10 @@ class RunningService:
         announced = self._announced
         if (
             not wait_until_serving(
-                self.spec.address, timeout, lambda: self.running() or announced.is_set()
+                self.spec.address,
+                timeout,
+                lambda: self.running() or announced.is_set(),
+                tls=self.tls,
             )
             or not self.running()
         ):
@@ -162,18 +182,24 @@ def up(
     spark_master: str,
     start_timeout: float = START_TIMEOUT_S,
     backoff: Backoff | None = None,
+    tls: bool = False,
 ) -> int:
     backoff = backoff or Backoff()
     data_dir = data_dir.absolute()
     log_dir = data_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     ensure_keys_file(session_keys_path(data_dir))
-    specs = planned_services(data_dir, base_port, spark_master)
+    tls_dir = data_dir / TLS_DIR if tls else None
+    if tls_dir is not None:
+        write_certificates(tls_dir, default_identities())
+        print(f"tidemark: mTLS on, certificates in {tls_dir}", flush=True)
+    health_tls = cli_tls(tls_dir) if tls_dir is not None else None
+    specs = planned_services(data_dir, base_port, spark_master, tls_dir)
     built = [s for s in specs if is_built(s)]
     pending = [s.name for s in specs if not is_built(s)]
     print(f"tidemark: data in {data_dir}, logs in {log_dir}", flush=True)
     running: list[RunningService] = []
-    state = SupervisorState(os.getpid(), base_port)
+    state = SupervisorState(os.getpid(), base_port, tls=tls)
     stop_requested = threading.Event()
     # Only the waits for a service to come up are interrupted by a signal; anywhere else (say,
     # between starting a process and recording it) the signal just sets the flag.
@@ -197,7 +223,7 @@ def up(
         for spec in built:
             if stop_requested.is_set():
                 return 0
-            service = RunningService(spec, data_dir, log_dir)
+            service = RunningService(spec, data_dir, log_dir, health_tls)
             running.append(service)
             save_state()
             interruptible.set()
@@ -270,8 +296,10 @@ def status(base_port: int, data_dir: Path) -> int:
     ):
         supervised = None  # another run's, or a stale one
     healthy = True
+    # A supervisor running with --tls serves mTLS; without one, plaintext is the guess.
+    tls = cli_tls(data_dir.absolute() / TLS_DIR) if supervised and supervised.tls else None
     for spec in planned_services(data_dir, base_port):
-        state = check_health(spec.address) if is_built(spec) else "not built"
+        state = check_health(spec.address, tls=tls) if is_built(spec) else "not built"
         healthy &= state in ("SERVING", "not built")
         line = f"  {spec.name:<8} grpc://{spec.address}  {state}"
         record = supervised.services.get(spec.name) if supervised is not None else None

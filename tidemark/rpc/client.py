@@ -26,6 +26,7 @@ from tidemark.retry import RetryPolicy
 from tidemark.rpc.errors import error_from_rpc
 from tidemark.rpc.request_id import REQUEST_ID_KEY, current_request_id, new_request_id
 from tidemark.rpc.server import MAX_MESSAGE_BYTES
+from tidemark.rpc.tls import TlsSettings
 
 Request = TypeVar("Request")
 Response = TypeVar("Response")
@@ -52,8 +53,16 @@ CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
 log = get_logger("tidemark.rpc")
 
 
-def open_channel(address: str, *, options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:
-    """A channel to ``address`` (``host:port`` or any gRPC target). Connects lazily."""
+def open_channel(
+    address: str, *, options: Sequence[tuple[str, Any]] = (), tls: TlsSettings | None = None
+) -> grpc.aio.Channel:
+    """A channel to ``address`` (``host:port`` or any gRPC target). Connects lazily. With
+    ``tls``, over TLS: the server is verified against its CA, and the channel presents its
+    certificate (the caller's identity, for servers that require one)."""
+    if tls is not None:
+        return grpc.aio.secure_channel(
+            address, tls.channel_credentials(), options=[*CHANNEL_OPTIONS, *options]
+        )
     return grpc.aio.insecure_channel(address, options=[*CHANNEL_OPTIONS, *options])
 
 
@@ -130,11 +139,14 @@ async def stream(
 
 class GrpcClient:
     """What every service client shares: a channel to ``address``, unary calls within
-    ``timeout`` seconds retried as ``retry`` allows, and closing (also as ``async with``)."""
+    ``timeout`` seconds retried as ``retry`` allows, and closing (also as ``async with``);
+    over TLS with ``tls`` (see :func:`open_channel`)."""
 
-    def __init__(self, address: str, *, timeout: float, retry: RetryPolicy) -> None:
+    def __init__(
+        self, address: str, *, timeout: float, retry: RetryPolicy, tls: TlsSettings | None = None
+    ) -> None:
         self.address = address
-        self.channel: grpc.aio.Channel = open_channel(address)
+        self.channel: grpc.aio.Channel = open_channel(address, tls=tls)
         self.timeout = timeout
         self.retry = retry
 

@@ -1,9 +1,11 @@
 """Server bootstrap shared by every Tidemark process.
 
-A :class:`Server` serves the given services plus gRPC health checking and server reflection,
-with the access-log and error-mapping interceptors in front of every call. Stopping is graceful:
-health turns NOT_SERVING, the listener closes, and calls in flight get a grace period to finish
-before they are cancelled.
+A :class:`Server` serves the given services plus gRPC health checking and server reflection
+(unless switched off), with the access-log and error-mapping interceptors in front of every
+call; plaintext by default, or TLS, where with client certificates required (mTLS) each call's
+caller is also checked against its service's table (:mod:`tidemark.rpc.authorization`).
+Stopping is graceful: health turns NOT_SERVING, the listener closes, and calls in flight get a
+grace period to finish before they are cancelled.
 
 Health has two sides. *Liveness* (the health service ``liveness``) is SERVING from start to
 stop: the process answers. *Readiness* (the overall status ``""`` and each service's name) is
@@ -31,13 +33,15 @@ from google.protobuf.descriptor import ServiceDescriptor
 from grpc_health.v1 import _async as health_aio  # the asyncio servicer; untyped in grpc-stubs
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import SERVICE_NAME as HEALTH_SERVICE_NAME
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection as grpc_reflection
 
 from tidemark.logging import get_logger
 from tidemark.rpc.access_log import AccessLogInterceptor
+from tidemark.rpc.authorization import AuthorizationInterceptor, CallerPolicy
 from tidemark.rpc.errors import ErrorMappingInterceptor
-from tidemark.rpc.interceptor import InterceptorChain
+from tidemark.rpc.interceptor import CallInterceptor, InterceptorChain
 from tidemark.rpc.metrics import RpcMetricsInterceptor
+from tidemark.rpc.tls import TlsSettings
 
 S = TypeVar("S")
 
@@ -87,6 +91,9 @@ class Service(Generic[S]):
     # long-lived streams that can end early without loss (an idle append stream) end then,
     # instead of holding the shutdown for the whole grace period.
     on_stopping: Callable[[], None] | None = None
+    # Who may call it when mTLS is on (see tidemark.rpc.authorization); None: any verified
+    # peer.
+    callers: CallerPolicy | None = None
 
     @property
     def name(self) -> str:
@@ -120,11 +127,17 @@ class Server:
         options: Sequence[tuple[str, Any]] = (),
         readiness: Readiness | None = None,
         readiness_interval: float = READINESS_INTERVAL_SECONDS,
+        tls: TlsSettings | None = None,
+        reflection: bool = True,
     ) -> None:
         """``grace``: seconds calls in flight get to finish when stopping. ``drain``: seconds
         between reporting NOT_SERVING and closing the listener, so load balancers that poll
         health stop routing here first. ``interceptors`` run inside the built-in ones.
-        ``readiness``: the readiness check (see the module docs; none: always ready)."""
+        ``readiness``: the readiness check (see the module docs; none: always ready).
+        ``tls``: serve TLS (see :mod:`tidemark.rpc.tls`); when it requires client
+        certificates, each call is checked against its service's ``callers``.
+        ``reflection``: serve gRPC server reflection (the list of services and their
+        messages)."""
         split_listen_address(listen)
         self.services = list(services)
         self.listen = listen
@@ -137,10 +150,18 @@ class Server:
         self.readiness_interval = readiness_interval
         self._ready: bool | None = None
         self._watching: asyncio.Task[None] | None = None
-        built_in = InterceptorChain(
-            [AccessLogInterceptor(hot_methods), RpcMetricsInterceptor(), ErrorMappingInterceptor()],
-            innermost=not interceptors,
-        )
+        self.tls = tls
+        self.reflection = reflection
+        chain: list[CallInterceptor] = [
+            AccessLogInterceptor(hot_methods),
+            RpcMetricsInterceptor(),
+            ErrorMappingInterceptor(),
+        ]
+        if tls is not None and tls.require_client_auth:
+            # Inside the error mapping, so a refusal is answered PERMISSION_DENIED.
+            policies = {s.name: s.callers for s in services if s.callers is not None}
+            chain.append(AuthorizationInterceptor(policies))
+        built_in = InterceptorChain(chain, innermost=not interceptors)
         self._server = grpc.aio.server(
             interceptors=[built_in, *interceptors], options=[*SERVER_OPTIONS, *options]
         )
@@ -163,11 +184,16 @@ class Server:
         for service in self.services:
             service.add_to_server(service.servicer, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
-        reflection.enable_server_reflection(
-            [*self.service_names, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME], self._server
-        )
+        if self.reflection:
+            grpc_reflection.enable_server_reflection(
+                [*self.service_names, HEALTH_SERVICE_NAME, grpc_reflection.SERVICE_NAME],
+                self._server,
+            )
         try:
-            port = self._server.add_insecure_port(self.listen)
+            if self.tls is not None:
+                port = self._server.add_secure_port(self.listen, self.tls.server_credentials())
+            else:
+                port = self._server.add_insecure_port(self.listen)
         except RuntimeError as exc:
             raise OSError(f"cannot listen on {self.listen}: {exc}") from exc
         if port == 0:
@@ -178,7 +204,13 @@ class Server:
         await self._check_readiness()
         if self.readiness is not None:
             self._watching = asyncio.create_task(self._watch_readiness(), name="readiness")
-        log.info("server_started", listen=self.listen, port=port, services=self.service_names)
+        log.info(
+            "server_started",
+            listen=self.listen,
+            port=port,
+            services=self.service_names,
+            tls=self.tls.mode if self.tls is not None else "off",
+        )
         return port
 
     @property
@@ -269,10 +301,21 @@ async def serve(
     drain: float = 0.0,
     on_started: Callable[[Server], None] | None = None,
     readiness: Readiness | None = None,
+    tls: TlsSettings | None = None,
+    reflection: bool = True,
 ) -> None:
     """Serve until cancelled (the runner cancels on SIGTERM/SIGINT), then stop gracefully.
-    ``readiness``: when health reports SERVING (see the module docs; none: always)."""
-    async with Server(services, listen, grace=grace, drain=drain, readiness=readiness) as server:
+    ``readiness``: when health reports SERVING (see the module docs; none: always).
+    ``tls``, ``reflection``: as for :class:`Server`."""
+    async with Server(
+        services,
+        listen,
+        grace=grace,
+        drain=drain,
+        readiness=readiness,
+        tls=tls,
+        reflection=reflection,
+    ) as server:
         if on_started is not None:
             on_started(server)
         await server.wait_for_termination()

@@ -1,0 +1,1 @@
+"""Security helpers shared by the services and the tools: certificates for mTLS."""
