@@ -4,7 +4,7 @@ password itself is never stored). The PostgreSQL wire protocol authenticates aga
 
 from __future__ import annotations
 
-from services.adapter.ddl import OWNER, CatalogDraft, DdlOutcome
+from services.adapter.ddl import OWNER, Build, CatalogDraft, CollectionMaker, DdlOutcome
 from services.adapter.sql import statements as ast
 from services.adapter.sql.errors import SqlError
 from tidemark.catalog_items import role_named
@@ -70,3 +70,24 @@ def _set_password(role: catalog_pb2.Role, password: str | None) -> None:
         role.ClearField("password")
     else:
         role.password.CopyFrom(ScramVerifier.from_password(password).to_proto())
+
+
+def bootstrap_superuser(name: str, password: str) -> Build:
+    """Creates the superuser ``name`` (LOGIN, with ``password`` if given) unless a role of
+    that name exists: every adapter runs it at start, and whichever appends first makes it."""
+
+    async def build(draft: CatalogDraft, maker: CollectionMaker) -> DdlOutcome:
+        if role_named(draft.state, name) is None:
+            role = catalog_pb2.Role(login=True, superuser=True)
+            _set_password(role, password or None)
+            draft.create(
+                catalog_pb2.CatalogItem(
+                    id=draft.allocate(),
+                    name=catalog_pb2.QualifiedName(item=name),
+                    owner=name,
+                    role=role,
+                )
+            )
+        return DdlOutcome("CREATE ROLE")
+
+    return build

@@ -7,9 +7,10 @@ time) and writes at a fresh ``WriteTs(data)``. Transaction rules are in ``transa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from services.adapter.authentication import Principal
 from services.adapter.catalog_cache import CatalogCache, CatalogState
 from services.adapter.copying.options import copy_format
 from services.adapter.copying.runner import CopyOutput, CopyRunner
@@ -69,6 +70,9 @@ class SessionState:
     transaction: Transaction | None = None
     # The data a COPY FROM STDIN reads (sent with the Adapter.CopyIn call).
     copy_data: bytes | None = None
+    # Who runs the statements: set from the call's credentials (gRPC) or the connection's
+    # login (pgwire). Nobody, with no privileges, until then.
+    principal: Principal = field(default_factory=lambda: Principal(""))
 
 
 class StatementExecutor:

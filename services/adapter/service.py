@@ -19,11 +19,19 @@ from typing import TypeVar
 import grpc.aio
 from prometheus_client import Counter
 
+from services.adapter.authentication import (
+    DEFAULT_SUPERUSER,
+    TRUST,
+    CallAuthenticator,
+    Metadata,
+    Principal,
+)
 from services.adapter.backends import Backends
 from services.adapter.catalog_cache import CatalogCache
 from services.adapter.copying.encoding import encode_rows
 from services.adapter.copying.runner import CopyOutput
 from services.adapter.ddl import DdlRunner
+from services.adapter.ddl_roles import bootstrap_superuser
 from services.adapter.ddl_statements import DdlStatements
 from services.adapter.executor import SessionState, StatementExecutor
 from services.adapter.holds import CollectionHolds
@@ -78,6 +86,12 @@ class AdapterSettings:
     renew_seconds: float = 10.0
     catalog_timeline: str = timelines.CATALOG
     data_timeline: str = timelines.DATA
+    # Who callers are (authentication.py): "trust" or "password".
+    auth: str = TRUST
+    # The superuser every adapter makes sure exists at start (empty: none).
+    bootstrap_superuser: str = DEFAULT_SUPERUSER
+    # Its password, when it is created (empty: none, it logs in only where trusted).
+    bootstrap_superuser_password: str = ""
 
 
 class Adapter:
@@ -122,6 +136,9 @@ class Adapter:
             tick_seconds=settings.subscribe_tick_seconds,
         )
         self.ticker = TableTicker(self.timestamps, self.cache, settings.table_tick_seconds)
+        self.authenticator = CallAuthenticator(
+            settings.auth, self.cache.latest, settings.bootstrap_superuser
+        )
         self._background: set[asyncio.Task[None]] = set()
 
     async def _data_read_ts(self) -> int:
@@ -130,6 +147,12 @@ class Adapter:
     async def start(self) -> None:
         await self.cache.start(await self.timestamps.catalog_read_ts())
         self.holds.start()
+        if self.settings.bootstrap_superuser:
+            await self.executor.ddl.runner.run(
+                bootstrap_superuser(
+                    self.settings.bootstrap_superuser, self.settings.bootstrap_superuser_password
+                )
+            )
         self.ticker.start()
         log.info(
             "adapter_started", catalog_frontier=self.cache.frontier, holder=self.settings.holder
@@ -168,8 +191,21 @@ class Adapter:
 
     # -- Execute --------------------------------------------------------------------------
 
-    async def execute(self, request: adapter_pb2.ExecuteRequest) -> adapter_pb2.ExecuteResponse:
-        session = _session_state(request.session)
+    def authenticate(self, metadata: Metadata | None) -> Principal:
+        """The role a gRPC call acts as (SqlError 28P01 / 28000 when it may not)."""
+        return self.authenticator.from_metadata(metadata)
+
+    async def execute(
+        self, request: adapter_pb2.ExecuteRequest, metadata: Metadata | None = None
+    ) -> adapter_pb2.ExecuteResponse:
+        try:
+            principal = self.authenticate(metadata)
+        except SqlError as exc:
+            return adapter_pb2.ExecuteResponse(
+                results=[adapter_pb2.StatementResult(error=sql_error(exc))],
+                session=request.session,
+            )
+        session = _session_state(request.session, principal)
         results: list[adapter_pb2.StatementResult] = []
         try:
             statements = parse(request.sql)
@@ -199,12 +235,20 @@ class Adapter:
     # -- COPY -----------------------------------------------------------------------------
 
     async def copy_in(
-        self, requests: AsyncIterator[adapter_pb2.CopyInRequest]
+        self,
+        requests: AsyncIterator[adapter_pb2.CopyInRequest],
+        metadata: Metadata | None = None,
     ) -> adapter_pb2.CopyInResponse:
         first = await anext(requests, None)
         if first is None:
             raise InvalidArgument("CopyIn needs a first message with the session and the SQL")
-        session = _session_state(first.session)
+        try:
+            principal = self.authenticate(metadata)
+        except SqlError as exc:
+            return adapter_pb2.CopyInResponse(
+                result=adapter_pb2.StatementResult(error=sql_error(exc)), session=first.session
+            )
+        session = _session_state(first.session, principal)
         chunks = [first.data]
         size = len(first.data)
         async for request in requests:
@@ -228,10 +272,10 @@ class Adapter:
         return adapter_pb2.CopyInResponse(result=result, session=_session_proto(session))
 
     async def copy_out(
-        self, request: adapter_pb2.CopyOutRequest
+        self, request: adapter_pb2.CopyOutRequest, metadata: Metadata | None = None
     ) -> AsyncIterator[adapter_pb2.CopyOutResponse]:
-        session = _session_state(request.session)
         try:
+            session = _session_state(request.session, self.authenticate(metadata))
             statement = _single(parse(request.sql), ast.CopyTo, "CopyOut", "COPY ... TO STDOUT")
             output = await self.copy_to(statement, session)
         except SqlError as exc:
@@ -309,18 +353,23 @@ class Adapter:
     # -- Subscribe ------------------------------------------------------------------------
 
     async def subscribe(
-        self, request: adapter_pb2.SubscribeSqlRequest
+        self, request: adapter_pb2.SubscribeSqlRequest, metadata: Metadata | None = None
     ) -> AsyncIterator[adapter_pb2.SubscribeSqlResponse]:
         settings = Settings.from_session(request.session)
         try:
             settings.check()
         except SqlError as exc:
             raise InvalidArgument(f"malformed session: {exc.message}") from None
-        async for message in self.subscribe_sql(request.sql, settings):
+        try:
+            principal = self.authenticate(metadata)
+        except SqlError as exc:
+            yield adapter_pb2.SubscribeSqlResponse(error=sql_error(exc))
+            return
+        async for message in self.subscribe_sql(request.sql, settings, principal):
             yield message
 
     async def subscribe_sql(
-        self, sql: str, settings: Settings
+        self, sql: str, settings: Settings, principal: Principal
     ) -> AsyncIterator[adapter_pb2.SubscribeSqlResponse]:
         """A subscription's messages (header, changes, progress; or one error)."""
         try:
@@ -349,14 +398,14 @@ class Adapter:
             )
 
 
-def _session_state(proto: adapter_pb2.Session) -> SessionState:
+def _session_state(proto: adapter_pb2.Session, principal: Principal) -> SessionState:
     settings = Settings.from_session(proto)
     try:
         settings.check()
     except SqlError as exc:
         raise InvalidArgument(f"malformed session: {exc.message}") from None
     transaction = Transaction.decode(proto.transaction) if proto.transaction else None
-    return SessionState(settings, transaction)
+    return SessionState(settings, transaction, principal=principal)
 
 
 def _session_proto(session: SessionState) -> adapter_pb2.Session:
@@ -402,23 +451,23 @@ class AdapterServicer(adapter_pb2_grpc.AdapterServicer):
     async def Execute(
         self, request: adapter_pb2.ExecuteRequest, context: Context
     ) -> adapter_pb2.ExecuteResponse:
-        return await self.adapter.execute(request)
+        return await self.adapter.execute(request, context.invocation_metadata())
 
     async def Subscribe(
         self, request: adapter_pb2.SubscribeSqlRequest, context: Context
     ) -> AsyncIterator[adapter_pb2.SubscribeSqlResponse]:
-        async for message in self.adapter.subscribe(request):
+        async for message in self.adapter.subscribe(request, context.invocation_metadata()):
             yield message
 
     async def CopyIn(
         self, request_iterator: AsyncIterator[adapter_pb2.CopyInRequest], context: Context
     ) -> adapter_pb2.CopyInResponse:
-        return await self.adapter.copy_in(request_iterator)
+        return await self.adapter.copy_in(request_iterator, context.invocation_metadata())
 
     async def CopyOut(
         self, request: adapter_pb2.CopyOutRequest, context: Context
     ) -> AsyncIterator[adapter_pb2.CopyOutResponse]:
-        async for message in self.adapter.copy_out(request):
+        async for message in self.adapter.copy_out(request, context.invocation_metadata()):
             yield message
 
 

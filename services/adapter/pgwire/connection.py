@@ -179,6 +179,7 @@ class Connection:
         if not self.user:
             raise AuthFailed("28000", "no PostgreSQL user name specified in startup packet")
         await self._authenticate()
+        self.session.principal = self.server.authenticator.principal(self.user)
         await self._apply_startup_settings(parameters)
         self.send(codec.authentication_ok())
         for name, value in self._parameters().items():

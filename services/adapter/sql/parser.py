@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from sqlglot import exp
 from sqlglot.tokens import Token, TokenType  # type: ignore[attr-defined]
 
-from services.adapter.sql import connections, roles
+from services.adapter.sql import connections, grants, roles
 from services.adapter.sql import statements as st
 from services.adapter.sql.errors import SYNTAX_ERROR, SqlError, not_supported
 from services.adapter.sql.literal_insert import scan_literal_inserts
@@ -581,15 +581,22 @@ def _drop(cursor: Cursor, text: str, where: int) -> st.Drop:
     )
 
 
-def _alter(cursor: Cursor, text: str, where: int) -> st.RebuildMaterializedView | st.AlterRole:
+def _alter(
+    cursor: Cursor, text: str, where: int
+) -> st.RebuildMaterializedView | st.AlterRole | st.AlterOwner:
     cursor.expect("ALTER")
     if cursor.accept("ROLE") or cursor.accept("USER"):
         return roles.alter_role(cursor, where)
-    if not cursor.accept("MATERIALIZED", "VIEW"):
+    found = next((kind for words, kind in _DROP_KINDS if cursor.accept(*words)), None)
+    if found is None:
         token = cursor.peek()
         if token is not None and is_word(token):
             raise not_supported(f"ALTER {token.text.upper()}", token.start + 1)
         raise cursor.error()
+    if any(is_word(t, "OWNER") for t in cursor.tokens[cursor.index :]) or found != (
+        "materialized view"
+    ):
+        return grants.alter_owner(cursor, text, where, found)
     name = cursor.qualified_name("a materialized view name")
     if not cursor.accept("REBUILD"):
         token = cursor.peek()
@@ -1054,6 +1061,8 @@ _HANDLERS: dict[str, Callable[[Cursor, str, int], st.AnyStatement]] = {
     "CREATE": _create,
     "DROP": _drop,
     "ALTER": _alter,
+    "GRANT": grants.grant,
+    "REVOKE": grants.grant,
     "INSERT": _insert,
     "COPY": _copy,
     "UPDATE": _update,
