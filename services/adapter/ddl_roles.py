@@ -4,7 +4,7 @@ password itself is never stored). The PostgreSQL wire protocol authenticates aga
 
 from __future__ import annotations
 
-from services.adapter.ddl import OWNER, Build, CatalogDraft, CollectionMaker, DdlOutcome
+from services.adapter.ddl import Build, CatalogDraft, CollectionMaker, DdlOutcome
 from services.adapter.sql import statements as ast
 from services.adapter.sql.errors import SqlError
 from tidemark.catalog_items import role_named
@@ -36,7 +36,7 @@ def create_role(statement: ast.CreateRole, draft: CatalogDraft) -> DdlOutcome:
         catalog_pb2.CatalogItem(
             id=draft.allocate(),
             name=catalog_pb2.QualifiedName(item=statement.name),
-            owner=OWNER,
+            owner=draft.owner,
             role=role,
         )
     )

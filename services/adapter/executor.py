@@ -12,6 +12,7 @@ from typing import Any
 
 from services.adapter.authentication import Principal
 from services.adapter.catalog_cache import CatalogCache, CatalogState
+from services.adapter.catalog_names import resolve
 from services.adapter.copying.options import copy_format
 from services.adapter.copying.runner import CopyOutput, CopyRunner
 from services.adapter.ddl import DdlOutcome
@@ -19,6 +20,7 @@ from services.adapter.ddl_statements import DdlStatements
 from services.adapter.dml import DmlRunner
 from services.adapter.finishing import apply_finishing
 from services.adapter.planning import Planner
+from services.adapter.privileges import Privileges, check_query
 from services.adapter.reads import QueryReader, plan_inputs
 from services.adapter.rebuild import rebuild_materialized_view
 from services.adapter.results import (
@@ -51,6 +53,9 @@ DDL_STATEMENTS = (
     ast.CreateSecret,
     ast.CreateRole,
     ast.AlterRole,
+    ast.Grant,
+    ast.GrantRole,
+    ast.AlterOwner,
     ast.CreateConnection,
     ast.CreatePostgresSource,
     ast.CreateView,
@@ -133,7 +138,7 @@ class StatementExecutor:
                     f"{statement.text.split()[0].upper()} cannot run inside a transaction block",
                     statement.position,
                 )
-            return _ddl_outcome(await self.ddl.run(statement, session.settings))
+            return _ddl_outcome(await self.ddl.run(statement, session.settings, session.principal))
         if isinstance(statement, ast.RebuildMaterializedView):
             if transaction is not None:
                 raise SqlError(
@@ -142,6 +147,10 @@ class StatementExecutor:
                     statement.position,
                 )
             state = await self.catalog_state()
+            item = resolve(
+                state, session.settings, statement.name, ("materialized_view",), statement.position
+            )
+            Privileges.of(state, session.principal).require_owner(item, statement.position)
             holds = self.reader.holds
             tag = await rebuild_materialized_view(
                 statement, state, session.settings, holds.storage, holds, self.timestamps
@@ -160,10 +169,16 @@ class StatementExecutor:
             await self.planner.refresh_statistics()
             return await self._explain(statement, session)
         if isinstance(statement, ast.Insert | ast.Update | ast.Delete):
-            return await self.dml.run(statement, session.settings, session.transaction)
+            return await self.dml.run(
+                statement, session.settings, session.transaction, session.principal
+            )
         if isinstance(statement, ast.CopyFrom):
             return await self.copy.copy_from(
-                statement, session.settings, session.transaction, session.copy_data
+                statement,
+                session.settings,
+                session.transaction,
+                session.copy_data,
+                session.principal,
             )
         if isinstance(statement, ast.CopyTo):
             raise not_supported(
@@ -278,6 +293,7 @@ class StatementExecutor:
         """A query's finished rows, read at the statement's time."""
         state = await self.catalog_state()
         planned = self.planner.query(query, state, session.settings)
+        check_query(state, session.principal, planned, session.settings.cluster, position)
         timestamp = await self.read_timestamp(session.transaction, as_of, position)
         inputs = plan_inputs(planned.plan, state)
         result = await self.reader.read(
@@ -300,6 +316,7 @@ class StatementExecutor:
     async def _explain(self, statement: ast.Explain, session: SessionState) -> Outcome:
         state = await self.catalog_state()
         planned = self.planner.query(statement.query, state, session.settings)
+        Privileges.of(state, session.principal).require_read(planned.depends_on, statement.position)
         cluster = session.settings.cluster
         chosen = self.reader.choose_index(planned.unoptimized, state, cluster)
         if chosen is not None:

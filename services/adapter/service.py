@@ -36,6 +36,7 @@ from services.adapter.ddl_statements import DdlStatements
 from services.adapter.executor import SessionState, StatementExecutor
 from services.adapter.holds import CollectionHolds
 from services.adapter.planning import Planner
+from services.adapter.privileges import check_query
 from services.adapter.reads import QueryReader
 from services.adapter.results import (
     INTERNAL_ERROR,
@@ -378,6 +379,7 @@ class Adapter:
             state = await self.executor.catalog_state()
             # ORDER BY / LIMIT become part of the plan: a subscription maintains its top k.
             planned = self.planner.query(statement.query, state, settings, finishing=False)
+            check_query(state, principal, planned, settings.cluster, statement.position)
             as_of = await self.timestamps.as_of_or_now(statement.as_of, statement.position)
             stream = self.subscriptions.stream(planned, state, settings.cluster, as_of)
             async for message in stream:

@@ -1,13 +1,13 @@
 """Parsing GRANT, REVOKE and ALTER ... OWNER TO, as PostgreSQL writes them:
 
-    GRANT { privilege [, ...] | ALL [PRIVILEGES] }
-        ON { [TABLE | VIEW | MATERIALIZED VIEW | SOURCE] name [, ...]
-           | CLUSTER name [, ...] | DATABASE name [, ...] | SCHEMA name [, ...]
-           | ALL TABLES IN SCHEMA name [, ...] }
-        TO { role | PUBLIC } [, ...]
-    REVOKE (the same) FROM { role | PUBLIC } [, ...]
-    GRANT role [, ...] TO role [, ...]          REVOKE role [, ...] FROM role [, ...]
-    ALTER <kind> name OWNER TO role
+GRANT { privilege [, ...] | ALL [PRIVILEGES] }
+    ON { [TABLE | VIEW | MATERIALIZED VIEW | SOURCE] name [, ...]
+       | CLUSTER name [, ...] | DATABASE name [, ...] | SCHEMA name [, ...]
+       | ALL TABLES IN SCHEMA name [, ...] }
+    TO { role | PUBLIC } [, ...]
+REVOKE (the same) FROM { role | PUBLIC } [, ...]
+GRANT role [, ...] TO role [, ...]          REVOKE role [, ...] FROM role [, ...]
+ALTER <kind> name OWNER TO role
 """
 
 from __future__ import annotations
@@ -121,12 +121,3 @@ def _roles(cursor: Cursor, *, allow_public: bool) -> tuple[str, ...]:
             break
     cursor.expect_end()
     return tuple(roles)
-
-
-def alter_owner(cursor: Cursor, text: str, where: int, kind: st.ObjectKind) -> st.AlterOwner:
-    """After ``ALTER <kind>``, at the name."""
-    name = cursor.qualified_name(f"a {kind} name")
-    cursor.expect("OWNER", "TO")
-    owner = cursor.identifier("a role name")
-    cursor.expect_end()
-    return st.AlterOwner(text=text, position=where, kind=kind, name=name, owner=owner)

@@ -593,17 +593,15 @@ def _alter(
         if token is not None and is_word(token):
             raise not_supported(f"ALTER {token.text.upper()}", token.start + 1)
         raise cursor.error()
-    if any(is_word(t, "OWNER") for t in cursor.tokens[cursor.index :]) or found != (
-        "materialized view"
-    ):
-        return grants.alter_owner(cursor, text, where, found)
-    name = cursor.qualified_name("a materialized view name")
-    if not cursor.accept("REBUILD"):
+    name = cursor.qualified_name(f"a {found} name")
+    if cursor.accept("OWNER", "TO"):
+        owner = cursor.identifier("a role name")
+        cursor.expect_end()
+        return st.AlterOwner(text=text, position=where, kind=found, name=name, owner=owner)
+    if found != "materialized view" or not cursor.accept("REBUILD"):
         token = cursor.peek()
         if token is not None and is_word(token):
-            raise not_supported(
-                f"ALTER MATERIALIZED VIEW ... {token.text.upper()}", token.start + 1
-            )
+            raise not_supported(f"ALTER {found.upper()} ... {token.text.upper()}", token.start + 1)
         raise cursor.error()
     cursor.expect_end()
     return st.RebuildMaterializedView(text=text, position=where, name=name)
