@@ -20,7 +20,7 @@ from services.adapter.ddl_statements import DdlStatements
 from services.adapter.dml import DmlRunner
 from services.adapter.finishing import apply_finishing
 from services.adapter.planning import Planner
-from services.adapter.privileges import Privileges, check_query
+from services.adapter.privileges import Privileges, check_query, visible_view
 from services.adapter.reads import QueryReader, plan_inputs
 from services.adapter.rebuild import rebuild_materialized_view
 from services.adapter.results import (
@@ -158,10 +158,12 @@ class StatementExecutor:
             return Outcome(tag)
         if isinstance(statement, ast.ShowObjects):
             state = await self.catalog_state()
-            return show_objects(statement, self.planner.view(state), session.settings)
+            view = visible_view(state, session.principal)
+            return show_objects(statement, view, session.settings)
         if isinstance(statement, ast.ShowColumns):
             state = await self.catalog_state()
-            return show_columns(statement, self.planner.view(state), session.settings)
+            view = visible_view(state, session.principal)
+            return show_columns(statement, view, session.settings)
         if isinstance(statement, ast.Select):
             await self.planner.refresh_statistics()
             return await self._select(statement, session)

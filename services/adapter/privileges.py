@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from services.adapter.authentication import Principal
 from services.adapter.catalog_cache import CatalogState, kind_of
 from services.adapter.catalog_names import KIND_NAMES, catalog_view
+from services.adapter.sql.catalog_view import CatalogView
 from services.adapter.sql.errors import SqlError
 from services.adapter.sql.planned import PlannedQuery
 from tidemark.catalog_items import role_named
@@ -40,6 +41,7 @@ KIND_PRIVILEGES: dict[str, tuple[str, ...]] = {
     **{kind: RELATION_PRIVILEGES for kind in RELATION_KINDS},
 }
 _MEMO = "privileges"
+_VISIBLE_MEMO = "visible_views"
 
 
 def denied(what: str, position: int = 0) -> SqlError:
@@ -188,3 +190,18 @@ def check_query(
     privileges.require_read(planned.depends_on, position)
     if planned.depends_on:
         privileges.require_cluster(cluster, "USAGE", position)
+
+
+def visible_view(state: CatalogState, principal: Principal) -> CatalogView:
+    """The catalog as ``principal`` may list it (SHOW, pg_catalog, information_schema):
+    what it owns or holds a privilege on, as PostgreSQL's information_schema filters by the
+    has_*_privilege functions. Superusers see everything."""
+    privileges = Privileges.of(state, principal)
+    if privileges.superuser:
+        return catalog_view(state)
+    memo = state.memo.setdefault(_VISIBLE_MEMO, {})
+    found = memo.get(principal)
+    if not isinstance(found, CatalogView):
+        found = CatalogView(item for item in state if privileges.visible(item))
+        memo[principal] = found
+    return found

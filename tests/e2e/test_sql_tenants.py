@@ -276,3 +276,30 @@ async def test_trust_mode_takes_the_user_at_its_word(setup: Tenants) -> None:
         assert (await ok(nobody_named, "SELECT s FROM b.public.secret")).rows == [("bob only",)]
     async with AdapterClient(trusted, user="alice", settings={"database": "a"}) as alice:
         await fails(alice, "SELECT s FROM b.public.secret")
+
+
+async def test_each_role_lists_only_what_it_may_use(setup: Tenants, alice: AdapterClient) -> None:
+    databases = {row[0] for row in (await ok(alice, "SHOW DATABASES")).rows}
+    assert databases == {"a"}
+    assert {row[0] for row in (await ok(alice, "SHOW CLUSTERS")).rows} == {"ca"}
+    assert {row[0] for row in (await ok(alice, "SHOW TABLES")).rows} == {"t"}
+    await fails(alice, "SHOW TABLES FROM b.public", "3D000")  # as if b did not exist
+    async with setup.client() as root:
+        assert {"a", "b", "tidemark"} <= {r[0] for r in (await ok(root, "SHOW DATABASES")).rows}
+        assert {"ca", "cb", "default"} <= {r[0] for r in (await ok(root, "SHOW CLUSTERS")).rows}
+        assert (await ok(root, "SHOW TABLES FROM b.public")).rows == [("secret",)]
+    # The pg_catalog / information_schema emulation behind psql's \d, over pgwire.
+    conn = psycopg2.connect(
+        f"host=127.0.0.1 port={setup.pg_port} dbname=a user=alice password=alice-pw"
+    )
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT datname FROM pg_catalog.pg_database")
+            assert {row[0] for row in cursor.fetchall()} == {"a"}
+            cursor.execute("SELECT table_name FROM information_schema.tables")
+            assert {row[0] for row in cursor.fetchall()} == {"t", "total"}
+            cursor.execute("SELECT current_user")
+            assert cursor.fetchone() == ("alice",)
+    finally:
+        conn.close()

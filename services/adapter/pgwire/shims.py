@@ -17,6 +17,7 @@ from services.adapter.executor import SessionState
 from services.adapter.pgwire.catalog_sql import Interpreter, Unsupported
 from services.adapter.pgwire.catalog_tables import CatalogTables
 from services.adapter.pgwire.outcome import Result
+from services.adapter.privileges import visible_view
 from services.adapter.results import output_columns, sql_value
 from services.adapter.session import Settings
 from services.adapter.sql import statements as ast
@@ -128,7 +129,8 @@ class CatalogShims:
                 "current transaction is aborted, commands ignored until end of transaction block",
             )
         settings = session.settings
-        view = await self.catalog_view()
+        # Each role lists only what it has some privilege on.
+        view = visible_view(await self._state(), session.principal)
         tables = CatalogTables(view, settings.database)
         search_path = [s for s in settings.search_path if view.schema(settings.database, s)]
         context = {
@@ -136,6 +138,7 @@ class CatalogShims:
             "search_path": search_path,
             "version": f"PostgreSQL {self.connection.server.server_version} (Tidemark)",
             "pid": self.connection.process_id,
+            "user": session.principal.name,
         }
         try:
             names, rows = Interpreter(tables, context).run(text)
