@@ -63,7 +63,8 @@ def grant(
 def grant_role(statement: ast.GrantRole, draft: CatalogDraft, privileges: Privileges) -> DdlOutcome:
     """Membership: kept on the granted role as a MEMBER privilege of each member."""
     state = draft.state
-    privileges.require_superuser("grant or revoke role membership", statement.position)
+    granted = [role_named(state, name) for name in statement.roles]
+    privileges.require_role_admin("grant or revoke role membership", granted, statement.position)
     for member in statement.members:
         _require_role(state, member, statement.position)
     rewrites = _Rewrites()
@@ -110,6 +111,19 @@ def alter_owner(
     rewrites.change(item, owned)
     rewrites.draft_into(draft)
     return DdlOutcome(f"ALTER {statement.kind.upper()}")
+
+
+def forget_memberships(draft: CatalogDraft, dropped: list[catalog_pb2.CatalogItem]) -> None:
+    """DROP ROLE: the memberships of the dropped roles go with them (as in PostgreSQL)."""
+    names = {item.name.item for item in dropped if kind_of(item) == "role"}
+    gone = {item.id for item in dropped}
+    rewrites = _Rewrites()
+    for item in draft.state:
+        if kind_of(item) != "role" or item.id in gone:
+            continue
+        for grantee in names & {g.grantee for g in item.privileges}:
+            rewrites.change(item, partial(_change, grantee=grantee, actions=(MEMBER,), revoke=True))
+    rewrites.draft_into(draft)
 
 
 # -- helpers --------------------------------------------------------------------------------

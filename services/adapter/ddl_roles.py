@@ -30,6 +30,7 @@ def create_role(statement: ast.CreateRole, draft: CatalogDraft) -> DdlOutcome:
     role = catalog_pb2.Role(
         login=statement.user if options.login is None else options.login,
         superuser=bool(options.superuser),
+        createrole=bool(options.createrole),
     )
     _set_password(role, options.password)
     draft.create(
@@ -56,6 +57,8 @@ def alter_role(statement: ast.AlterRole, draft: CatalogDraft) -> DdlOutcome:
         changed.role.login = options.login
     if options.superuser is not None:
         changed.role.superuser = options.superuser
+    if options.createrole is not None:
+        changed.role.createrole = options.createrole
     _set_password(changed.role, options.password)
     if changed != current:
         draft.drop(current)

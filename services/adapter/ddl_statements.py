@@ -37,7 +37,7 @@ from services.adapter.ddl import (
     table_schema,
     unknown_object,
 )
-from services.adapter.privileges import Privileges
+from services.adapter.privileges import Privileges, check_role_unused
 from services.adapter.results import DUPLICATE_OBJECT
 from services.adapter.session import Settings
 from services.adapter.source_ddl import create_load_generator_source
@@ -46,6 +46,7 @@ from services.adapter.sql.catalog_view import bind, contents_collection
 from services.adapter.sql.ddl import key_positions
 from services.adapter.sql.errors import SqlError
 from services.adapter.sql.names import dotted
+from tidemark.catalog_items import role_named
 from tidemark.columnar import RelationSchema
 from tidemark.plan.catalog_relations import RELATION_KINDS
 from tidemark.v1 import catalog_pb2, plan_pb2
@@ -389,7 +390,8 @@ class DdlStatements:
                 raise unknown_object(statement, name)
             check_droppable(item, statement.position, state)
             if kind_of(item) == "role":
-                privileges.require_superuser("drop role", statement.position)
+                privileges.require_role_admin("drop role", [item], statement.position)
+                check_role_unused(state, item, statement.position)
             else:
                 privileges.require_owner(item, statement.position)
             targets.append(item)
@@ -401,6 +403,7 @@ class DdlStatements:
             draft.drop(item)
             if item.id not in target_ids:
                 notices.append(f"drop cascades to {kind_name(item)} {full_name(item)}")
+        ddl_grants.forget_memberships(draft, dropped)
         collections = [c for c in (contents_collection(i) for i in dropped) if c is not None]
         hooks = [ddl_connections.slot_dropper(state, i) for i in dropped]
         return DdlOutcome(
@@ -429,9 +432,15 @@ def _check_privileges(
     if isinstance(statement, _CREATED_IN_SCHEMA):
         name = qualify_new(state, settings, statement.name, position)
         privileges.require_create_in(name.database, name.schema, position)
+    # A connection's secret and a source's connection are used only by their owners.
     if isinstance(statement, ast.CreatePostgresSource):
         connection = resolve(state, settings, statement.connection, ("connection",), position)
         privileges.require_owner(connection, position)
+    elif isinstance(statement, ast.CreateConnection):
+        secret_name = dict(statement.options).get("password")
+        if isinstance(secret_name, tuple):
+            secret = resolve(state, settings, secret_name, ("secret",), position)
+            privileges.require_owner(secret, position)
     elif isinstance(statement, ast.CreateSchema):
         database = settings.database if len(statement.name) == 1 else statement.name[0]
         found = catalog_view(state).database(database)
@@ -441,17 +450,24 @@ def _check_privileges(
         privileges.require_superuser("create database", position)
     elif isinstance(statement, ast.CreateCluster):
         privileges.require_superuser("create cluster", position)
-    elif isinstance(statement, ast.CreateRole):
-        privileges.require_superuser("create role", position)
-    elif isinstance(statement, ast.AlterRole):
+    elif isinstance(statement, ast.CreateRole | ast.AlterRole):
         options = statement.options
+        if options.superuser or (
+            isinstance(statement, ast.AlterRole) and options.superuser is not None
+        ):
+            privileges.require_superuser("grant or take away SUPERUSER", position)
+        if isinstance(statement, ast.CreateRole):
+            privileges.require_role_admin("create role", [], position)
+            return
         own_password = (
             statement.name == privileges.principal.name
             and options.login is None
             and options.superuser is None
+            and options.createrole is None
         )
         if not own_password:
-            privileges.require_superuser("alter role", position)
+            target = role_named(state, statement.name)
+            privileges.require_role_admin("alter role", [target], position)
 
 
 def _new_relation_name(

@@ -20,7 +20,12 @@ from services.adapter.ddl_statements import DdlStatements
 from services.adapter.dml import DmlRunner
 from services.adapter.finishing import apply_finishing
 from services.adapter.planning import Planner
-from services.adapter.privileges import Privileges, check_query, visible_view
+from services.adapter.privileges import (
+    Privileges,
+    check_buffered_write,
+    check_query,
+    visible_view,
+)
 from services.adapter.reads import QueryReader, plan_inputs
 from services.adapter.rebuild import rebuild_materialized_view
 from services.adapter.results import (
@@ -231,12 +236,17 @@ class StatementExecutor:
         write = transaction.write
         if write is None:
             return Outcome("COMMIT", timestamp=transaction.read_ts or 0)
-        if (await self.catalog_state()).get(write.table_id) is None:
+        state = await self.catalog_state()
+        target = state.get(write.table_id)
+        if target is None:
             raise SqlError(
                 "42P01",
                 f'table "{write.table_name}" was dropped while the transaction was open; '
                 "nothing was written",
             )
+        # The session travels through the client: what it says it wrote is checked again
+        # against who commits (only a table takes writes, and only with the privileges).
+        check_buffered_write(state, session.principal, target, write.consolidated())
         reads = None
         if transaction.read_ts is not None:
             reads = ReadSet(

@@ -63,6 +63,7 @@ class Privileges:
         self.principal = principal
         role = role_named(state, principal.name) if principal.name else None
         self.superuser = principal.administrator or (role is not None and role.role.superuser)
+        self.createrole = self.superuser or (role is not None and role.role.createrole)
         # The roles whose privileges the principal uses: its own, those it is a member of
         # (transitively), and PUBLIC.
         self.acting_as = _memberships(state, principal.name) | {PUBLIC}
@@ -120,6 +121,15 @@ class Privileges:
 
     def require_superuser(self, what: str, position: int = 0) -> None:
         if not self.superuser:
+            raise denied(f"to {what}", position)
+
+    def require_role_admin(
+        self, what: str, roles: Iterable[catalog_pb2.CatalogItem | None], position: int
+    ) -> None:
+        """Managing roles: superusers, or CREATEROLE for roles that are not superusers."""
+        if self.superuser:
+            return
+        if not self.createrole or any(r is not None and r.role.superuser for r in roles):
             raise denied(f"to {what}", position)
 
     def require_usage_of_container(self, item: catalog_pb2.CatalogItem, position: int) -> None:
@@ -205,3 +215,45 @@ def visible_view(state: CatalogState, principal: Principal) -> CatalogView:
         found = CatalogView(item for item in state if privileges.visible(item))
         memo[principal] = found
     return found
+
+
+def check_role_unused(state: CatalogState, role: catalog_pb2.CatalogItem, position: int) -> None:
+    """As PostgreSQL: a role that owns objects or holds privileges cannot be dropped (2BP01),
+    so no object is left with an owner nobody can act as."""
+    name = role.name.item
+    # Roles themselves are not objects a role owns (their memberships go with the drop).
+    uses = [
+        item
+        for item in state
+        if kind_of(item) != "role"
+        and (item.owner == name or any(grant.grantee == name for grant in item.privileges))
+    ]
+    if uses:
+        named = ", ".join(describe(item) for item in uses[:5])
+        raise SqlError(
+            "2BP01",
+            f'role "{name}" cannot be dropped because some objects depend on it ({named}'
+            + (f" and {len(uses) - 5} more" if len(uses) > 5 else "")
+            + ")",
+            position,
+            hint="ALTER ... OWNER TO another role and REVOKE its privileges first",
+        )
+
+
+def check_buffered_write(
+    state: CatalogState,
+    principal: Principal,
+    target: catalog_pb2.CatalogItem,
+    changes: Iterable[tuple[object, int]],
+) -> None:
+    """COMMIT of a transaction's write: the target must be a table, and the committer must
+    hold INSERT (or UPDATE) for added rows and DELETE (or UPDATE) for removed ones."""
+    if kind_of(target) != "table":
+        raise SqlError("42809", f"cannot write to {describe(target)}: it is not a table")
+    privileges = Privileges.of(state, principal)
+    diffs = {diff > 0 for _, diff in changes}
+    for adds, action in ((True, "INSERT"), (False, "DELETE")):
+        if adds in diffs and not (
+            privileges.has(target, action) or privileges.has(target, "UPDATE")
+        ):
+            raise denied(f"for {describe(target)}")

@@ -303,3 +303,38 @@ async def test_each_role_lists_only_what_it_may_use(setup: Tenants, alice: Adapt
             assert cursor.fetchone() == ("alice",)
     finally:
         conn.close()
+
+
+async def test_role_management(setup: Tenants, alice: AdapterClient) -> None:
+    async with setup.client() as root:
+        await ok(root, "CREATE ROLE manager LOGIN CREATEROLE PASSWORD 'm-pw'")
+    async with setup.client("manager", "m-pw") as manager:
+        await ok(manager, "CREATE ROLE temp LOGIN PASSWORD 'temp-pw'")
+        await fails(manager, "CREATE ROLE boss SUPERUSER")
+        await fails(manager, "ALTER ROLE tidemark PASSWORD 'taken'")  # a superuser
+        await ok(manager, "GRANT temp TO alice; REVOKE temp FROM alice")
+    # A role changes its own password, and nothing else about itself.
+    async with setup.client("temp", "temp-pw") as temp:
+        await fails(temp, "ALTER ROLE temp CREATEROLE")
+        await ok(temp, "ALTER ROLE temp PASSWORD 'temp-pw2'")
+        # The old password is refused from the next call on.
+        assert (await temp.execute("SELECT 1")).error.code == "28P01"  # type: ignore[union-attr]
+    async with setup.client("temp", "temp-pw2") as temp:
+        assert (await ok(temp, "SELECT 1")).rows == [(1,)]
+    # A role that owns something cannot be dropped until it owns nothing.
+    async with setup.client() as root:
+        await ok(root, "GRANT USAGE ON DATABASE a TO temp; GRANT USAGE ON SCHEMA a.public TO temp")
+        await ok(root, "GRANT temp TO alice")
+    await ok(alice, "CREATE TABLE temp_t (x bigint); ALTER TABLE temp_t OWNER TO temp")
+    async with setup.client("manager", "m-pw") as manager:
+        in_use = await fails(manager, "DROP ROLE temp", "2BP01")
+        assert "table temp_t" in in_use.message
+    await ok(alice, "DROP TABLE temp_t")  # alice acts as temp, its owner
+    async with setup.client() as root:
+        await ok(
+            root, "REVOKE ALL ON DATABASE a FROM temp; REVOKE ALL ON SCHEMA a.public FROM temp"
+        )
+    async with setup.client("manager", "m-pw") as manager:
+        await ok(manager, "DROP ROLE temp")  # its membership in alice's roles goes with it
+    async with setup.client("temp", "temp-pw2") as gone:
+        assert (await gone.execute("SELECT 1")).error.code == "28P01"  # type: ignore[union-attr]

@@ -9,7 +9,12 @@ import pytest
 from services.adapter.authentication import Principal
 from services.adapter.catalog_cache import CatalogState
 from services.adapter.ddl_grants import _change
-from services.adapter.privileges import Privileges, visible_view
+from services.adapter.privileges import (
+    Privileges,
+    check_buffered_write,
+    check_role_unused,
+    visible_view,
+)
 from services.adapter.sql import parse
 from services.adapter.sql import statements as st
 from services.adapter.sql.errors import SqlError
@@ -217,3 +222,48 @@ def test_grant_syntax() -> None:
         with pytest.raises(SqlError) as caught:
             parse(bad)
         assert caught.value.code == "42601"
+
+
+def test_a_committed_write_is_checked_again() -> None:
+    state = _state()
+    table, view = state.get("u20"), state.get("u21")
+    assert table is not None and view is not None
+    check_buffered_write(state, Principal("alice"), table, [((1,), 1), ((2,), -1)])
+    with pytest.raises(SqlError) as caught:
+        check_buffered_write(state, Principal("bob"), table, [((1,), 1)])
+    assert caught.value.code == "42501"
+    table.privileges.add(grantee="bob", actions=["INSERT"])
+    fresh = CatalogState(2, {i.id: i for i in state})
+    check_buffered_write(fresh, Principal("bob"), table, [((1,), 1)])
+    with pytest.raises(SqlError):
+        check_buffered_write(fresh, Principal("bob"), table, [((1,), -1)])
+    with pytest.raises(SqlError) as not_a_table:
+        check_buffered_write(fresh, Principal("root"), view, [((1,), 1)])
+    assert not_a_table.value.code == "42809"
+
+
+def test_createrole_manages_roles_but_not_superusers() -> None:
+    manager = _item(
+        "u40",
+        "root",
+        ("", "", "manager"),
+        role=catalog_pb2.Role(login=True, createrole=True),
+    )
+    state = _state(manager)
+    privileges = _of(state, "manager")
+    privileges.require_role_admin("create role", [], 0)
+    privileges.require_role_admin("drop role", [state.get("u2")], 0)
+    with pytest.raises(SqlError):
+        privileges.require_role_admin("drop role", [state.get("u1")], 0)  # a superuser
+    with pytest.raises(SqlError):
+        _of(state, "alice").require_role_admin("create role", [], 0)
+
+
+def test_a_role_in_use_cannot_be_dropped() -> None:
+    state = _state()
+    alice, carol = state.get("u2"), state.get("u4")
+    assert alice is not None and carol is not None
+    with pytest.raises(SqlError) as caught:
+        check_role_unused(state, alice, 0)
+    assert caught.value.code == "2BP01" and "table t" in caught.value.message
+    check_role_unused(state, carol, 0)  # only a member of bob: that goes with her

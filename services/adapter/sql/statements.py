@@ -112,10 +112,14 @@ class RoleOptions:
     login: bool | None = None
     superuser: bool | None = None
     password: str | None = None
+    createrole: bool | None = None
 
     def __repr__(self) -> str:
         hidden = None if self.password is None else "<hidden>"
-        return f"RoleOptions(login={self.login}, superuser={self.superuser}, password={hidden})"
+        return (
+            f"RoleOptions(login={self.login}, superuser={self.superuser}, "
+            f"createrole={self.createrole}, password={hidden})"
+        )
 
 
 @dataclass(frozen=True)
