@@ -259,6 +259,7 @@ async def test_wrong_passwords_are_refused_over_grpc_and_pgwire(setup: Tenants) 
     conn = psycopg2.connect(f"{dsn} password=alice-pw")
     try:
         conn.autocommit = True
+        assert conn.get_parameter_status("is_superuser") == "off"
         with conn.cursor() as cursor:
             cursor.execute("SET cluster = ca")
             cursor.execute("SELECT count(*) FROM t")
@@ -301,6 +302,12 @@ async def test_each_role_lists_only_what_it_may_use(setup: Tenants, alice: Adapt
             assert {row[0] for row in cursor.fetchall()} == {"t", "total"}
             cursor.execute("SELECT current_user")
             assert cursor.fetchone() == ("alice",)
+            # Owners as psql's \d shows them.
+            cursor.execute(
+                "SELECT c.relname, pg_catalog.pg_get_userbyid(c.relowner) FROM "
+                "pg_catalog.pg_class c WHERE c.relkind IN ('r', 'm')"
+            )
+            assert sorted(cursor.fetchall()) == [("t", "alice"), ("total", "alice")]
     finally:
         conn.close()
 

@@ -424,7 +424,7 @@ class Interpreter:
 
         return {
             "format_type": format_type,
-            "pg_get_userbyid": lambda *_: OWNER,
+            "pg_get_userbyid": lambda oid, *_: tables.role_names.get(oid, OWNER),
             "pg_table_is_visible": lambda oid: (
                 oid in tables.class_by_oid
                 and tables.namespace_names.get(tables.class_by_oid[oid]["relnamespace"])

@@ -30,6 +30,7 @@ from services.adapter.pgwire.params import (
     substitute,
 )
 from services.adapter.pgwire.shims import CatalogShims
+from services.adapter.privileges import Privileges
 from services.adapter.results import INTERNAL_ERROR, PROTOCOL_VIOLATION, QUERY_CANCELED
 from services.adapter.session import Settings
 from services.adapter.sql import parse
@@ -102,6 +103,7 @@ class Connection:
         self.session = SessionState(Settings({}))
         self.shims = CatalogShims(self.adapter, self)
         self.user = ""
+        self.superuser = False
         self.statements: dict[str, Prepared] = {}
         self.portals: dict[str, Portal] = {}
         self.cursors: dict[str, cursors.Cursor] = {}
@@ -180,6 +182,8 @@ class Connection:
             raise AuthFailed("28000", "no PostgreSQL user name specified in startup packet")
         await self._authenticate()
         self.session.principal = self.server.authenticator.principal(self.user)
+        state = await self.adapter.executor.catalog_state()
+        self.superuser = Privileges.of(state, self.session.principal).superuser
         await self._apply_startup_settings(parameters)
         self.send(codec.authentication_ok())
         for name, value in self._parameters().items():
@@ -238,7 +242,7 @@ class Connection:
             "standard_conforming_strings": "on",
             "integer_datetimes": "on",
             "IntervalStyle": "postgres",
-            "is_superuser": "off",
+            "is_superuser": "on" if self.superuser else "off",
             "session_authorization": self.user,
         }
         for key, name in REPORTED.items():

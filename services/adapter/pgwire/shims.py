@@ -84,6 +84,8 @@ class CatalogShims:
 
     def _fixed(self, name: str) -> str | None:
         lowered = name.lower()
+        if lowered == "is_superuser":
+            return "on" if self.connection.superuser else "off"
         if lowered == "server_version":
             return self.connection.server.server_version
         if lowered == "server_version_num":
