@@ -35,6 +35,7 @@ INVALID_AUTHORIZATION = "28000"
 DEFAULT_SUPERUSER = "tidemark"
 CACHE_SECONDS = 60.0
 CACHE_ENTRIES = 4096
+_ROLES_MEMO = "roles_by_name"
 
 
 @dataclass(frozen=True)
@@ -95,8 +96,20 @@ class CallAuthenticator:
             raise SqlError(INVALID_PASSWORD, f'password authentication failed for user "{user}"')
         return Principal(user)
 
+    def _role(self, user: str) -> catalog_pb2.CatalogItem | None:
+        items = self.items()
+        memo = getattr(items, "memo", None)  # a CatalogState: index its roles once
+        if not isinstance(memo, dict):
+            return role_named(items, user)
+        roles = memo.get(_ROLES_MEMO)
+        if roles is None:
+            roles = {i.name.item: i for i in items if i.WhichOneof("body") == "role"}
+            memo[_ROLES_MEMO] = roles
+        found = roles.get(user)
+        return found if isinstance(found, catalog_pb2.CatalogItem) else None
+
     def _password_matches(self, user: str, password: str) -> bool:
-        role = role_named(self.items(), user)
+        role = self._role(user)
         if role is None or not role.role.login or not role.role.HasField("password"):
             return False
         stored_key = role.role.password.stored_key

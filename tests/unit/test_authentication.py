@@ -11,6 +11,7 @@ from services.adapter.authentication import (
     CallAuthenticator,
     Principal,
 )
+from services.adapter.catalog_cache import CatalogState
 from services.adapter.sql.errors import SqlError
 from tidemark.scram import ScramVerifier
 from tidemark.v1 import catalog_pb2
@@ -75,3 +76,12 @@ def test_a_verified_password_is_remembered_until_the_verifier_changes(
     items.clear()  # DROP ROLE
     with pytest.raises(SqlError):
         auth.authenticate("alice", "changed")
+
+
+def test_roles_are_looked_up_in_the_catalog_state_index() -> None:
+    state = CatalogState(1, {"u5": _role("alice", "s3cret")})
+    auth = CallAuthenticator(PASSWORD, lambda: state)
+    assert auth.authenticate("alice", "s3cret") == Principal("alice")
+    assert set(state.memo["roles_by_name"]) == {"alice"}
+    with pytest.raises(SqlError):
+        auth.authenticate("bob", "s3cret")
