@@ -4,7 +4,8 @@ gRPC callers name themselves in call metadata, ``tidemark-user`` and ``tidemark-
 The adapter's ``auth`` setting says what that is worth:
 
 - ``trust`` (the default, the embedded ``make run``): no user means the bootstrap superuser, a
-  named user is taken at its word (as PostgreSQL's ``trust``); passwords are not checked.
+  named user is taken at its word (as PostgreSQL's ``trust``: no password is checked, but the
+  role must exist and have LOGIN, else 28000).
 - ``password``: the user must be a catalog role with LOGIN whose SCRAM verifier the password
   matches; anything else fails with 28P01. A verified password is remembered for a minute
   (keyed by a keyed hash of it and the verifier it matched, so a changed password or a dropped
@@ -86,7 +87,10 @@ class CallAuthenticator:
 
     def authenticate(self, user: str, password: str | None) -> Principal:
         if self.mode == TRUST:
-            return Principal(user or self.bootstrap_superuser)
+            if not user:
+                return Principal(self.bootstrap_superuser)
+            self.check_login(user)
+            return Principal(user)
         if not user:
             raise SqlError(
                 INVALID_AUTHORIZATION,
@@ -95,6 +99,14 @@ class CallAuthenticator:
         if not self._password_matches(user, password or ""):
             raise SqlError(INVALID_PASSWORD, f'password authentication failed for user "{user}"')
         return Principal(user)
+
+    def check_login(self, user: str) -> None:
+        """28000 unless ``user`` is a role that may log in (what trust still checks)."""
+        role = self._role(user)
+        if role is None:
+            raise SqlError(INVALID_AUTHORIZATION, f'role "{user}" does not exist')
+        if not role.role.login:
+            raise SqlError(INVALID_AUTHORIZATION, f'role "{user}" is not permitted to log in')
 
     def _role(self, user: str) -> catalog_pb2.CatalogItem | None:
         items = self.items()

@@ -277,6 +277,11 @@ async def test_trust_mode_takes_the_user_at_its_word(setup: Tenants) -> None:
         assert (await ok(nobody_named, "SELECT s FROM b.public.secret")).rows == [("bob only",)]
     async with AdapterClient(trusted, user="alice", settings={"database": "a"}) as alice:
         await fails(alice, "SELECT s FROM b.public.secret")
+    # Trust checks no password, but the role must exist (as in PostgreSQL).
+    async with AdapterClient(trusted, user="mallory") as mallory:
+        unknown = (await mallory.execute("SELECT 1")).error
+        assert unknown is not None and unknown.code == "28000"
+        assert unknown.message == 'role "mallory" does not exist'
 
 
 async def test_each_role_lists_only_what_it_may_use(setup: Tenants, alice: AdapterClient) -> None:

@@ -27,11 +27,21 @@ def _role(name: str, password: str | None, *, login: bool = True) -> catalog_pb2
 
 
 def test_trust_takes_the_user_at_its_word_and_defaults_to_the_superuser() -> None:
-    auth = CallAuthenticator(TRUST, lambda: [], "admin")
+    items = [_role("alice", "s3cret"), _role("carol", None, login=False)]
+    auth = CallAuthenticator(TRUST, lambda: items, "admin")
     assert auth.from_metadata([]) == Principal("admin")
+    # No password check: any password, or none, is taken.
     assert auth.from_metadata([("tidemark-user", "alice"), ("tidemark-password", "x")]) == (
         Principal("alice")
     )
+    # Still, as PostgreSQL's trust: the role must exist and may log in.
+    for user, message in (
+        ("nobody", 'role "nobody" does not exist'),
+        ("carol", 'role "carol" is not permitted to log in'),
+    ):
+        with pytest.raises(SqlError) as caught:
+            auth.from_metadata([("tidemark-user", user)])
+        assert (caught.value.code, caught.value.message) == ("28000", message)
 
 
 def test_password_mode_checks_the_verifier_and_login() -> None:

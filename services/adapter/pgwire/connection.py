@@ -199,6 +199,9 @@ class Connection:
         host = peer[0] if isinstance(peer, tuple) else "127.0.0.1"
         authenticator = self.server.authenticator
         if authenticator.method(str(host)) == "trust":
+            # No password, but (as PostgreSQL's trust) a role that exists and may log in.
+            if self.user not in authenticator.administrators:
+                self.adapter.authenticator.check_login(self.user)
             return
         exchange = authenticator.exchange(self.user)
         self.send(codec.authentication_sasl(["SCRAM-SHA-256"]))
