@@ -10,14 +10,13 @@ from functools import partial
 
 from services.adapter.authentication import Principal
 from services.adapter.catalog_cache import CatalogState, kind_of
-from services.adapter.catalog_names import catalog_view, resolve
+from services.adapter.catalog_names import KIND_NAMES, catalog_view, resolve
 from services.adapter.ddl import CatalogDraft, DdlOutcome, resolve_drop_target, unknown_object
 from services.adapter.privileges import (
     KIND_PRIVILEGES,
     MEMBER,
     PUBLIC,
     Privileges,
-    describe,
 )
 from services.adapter.session import Settings
 from services.adapter.sql import statements as ast
@@ -31,7 +30,6 @@ UNDEFINED_OBJECT = "42704"
 UNDEFINED_DATABASE = "3D000"
 UNDEFINED_SCHEMA = "3F000"
 INVALID_GRANT_OPERATION = "0LP01"
-INVALID_GRANTOR = "0L000"
 
 
 def grant(
@@ -49,7 +47,7 @@ def grant(
             if action not in allowed:
                 raise SqlError(
                     INVALID_GRANT_OPERATION,
-                    f"invalid privilege type {action} for {describe(item).split(' ')[0]}",
+                    f"invalid privilege type {action} for {KIND_NAMES[kind_of(item)]}",
                     statement.position,
                 )
         for grantee in statement.grantees:

@@ -211,6 +211,9 @@ async def test_grants_and_views_work_as_in_postgresql(
     # with bob's rights, so alice reads the view and not the table.
     await fails(bob, "GRANT USAGE ON DATABASE b TO alice")  # the superuser owns database b
     async with setup.client() as root:
+        wrong = await fails(root, "GRANT SELECT ON CLUSTER ca TO bob", "0LP01")
+        assert wrong.message == "invalid privilege type SELECT for cluster"
+        await fails(root, "GRANT USAGE ON CLUSTER ca TO nobody", "42704")
         await ok(root, "ALTER DATABASE b OWNER TO bob; ALTER SCHEMA b.public OWNER TO bob")
     await ok(bob, "GRANT USAGE ON DATABASE b TO alice; GRANT USAGE ON SCHEMA public TO alice")
     await ok(bob, "GRANT SELECT ON shown TO alice")
