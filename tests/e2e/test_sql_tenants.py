@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
+import psycopg
 import psycopg2
 import pytest
 
@@ -353,3 +354,12 @@ async def test_role_management(setup: Tenants, alice: AdapterClient) -> None:
         await ok(manager, "DROP ROLE temp")  # its membership in alice's roles goes with it
     async with setup.client("temp", "temp-pw2") as gone:
         assert (await gone.execute("SELECT 1")).error.code == "28P01"  # type: ignore[union-attr]
+
+
+def test_describing_a_statement_over_pgwire_is_checked_too(setup: Tenants) -> None:
+    # The extended protocol's Parse/Describe tells a statement's columns: only to whoever
+    # may run it.
+    dsn = f"host=127.0.0.1 port={setup.pg_port} user=alice password=alice-pw"
+    with psycopg.connect(f"{dsn} dbname=a", autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT * FROM b.public.secret WHERE s = %s", ("x",), prepare=True)

@@ -232,6 +232,8 @@ class Connection:
                 settings.set(key.replace("-", "_"), value)
         database = parameters.get("database") or self.user
         if database != settings.database:
+            # Any role may connect to any database (PostgreSQL grants CONNECT to PUBLIC by
+            # default); what it may use there is checked statement by statement.
             view = await self.shims.catalog_view()
             if view.database(database) is None:
                 raise SqlError(UNDEFINED_DATABASE, f'database "{database}" does not exist')
