@@ -18,7 +18,8 @@ RESERVED_NAME = "42939"
 
 def create_role(statement: ast.CreateRole, draft: CatalogDraft) -> DdlOutcome:
     tag = "CREATE ROLE"
-    if statement.name.startswith("pg_") or statement.name in ("public", "none"):
+    # "system" owns the default objects; PUBLIC (any case) is every role in a grant.
+    if statement.name.startswith("pg_") or statement.name.lower() in ("public", "none", "system"):
         raise SqlError(
             RESERVED_NAME, f'role name "{statement.name}" is reserved', statement.position
         )

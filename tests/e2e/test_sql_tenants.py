@@ -324,6 +324,9 @@ async def test_each_role_lists_only_what_it_may_use(setup: Tenants, alice: Adapt
 async def test_role_management(setup: Tenants, alice: AdapterClient) -> None:
     async with setup.client() as root:
         await ok(root, "CREATE ROLE manager LOGIN CREATEROLE PASSWORD 'm-pw'")
+        # "system" owns the default objects, PUBLIC means everyone: neither can be a role.
+        for reserved in ("system", '"PUBLIC"', "pg_admin"):
+            await fails(root, f"CREATE ROLE {reserved}", "42939")
     async with setup.client("manager", "m-pw") as manager:
         await ok(manager, "CREATE ROLE temp LOGIN PASSWORD 'temp-pw'")
         await fails(manager, "CREATE ROLE boss SUPERUSER")

@@ -1,5 +1,6 @@
-"""Who may connect: trust for loopback clients unless a password file is configured, else
-SCRAM-SHA-256 (RFC 5802, RFC 7677).
+"""Who may connect: trust for loopback clients unless passwords are required (a password file
+is configured, or the adapter runs ``auth = password``), else SCRAM-SHA-256 (RFC 5802,
+RFC 7677). A trusted client still needs a role that exists and may log in.
 
 Credentials come from ``RoleStore``s: the catalog's roles (``CREATE ROLE name LOGIN PASSWORD
 '...'``, kept as SCRAM verifiers) and, to bootstrap a deployment, a ``PasswordFile``
