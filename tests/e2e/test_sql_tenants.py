@@ -366,3 +366,23 @@ def test_describing_a_statement_over_pgwire_is_checked_too(setup: Tenants) -> No
     with psycopg.connect(f"{dsn} dbname=a", autocommit=True) as conn:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("SELECT * FROM b.public.secret WHERE s = %s", ("x",), prepare=True)
+
+
+async def test_grant_on_all_tables_in_a_schema(
+    setup: Tenants, alice: AdapterClient, bob: AdapterClient
+) -> None:
+    async with setup.client() as root:
+        await ok(root, "GRANT USAGE ON DATABASE a TO bob; GRANT USAGE ON SCHEMA a.public TO bob")
+    try:
+        await fails(bob, "SELECT count(*) FROM a.public.t")
+        await ok(alice, "GRANT SELECT ON ALL TABLES IN SCHEMA public TO bob")
+        await ok(bob, "SET cluster = cb")
+        assert (await ok(bob, "SELECT s FROM a.public.total")).rows[0][0] is not None
+        await ok(bob, "SELECT count(*) FROM a.public.t")
+        await ok(alice, "REVOKE SELECT ON ALL TABLES IN SCHEMA public FROM bob")
+        await fails(bob, "SELECT s FROM a.public.total")
+    finally:
+        async with setup.client() as root:
+            await ok(
+                root, "REVOKE ALL ON DATABASE a FROM bob; REVOKE ALL ON SCHEMA a.public FROM bob"
+            )
