@@ -113,6 +113,20 @@ def build_parser() -> argparse.ArgumentParser:
         f"default: 127.0.0.1:{DEFAULT_BASE_PORT}]",
     )
     sql_parser.add_argument(
+        "-U",
+        "--user",
+        default=os.environ.get("TIDEMARK_USER", ""),
+        help="the role to act as [env TIDEMARK_USER; default: the adapter's choice, under "
+        "auth = trust its bootstrap superuser]",
+    )
+    sql_parser.add_argument(
+        "-W",
+        "--password",
+        action="store_true",
+        dest="ask_password",
+        help="prompt for the password (else it is read from env TIDEMARK_PASSWORD, if set)",
+    )
+    sql_parser.add_argument(
         "-c",
         "--command",
         action="append",
@@ -178,7 +192,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The shell's output is the results; library chatter (retries) stays out of it.
         configure_logging("console", "warning")
 
-        with BlockingAdapterClient(args.address, tls=client_tls(args)) as connection:
+        password = os.environ.get("TIDEMARK_PASSWORD", "")
+        if args.ask_password:
+            import getpass
+
+            password = getpass.getpass(f"Password for user {args.user or '(default)'}: ")
+        with BlockingAdapterClient(
+            args.address, user=args.user, password=password, tls=client_tls(args)
+        ) as connection:
             return run(connection, args.commands)
     if args.command == "health":
         from tidemark.local.health import SERVING, check_health

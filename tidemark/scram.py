@@ -44,6 +44,13 @@ class ScramVerifier:
     def from_proto(cls, proto: catalog_pb2.ScramVerifier) -> ScramVerifier:
         return cls(proto.salt, proto.iterations, proto.stored_key, proto.server_key)
 
+    def matches(self, password: str) -> bool:
+        """Whether ``password`` is the one this verifier was made from (for clients that send
+        the password itself, as gRPC callers do in their call metadata)."""
+        salted = hashlib.pbkdf2_hmac("sha256", password.encode(), self.salt, self.iterations)
+        stored_key = hashlib.sha256(_hmac(salted, b"Client Key")).digest()
+        return hmac.compare_digest(stored_key, self.stored_key)
+
 
 def _hmac(key: bytes, data: bytes) -> bytes:
     return hmac.new(key, data, hashlib.sha256).digest()

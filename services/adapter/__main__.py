@@ -6,7 +6,9 @@ import os
 import socket
 import uuid
 from dataclasses import dataclass, replace
+from pathlib import Path
 
+from services.adapter.authentication import AUTH_MODES, DEFAULT_SUPERUSER, TRUST
 from services.adapter.backends import Backends, parse_compute_endpoints
 from services.adapter.pgwire.server import PgServer
 from services.adapter.service import Adapter, AdapterSettings, adapter_service
@@ -58,6 +60,24 @@ class AdapterConfig(ServiceConfig):
         metavar="SECONDS",
     )
 
+    auth: str = setting(
+        TRUST,
+        help="who SQL callers are: trust (a call's tidemark-user metadata, or pgwire's user on "
+        "localhost, is taken at its word; no user means the bootstrap superuser) or password "
+        "(the user must be a role with LOGIN and send its password: gRPC metadata "
+        "tidemark-password, SCRAM over pgwire)",
+        choices=AUTH_MODES,
+    )
+    bootstrap_superuser: str = setting(
+        DEFAULT_SUPERUSER,
+        help="the superuser role created at start if it does not exist (empty: none)",
+        metavar="NAME",
+    )
+    bootstrap_superuser_password_file: str = setting(
+        "",
+        help="a file holding the bootstrap superuser's password, set when the role is created",
+        metavar="PATH",
+    )
     pgwire_listen: str = setting(
         "",
         help="address to serve the PostgreSQL wire protocol on, host:port (empty: not served; "
@@ -100,8 +120,19 @@ class AdapterConfig(ServiceConfig):
             table_tick_seconds=self.table_tick_seconds,
             catalog_timeline=self.catalog_timeline,
             data_timeline=self.data_timeline,
+            auth=self.auth,
+            bootstrap_superuser=self.bootstrap_superuser,
+            bootstrap_superuser_password=_password(self.bootstrap_superuser_password_file),
             holder=f"adapter/{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}",
         )
+
+
+def _password(path: str) -> str:
+    """The first line of ``path`` (a mounted Secret's key, say), or "" without a path."""
+    if not path:
+        return ""
+    lines = Path(path).read_text().splitlines()
+    return lines[0].strip() if lines else ""
 
 
 async def main(config: AdapterConfig) -> None:
@@ -121,7 +152,11 @@ async def main(config: AdapterConfig) -> None:
         await adapter.start()
         if config.pgwire_listen:
             pgwire = PgServer.from_flags(
-                adapter, config.pgwire_password_file, config.pgwire_tls_cert, config.pgwire_tls_key
+                adapter,
+                config.pgwire_password_file,
+                config.pgwire_tls_cert,
+                config.pgwire_tls_key,
+                require_passwords=config.auth != TRUST,
             )
             await pgwire.start(config.pgwire_listen)
         await serve(

@@ -74,11 +74,13 @@ class DdlOutcome:
 
 
 class CatalogDraft:
-    """The updates of one append at catalog time ``time``, checked against ``state``."""
+    """The updates of one append at catalog time ``time``, checked against ``state``;
+    ``owner`` owns what it creates (the role running the statement)."""
 
-    def __init__(self, state: CatalogState, time: int) -> None:
+    def __init__(self, state: CatalogState, time: int, owner: str = OWNER) -> None:
         self.state = state
         self.time = time
+        self.owner = owner
         self._allocator = state.allocator("user")
         self._next = self._allocator.id_allocator.next
         self._updates: list[catalog_pb2.CatalogUpdate] = []
@@ -211,8 +213,9 @@ class DdlRunner:
         self.storage = storage
         self.holds = holds
 
-    async def run(self, build: Build) -> DdlOutcome:
-        """Check and append what ``build`` drafts, retrying lost races."""
+    async def run(self, build: Build, owner: str = OWNER) -> DdlOutcome:
+        """Check and append what ``build`` drafts (as role ``owner``), retrying lost
+        races."""
         await self.cache.wait_for(await self.timestamps.catalog_read_ts() + 1, CATALOG_WAIT_SECONDS)
         maker = CollectionMaker(self.storage, self.holds, self.timestamps)
         try:
@@ -222,7 +225,7 @@ class DdlRunner:
                 w = await self.timestamps.catalog_write_ts()
                 if w < upper:
                     continue
-                draft = CatalogDraft(state, w)
+                draft = CatalogDraft(state, w, owner)
                 maker.attempt_over()
                 outcome = await build(draft, maker)
                 if draft.empty:

@@ -15,7 +15,6 @@ from collections.abc import Awaitable, Callable
 from services.adapter.catalog_cache import CatalogState
 from services.adapter.catalog_names import qualify_new, resolve
 from services.adapter.ddl import (
-    OWNER,
     CatalogDraft,
     CollectionMaker,
     DdlOutcome,
@@ -55,7 +54,7 @@ def create_secret(
         catalog_pb2.CatalogItem(
             id=draft.allocate(),
             name=name,
-            owner=OWNER,
+            owner=draft.owner,
             secret=catalog_pb2.Secret(value=statement.value),
         )
     )
@@ -96,7 +95,7 @@ async def create_connection(
     item = catalog_pb2.CatalogItem(
         id="u1",
         name=name,
-        owner=OWNER,
+        owner=draft.owner,
         depends_on=depends,
         connection=catalog_pb2.Connection(postgres=postgres),
     )

@@ -4,7 +4,7 @@ password itself is never stored). The PostgreSQL wire protocol authenticates aga
 
 from __future__ import annotations
 
-from services.adapter.ddl import OWNER, CatalogDraft, DdlOutcome
+from services.adapter.ddl import Build, CatalogDraft, CollectionMaker, DdlOutcome
 from services.adapter.sql import statements as ast
 from services.adapter.sql.errors import SqlError
 from tidemark.catalog_items import role_named
@@ -18,7 +18,8 @@ RESERVED_NAME = "42939"
 
 def create_role(statement: ast.CreateRole, draft: CatalogDraft) -> DdlOutcome:
     tag = "CREATE ROLE"
-    if statement.name.startswith("pg_") or statement.name in ("public", "none"):
+    # "system" owns the default objects; PUBLIC (any case) is every role in a grant.
+    if statement.name.startswith("pg_") or statement.name.lower() in ("public", "none", "system"):
         raise SqlError(
             RESERVED_NAME, f'role name "{statement.name}" is reserved', statement.position
         )
@@ -30,13 +31,14 @@ def create_role(statement: ast.CreateRole, draft: CatalogDraft) -> DdlOutcome:
     role = catalog_pb2.Role(
         login=statement.user if options.login is None else options.login,
         superuser=bool(options.superuser),
+        createrole=bool(options.createrole),
     )
     _set_password(role, options.password)
     draft.create(
         catalog_pb2.CatalogItem(
             id=draft.allocate(),
             name=catalog_pb2.QualifiedName(item=statement.name),
-            owner=OWNER,
+            owner=draft.owner,
             role=role,
         )
     )
@@ -56,6 +58,8 @@ def alter_role(statement: ast.AlterRole, draft: CatalogDraft) -> DdlOutcome:
         changed.role.login = options.login
     if options.superuser is not None:
         changed.role.superuser = options.superuser
+    if options.createrole is not None:
+        changed.role.createrole = options.createrole
     _set_password(changed.role, options.password)
     if changed != current:
         draft.drop(current)
@@ -70,3 +74,24 @@ def _set_password(role: catalog_pb2.Role, password: str | None) -> None:
         role.ClearField("password")
     else:
         role.password.CopyFrom(ScramVerifier.from_password(password).to_proto())
+
+
+def bootstrap_superuser(name: str, password: str) -> Build:
+    """Creates the superuser ``name`` (LOGIN, with ``password`` if given) unless a role of
+    that name exists: every adapter runs it at start, and whichever appends first makes it."""
+
+    async def build(draft: CatalogDraft, maker: CollectionMaker) -> DdlOutcome:
+        if role_named(draft.state, name) is None:
+            role = catalog_pb2.Role(login=True, superuser=True)
+            _set_password(role, password or None)
+            draft.create(
+                catalog_pb2.CatalogItem(
+                    id=draft.allocate(),
+                    name=catalog_pb2.QualifiedName(item=name),
+                    owner=name,
+                    role=role,
+                )
+            )
+        return DdlOutcome("CREATE ROLE")
+
+    return build

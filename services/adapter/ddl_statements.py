@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from services.adapter import ddl_connections, ddl_roles
-from services.adapter.catalog_cache import CatalogState
+from services.adapter import ddl_connections, ddl_grants, ddl_roles
+from services.adapter.authentication import Principal
+from services.adapter.catalog_cache import CatalogState, kind_of
 from services.adapter.catalog_names import (
     catalog_view,
     full_name,
@@ -25,7 +26,6 @@ from services.adapter.catalog_names import (
 from services.adapter.ddl import (
     DUPLICATE_DATABASE,
     DUPLICATE_SCHEMA,
-    OWNER,
     CatalogDraft,
     CollectionMaker,
     DdlOutcome,
@@ -38,6 +38,7 @@ from services.adapter.ddl import (
     unknown_object,
     view_writer,
 )
+from services.adapter.privileges import Privileges, check_role_unused
 from services.adapter.results import DUPLICATE_OBJECT
 from services.adapter.session import Settings
 from services.adapter.source_ddl import create_load_generator_source
@@ -46,6 +47,7 @@ from services.adapter.sql.catalog_view import bind, contents_collection
 from services.adapter.sql.ddl import key_positions
 from services.adapter.sql.errors import SqlError
 from services.adapter.sql.names import dotted
+from tidemark.catalog_items import role_named
 from tidemark.columnar import RelationSchema
 from tidemark.plan.catalog_relations import RELATION_KINDS
 from tidemark.v1 import catalog_pb2, plan_pb2
@@ -79,14 +81,25 @@ class DdlStatements:
         self.runner = runner
         self.plan_definition = plan_definition
 
-    async def run(self, statement: ast.AnyStatement, settings: Settings) -> DdlOutcome:
-        build = self._builder(statement, settings)
-        return await self.runner.run(build)
+    async def run(
+        self, statement: ast.AnyStatement, settings: Settings, principal: Principal
+    ) -> DdlOutcome:
+        build = self._builder(statement, settings, principal)
+        return await self.runner.run(build, principal.name)
 
     def _builder(
-        self, statement: ast.AnyStatement, settings: Settings
+        self, statement: ast.AnyStatement, settings: Settings, principal: Principal
     ) -> Callable[[CatalogDraft, CollectionMaker], Awaitable[DdlOutcome]]:
         async def build(draft: CatalogDraft, maker: CollectionMaker) -> DdlOutcome:
+            # Checked against each attempt's state: a lost race may have changed the grants.
+            privileges = Privileges.of(draft.state, principal)
+            _check_privileges(statement, settings, draft.state, privileges)
+            if isinstance(statement, ast.Grant):
+                return ddl_grants.grant(statement, settings, draft, privileges)
+            if isinstance(statement, ast.GrantRole):
+                return ddl_grants.grant_role(statement, draft, privileges)
+            if isinstance(statement, ast.AlterOwner):
+                return ddl_grants.alter_owner(statement, settings, draft, privileges)
             if isinstance(statement, ast.CreateSource) and statement.format == "LOAD GENERATOR":
                 return await create_load_generator_source(statement, settings, draft, maker)
             if isinstance(statement, ast.CreateTable | ast.CreateSource):
@@ -104,9 +117,9 @@ class DdlStatements:
             if isinstance(statement, ast.CreateConnection):
                 return await ddl_connections.create_connection(statement, settings, draft)
             if isinstance(statement, ast.CreateView):
-                return await self._create_view(statement, settings, draft, maker)
+                return await self._create_view(statement, settings, draft, maker, privileges)
             if isinstance(statement, ast.CreateIndex):
-                return self._create_index(statement, settings, draft)
+                return self._create_index(statement, settings, draft, privileges)
             if isinstance(statement, ast.CreateCluster):
                 return self._create_cluster(statement, draft)
             if isinstance(statement, ast.CreateDatabase):
@@ -114,7 +127,7 @@ class DdlStatements:
             if isinstance(statement, ast.CreateSchema):
                 return self._create_schema(statement, settings, draft)
             if isinstance(statement, ast.Drop):
-                return self._drop(statement, settings, draft)
+                return self._drop(statement, settings, draft, privileges)
             raise TypeError(f"not a DDL statement: {type(statement).__name__}")
 
         return build
@@ -138,7 +151,7 @@ class DdlStatements:
             return DdlOutcome(tag, [skipped])
         schema = table_schema(statement.columns)
         global_id = await maker.make(draft, schema, tenant=name.database)
-        item = catalog_pb2.CatalogItem(id=global_id, name=name, owner=OWNER)
+        item = catalog_pb2.CatalogItem(id=global_id, name=name, owner=draft.owner)
         body = item.source if is_source else item.table
         body.schema.CopyFrom(schema.to_proto())
         body.collection_id = global_id
@@ -162,6 +175,7 @@ class DdlStatements:
         settings: Settings,
         draft: CatalogDraft,
         maker: CollectionMaker,
+        privileges: Privileges,
     ) -> DdlOutcome:
         state = draft.state
         kind = "materialized_view" if statement.materialized else "view"
@@ -172,6 +186,8 @@ class DdlStatements:
         definition = await self.plan_definition(
             statement.query, state, settings, statement.column_names
         )
+        # The creator owns the view: it must be able to read what the view reads.
+        privileges.require_read(definition.depends_on, statement.position)
         plan_bytes = definition.plan.SerializeToString(deterministic=True)
         if not statement.materialized:
             raw = definition.raw_plan if definition.raw_plan is not None else definition.plan
@@ -180,7 +196,7 @@ class DdlStatements:
                 catalog_pb2.CatalogItem(
                     id=draft.allocate(),
                     name=name,
-                    owner=OWNER,
+                    owner=draft.owner,
                     depends_on=list(definition.depends_on),
                     view=catalog_pb2.View(
                         sql=statement.text,
@@ -192,6 +208,8 @@ class DdlStatements:
             return DdlOutcome(tag)
         cluster_name = statement.in_cluster or settings.cluster
         cluster = resolve_cluster(state, cluster_name, statement.position)
+        privileges.require(cluster, "USAGE", statement.position)
+        privileges.require(cluster, "CREATE", statement.position)
         global_id = await maker.make(
             draft,
             definition.schema,
@@ -203,7 +221,7 @@ class DdlStatements:
             catalog_pb2.CatalogItem(
                 id=global_id,
                 name=name,
-                owner=OWNER,
+                owner=draft.owner,
                 depends_on=depends,
                 materialized_view=catalog_pb2.MaterializedView(
                     sql=statement.text,
@@ -217,10 +235,16 @@ class DdlStatements:
         return DdlOutcome(tag)
 
     def _create_index(
-        self, statement: ast.CreateIndex, settings: Settings, draft: CatalogDraft
+        self,
+        statement: ast.CreateIndex,
+        settings: Settings,
+        draft: CatalogDraft,
+        privileges: Privileges,
     ) -> DdlOutcome:
         state = draft.state
         relation = resolve(state, settings, statement.on, RELATION_KINDS, statement.position)
+        # As in PostgreSQL, only the relation's owner indexes it.
+        privileges.require_owner(relation, statement.position)
         key_positions(bind(relation), statement.columns, statement.position)
         index_name = statement.name or _default_index_name(state, relation, statement.columns)
         name = catalog_pb2.QualifiedName(
@@ -234,11 +258,13 @@ class DdlStatements:
         cluster = resolve_cluster(
             state, statement.in_cluster or settings.cluster, statement.position
         )
+        privileges.require(cluster, "USAGE", statement.position)
+        privileges.require(cluster, "CREATE", statement.position)
         draft.create(
             catalog_pb2.CatalogItem(
                 id=draft.allocate(),
                 name=name,
-                owner=OWNER,
+                owner=draft.owner,
                 depends_on=[relation.id, cluster.id],
                 index=catalog_pb2.Index(
                     on_id=relation.id, key_columns=list(statement.columns), cluster_id=cluster.id
@@ -276,7 +302,7 @@ class DdlStatements:
             catalog_pb2.CatalogItem(
                 id=draft.allocate(),
                 name=catalog_pb2.QualifiedName(item=statement.name),
-                owner=OWNER,
+                owner=draft.owner,
                 cluster=catalog_pb2.Cluster(
                     size=size or DEFAULT_CLUSTER_SIZE, replication_factor=factor, config=options
                 ),
@@ -308,7 +334,7 @@ class DdlStatements:
             catalog_pb2.CatalogItem(
                 id=draft.allocate(),
                 name=catalog_pb2.QualifiedName(database=statement.name),
-                owner=OWNER,
+                owner=draft.owner,
                 database=catalog_pb2.Database(),
             )
         )
@@ -317,7 +343,7 @@ class DdlStatements:
             catalog_pb2.CatalogItem(
                 id=draft.allocate(),
                 name=catalog_pb2.QualifiedName(database=statement.name, schema="public"),
-                owner=OWNER,
+                owner=draft.owner,
                 schema=catalog_pb2.Schema(),
             )
         )
@@ -342,7 +368,7 @@ class DdlStatements:
             catalog_pb2.CatalogItem(
                 id=draft.allocate(),
                 name=catalog_pb2.QualifiedName(database=database, schema=schema),
-                owner=OWNER,
+                owner=draft.owner,
                 schema=catalog_pb2.Schema(),
             )
         )
@@ -350,7 +376,13 @@ class DdlStatements:
 
     # -- drops ----------------------------------------------------------------------------
 
-    def _drop(self, statement: ast.Drop, settings: Settings, draft: CatalogDraft) -> DdlOutcome:
+    def _drop(
+        self,
+        statement: ast.Drop,
+        settings: Settings,
+        draft: CatalogDraft,
+        privileges: Privileges,
+    ) -> DdlOutcome:
         state = draft.state
         tag = f"DROP {statement.kind.upper()}"
         notices: list[str] = []
@@ -363,6 +395,11 @@ class DdlStatements:
                     continue
                 raise unknown_object(statement, name)
             check_droppable(item, statement.position, state)
+            if kind_of(item) == "role":
+                privileges.require_role_admin("drop role", [item], statement.position)
+                check_role_unused(state, item, statement.position)
+            else:
+                privileges.require_owner(item, statement.position)
             targets.append(item)
         if not targets:
             return DdlOutcome(tag, notices)
@@ -372,6 +409,7 @@ class DdlStatements:
             draft.drop(item)
             if item.id not in target_ids:
                 notices.append(f"drop cascades to {kind_name(item)} {full_name(item)}")
+        ddl_grants.forget_memberships(draft, dropped)
         collections = [c for c in (contents_collection(i) for i in dropped) if c is not None]
         hooks = [ddl_connections.slot_dropper(state, i) for i in dropped]
         return DdlOutcome(
@@ -380,6 +418,62 @@ class DdlStatements:
             dropped_collections=collections,
             after_commit=[h for h in hooks if h is not None],
         )
+
+
+_CREATED_IN_SCHEMA = (
+    ast.CreateTable,
+    ast.CreateSource,
+    ast.CreatePostgresSource,
+    ast.CreateSecret,
+    ast.CreateConnection,
+    ast.CreateView,
+)
+
+
+def _check_privileges(
+    statement: ast.AnyStatement, settings: Settings, state: CatalogState, privileges: Privileges
+) -> None:
+    """What a DDL statement needs beyond what its builder checks on what it resolves."""
+    position = statement.position
+    if isinstance(statement, _CREATED_IN_SCHEMA):
+        name = qualify_new(state, settings, statement.name, position)
+        privileges.require_create_in(name.database, name.schema, position)
+    # A connection's secret and a source's connection are used only by their owners.
+    if isinstance(statement, ast.CreatePostgresSource):
+        connection = resolve(state, settings, statement.connection, ("connection",), position)
+        privileges.require_owner(connection, position)
+    elif isinstance(statement, ast.CreateConnection):
+        secret_name = dict(statement.options).get("password")
+        if isinstance(secret_name, tuple):
+            secret = resolve(state, settings, secret_name, ("secret",), position)
+            privileges.require_owner(secret, position)
+    elif isinstance(statement, ast.CreateSchema):
+        database = settings.database if len(statement.name) == 1 else statement.name[0]
+        found = catalog_view(state).database(database)
+        if found is not None:
+            privileges.require(found, "CREATE", position)
+    elif isinstance(statement, ast.CreateDatabase):
+        privileges.require_superuser("create database", position)
+    elif isinstance(statement, ast.CreateCluster):
+        privileges.require_superuser("create cluster", position)
+    elif isinstance(statement, ast.CreateRole | ast.AlterRole):
+        options = statement.options
+        if options.superuser or (
+            isinstance(statement, ast.AlterRole) and options.superuser is not None
+        ):
+            privileges.require_superuser("grant or take away SUPERUSER", position)
+        if isinstance(statement, ast.CreateRole):
+            privileges.require_role_admin("create role", [], position)
+            return
+        own_password = (
+            statement.name == privileges.principal.name
+            and options.login is None
+            and options.superuser is None
+            and options.createrole is None
+        )
+        if not own_password:
+            target = role_named(state, statement.name)
+            privileges.require_role_admin("alter role", [target], position)
 
 
 def _new_relation_name(

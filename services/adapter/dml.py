@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
+from services.adapter.authentication import Principal
 from services.adapter.catalog_cache import CatalogState
 from services.adapter.planning import Planner
+from services.adapter.privileges import Privileges
 from services.adapter.reads import PlanInputs, QueryReader, plan_inputs
 from services.adapter.results import Outcome, delete_tag, insert_tag, update_tag
 from services.adapter.session import Settings
@@ -77,11 +79,19 @@ class DmlRunner:
         statement: ast.Insert | ast.Update | ast.Delete,
         settings: Settings,
         transaction: Transaction | None,
+        principal: Principal,
     ) -> Outcome:
         state = await self.catalog_state()
+        privileges = Privileges.of(state, principal)
+        position = statement.position
         if isinstance(statement, ast.Insert):
             plan = self.planner.insert(statement, state, settings)
             table = plan.table
+            privileges.require_usage_of_container(table.item, position)
+            privileges.require(table.item, "INSERT", position)
+            if plan.query is not None:
+                privileges.require_read(plan.query.depends_on, position)
+                privileges.require_cluster(settings.cluster, "USAGE", position)
             if plan.rows is not None:
                 changes = [(row, 1) for row in plan.rows]
                 return await self._finish(
@@ -99,6 +109,16 @@ class DmlRunner:
             if isinstance(statement, ast.Update)
             else self.planner.delete(statement, state, settings)
         )
+        privileges.require_usage_of_container(change.table.item, position)
+        privileges.require(
+            change.table.item, "UPDATE" if isinstance(statement, ast.Update) else "DELETE", position
+        )
+        # As in PostgreSQL: reading the target's rows (a WHERE) needs SELECT on it too.
+        read = set(change.depends_on)
+        if statement.where is None:
+            read.discard(change.table.id)
+        privileges.require_read(read, position)
+        privileges.require_cluster(settings.cluster, "USAGE", position)
         queries = [change.retract] + ([change.insert] if change.insert is not None else [])
         reads, results = await self._read(statement, state, settings, transaction, queries)
         old_rows = results[0]

@@ -7,10 +7,12 @@ time) and writes at a fresh ``WriteTs(data)``. Transaction rules are in ``transa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from services.adapter.authentication import Principal
 from services.adapter.catalog_cache import CatalogCache, CatalogState
+from services.adapter.catalog_names import resolve
 from services.adapter.copying.options import copy_format
 from services.adapter.copying.runner import CopyOutput, CopyRunner
 from services.adapter.ddl import DdlOutcome
@@ -18,6 +20,12 @@ from services.adapter.ddl_statements import DdlStatements
 from services.adapter.dml import DmlRunner
 from services.adapter.finishing import apply_finishing
 from services.adapter.planning import Planner
+from services.adapter.privileges import (
+    Privileges,
+    check_buffered_write,
+    check_query,
+    visible_view,
+)
 from services.adapter.reads import QueryReader, plan_inputs
 from services.adapter.rebuild import rebuild_materialized_view
 from services.adapter.results import (
@@ -50,6 +58,9 @@ DDL_STATEMENTS = (
     ast.CreateSecret,
     ast.CreateRole,
     ast.AlterRole,
+    ast.Grant,
+    ast.GrantRole,
+    ast.AlterOwner,
     ast.CreateConnection,
     ast.CreatePostgresSource,
     ast.CreateView,
@@ -69,6 +80,9 @@ class SessionState:
     transaction: Transaction | None = None
     # The data a COPY FROM STDIN reads (sent with the Adapter.CopyIn call).
     copy_data: bytes | None = None
+    # Who runs the statements: set from the call's credentials (gRPC) or the connection's
+    # login (pgwire). Nobody, with no privileges, until then.
+    principal: Principal = field(default_factory=lambda: Principal(""))
 
 
 class StatementExecutor:
@@ -129,7 +143,7 @@ class StatementExecutor:
                     f"{statement.text.split()[0].upper()} cannot run inside a transaction block",
                     statement.position,
                 )
-            return _ddl_outcome(await self.ddl.run(statement, session.settings))
+            return _ddl_outcome(await self.ddl.run(statement, session.settings, session.principal))
         if isinstance(statement, ast.RebuildMaterializedView):
             if transaction is not None:
                 raise SqlError(
@@ -138,6 +152,10 @@ class StatementExecutor:
                     statement.position,
                 )
             state = await self.catalog_state()
+            item = resolve(
+                state, session.settings, statement.name, ("materialized_view",), statement.position
+            )
+            Privileges.of(state, session.principal).require_owner(item, statement.position)
             holds = self.reader.holds
             tag = await rebuild_materialized_view(
                 statement, state, session.settings, holds.storage, holds, self.timestamps
@@ -145,10 +163,12 @@ class StatementExecutor:
             return Outcome(tag)
         if isinstance(statement, ast.ShowObjects):
             state = await self.catalog_state()
-            return show_objects(statement, self.planner.view(state), session.settings)
+            view = visible_view(state, session.principal)
+            return show_objects(statement, view, session.settings)
         if isinstance(statement, ast.ShowColumns):
             state = await self.catalog_state()
-            return show_columns(statement, self.planner.view(state), session.settings)
+            view = visible_view(state, session.principal)
+            return show_columns(statement, view, session.settings)
         if isinstance(statement, ast.Select):
             await self.planner.refresh_statistics()
             return await self._select(statement, session)
@@ -156,10 +176,16 @@ class StatementExecutor:
             await self.planner.refresh_statistics()
             return await self._explain(statement, session)
         if isinstance(statement, ast.Insert | ast.Update | ast.Delete):
-            return await self.dml.run(statement, session.settings, session.transaction)
+            return await self.dml.run(
+                statement, session.settings, session.transaction, session.principal
+            )
         if isinstance(statement, ast.CopyFrom):
             return await self.copy.copy_from(
-                statement, session.settings, session.transaction, session.copy_data
+                statement,
+                session.settings,
+                session.transaction,
+                session.copy_data,
+                session.principal,
             )
         if isinstance(statement, ast.CopyTo):
             raise not_supported(
@@ -210,12 +236,17 @@ class StatementExecutor:
         write = transaction.write
         if write is None:
             return Outcome("COMMIT", timestamp=transaction.read_ts or 0)
-        if (await self.catalog_state()).get(write.table_id) is None:
+        state = await self.catalog_state()
+        target = state.get(write.table_id)
+        if target is None:
             raise SqlError(
                 "42P01",
                 f'table "{write.table_name}" was dropped while the transaction was open; '
                 "nothing was written",
             )
+        # The session travels through the client: what it says it wrote is checked again
+        # against who commits (only a table takes writes, and only with the privileges).
+        check_buffered_write(state, session.principal, target, write.consolidated())
         reads = None
         if transaction.read_ts is not None:
             reads = ReadSet(
@@ -274,6 +305,7 @@ class StatementExecutor:
         """A query's finished rows, read at the statement's time."""
         state = await self.catalog_state()
         planned = self.planner.query(query, state, session.settings)
+        check_query(state, session.principal, planned, session.settings.cluster, position)
         timestamp = await self.read_timestamp(session.transaction, as_of, position)
         inputs = plan_inputs(planned.plan, state)
         result = await self.reader.read(
@@ -296,6 +328,7 @@ class StatementExecutor:
     async def _explain(self, statement: ast.Explain, session: SessionState) -> Outcome:
         state = await self.catalog_state()
         planned = self.planner.query(statement.query, state, session.settings)
+        Privileges.of(state, session.principal).require_read(planned.depends_on, statement.position)
         cluster = session.settings.cluster
         chosen = self.reader.choose_index(planned.unoptimized, state, cluster)
         if chosen is not None:

@@ -20,15 +20,24 @@ from typing import TypeVar
 import grpc.aio
 from prometheus_client import Counter
 
+from services.adapter.authentication import (
+    DEFAULT_SUPERUSER,
+    TRUST,
+    CallAuthenticator,
+    Metadata,
+    Principal,
+)
 from services.adapter.backends import Backends
 from services.adapter.catalog_cache import CatalogCache
 from services.adapter.copying.encoding import encode_rows
 from services.adapter.copying.runner import CopyOutput
 from services.adapter.ddl import DdlRunner
+from services.adapter.ddl_roles import bootstrap_superuser
 from services.adapter.ddl_statements import DdlStatements
 from services.adapter.executor import SessionState, StatementExecutor
 from services.adapter.holds import CollectionHolds
 from services.adapter.planning import Planner
+from services.adapter.privileges import check_query
 from services.adapter.reads import QueryReader
 from services.adapter.results import (
     INTERNAL_ERROR,
@@ -80,6 +89,12 @@ class AdapterSettings:
     renew_seconds: float = 10.0
     catalog_timeline: str = timelines.CATALOG
     data_timeline: str = timelines.DATA
+    # Who callers are (authentication.py): "trust" or "password".
+    auth: str = TRUST
+    # The superuser every adapter makes sure exists at start (empty: none).
+    bootstrap_superuser: str = DEFAULT_SUPERUSER
+    # Its password, when it is created (empty: none, it logs in only where trusted).
+    bootstrap_superuser_password: str = ""
 
 
 class Adapter:
@@ -124,6 +139,9 @@ class Adapter:
             tick_seconds=settings.subscribe_tick_seconds,
         )
         self.ticker = TableTicker(self.timestamps, self.cache, settings.table_tick_seconds)
+        self.authenticator = CallAuthenticator(
+            settings.auth, self.cache.latest, settings.bootstrap_superuser
+        )
         self._background: set[asyncio.Task[None]] = set()
 
     async def _data_read_ts(self) -> int:
@@ -132,6 +150,12 @@ class Adapter:
     async def start(self) -> None:
         await self.cache.start(await self.timestamps.catalog_read_ts())
         self.holds.start()
+        if self.settings.bootstrap_superuser:
+            await self.executor.ddl.runner.run(
+                bootstrap_superuser(
+                    self.settings.bootstrap_superuser, self.settings.bootstrap_superuser_password
+                )
+            )
         self.ticker.start()
         log.info(
             "adapter_started", catalog_frontier=self.cache.frontier, holder=self.settings.holder
@@ -170,8 +194,21 @@ class Adapter:
 
     # -- Execute --------------------------------------------------------------------------
 
-    async def execute(self, request: adapter_pb2.ExecuteRequest) -> adapter_pb2.ExecuteResponse:
-        session = _session_state(request.session)
+    def authenticate(self, metadata: Metadata | None) -> Principal:
+        """The role a gRPC call acts as (SqlError 28P01 / 28000 when it may not)."""
+        return self.authenticator.from_metadata(metadata)
+
+    async def execute(
+        self, request: adapter_pb2.ExecuteRequest, metadata: Metadata | None = None
+    ) -> adapter_pb2.ExecuteResponse:
+        try:
+            principal = self.authenticate(metadata)
+        except SqlError as exc:
+            return adapter_pb2.ExecuteResponse(
+                results=[adapter_pb2.StatementResult(error=sql_error(exc))],
+                session=request.session,
+            )
+        session = _session_state(request.session, principal)
         results: list[adapter_pb2.StatementResult] = []
         try:
             statements = parse(request.sql)
@@ -201,12 +238,20 @@ class Adapter:
     # -- COPY -----------------------------------------------------------------------------
 
     async def copy_in(
-        self, requests: AsyncIterator[adapter_pb2.CopyInRequest]
+        self,
+        requests: AsyncIterator[adapter_pb2.CopyInRequest],
+        metadata: Metadata | None = None,
     ) -> adapter_pb2.CopyInResponse:
         first = await anext(requests, None)
         if first is None:
             raise InvalidArgument("CopyIn needs a first message with the session and the SQL")
-        session = _session_state(first.session)
+        try:
+            principal = self.authenticate(metadata)
+        except SqlError as exc:
+            return adapter_pb2.CopyInResponse(
+                result=adapter_pb2.StatementResult(error=sql_error(exc)), session=first.session
+            )
+        session = _session_state(first.session, principal)
         chunks = [first.data]
         size = len(first.data)
         async for request in requests:
@@ -230,10 +275,10 @@ class Adapter:
         return adapter_pb2.CopyInResponse(result=result, session=_session_proto(session))
 
     async def copy_out(
-        self, request: adapter_pb2.CopyOutRequest
+        self, request: adapter_pb2.CopyOutRequest, metadata: Metadata | None = None
     ) -> AsyncIterator[adapter_pb2.CopyOutResponse]:
-        session = _session_state(request.session)
         try:
+            session = _session_state(request.session, self.authenticate(metadata))
             statement = _single(parse(request.sql), ast.CopyTo, "CopyOut", "COPY ... TO STDOUT")
             output = await self.copy_to(statement, session)
         except SqlError as exc:
@@ -311,18 +356,23 @@ class Adapter:
     # -- Subscribe ------------------------------------------------------------------------
 
     async def subscribe(
-        self, request: adapter_pb2.SubscribeSqlRequest
+        self, request: adapter_pb2.SubscribeSqlRequest, metadata: Metadata | None = None
     ) -> AsyncIterator[adapter_pb2.SubscribeSqlResponse]:
         settings = Settings.from_session(request.session)
         try:
             settings.check()
         except SqlError as exc:
             raise InvalidArgument(f"malformed session: {exc.message}") from None
-        async for message in self.subscribe_sql(request.sql, settings):
+        try:
+            principal = self.authenticate(metadata)
+        except SqlError as exc:
+            yield adapter_pb2.SubscribeSqlResponse(error=sql_error(exc))
+            return
+        async for message in self.subscribe_sql(request.sql, settings, principal):
             yield message
 
     async def subscribe_sql(
-        self, sql: str, settings: Settings
+        self, sql: str, settings: Settings, principal: Principal
     ) -> AsyncIterator[adapter_pb2.SubscribeSqlResponse]:
         """A subscription's messages (header, changes, progress; or one error)."""
         try:
@@ -331,6 +381,7 @@ class Adapter:
             state = await self.executor.catalog_state()
             # ORDER BY / LIMIT become part of the plan: a subscription maintains its top k.
             planned = self.planner.query(statement.query, state, settings, finishing=False)
+            check_query(state, principal, planned, settings.cluster, statement.position)
             as_of = await self.timestamps.as_of_or_now(statement.as_of, statement.position)
             stream = self.subscriptions.stream(planned, state, settings.cluster, as_of)
             async for message in stream:
@@ -351,14 +402,14 @@ class Adapter:
             )
 
 
-def _session_state(proto: adapter_pb2.Session) -> SessionState:
+def _session_state(proto: adapter_pb2.Session, principal: Principal) -> SessionState:
     settings = Settings.from_session(proto)
     try:
         settings.check()
     except SqlError as exc:
         raise InvalidArgument(f"malformed session: {exc.message}") from None
     transaction = Transaction.decode(proto.transaction) if proto.transaction else None
-    return SessionState(settings, transaction)
+    return SessionState(settings, transaction, principal=principal)
 
 
 def _session_proto(session: SessionState) -> adapter_pb2.Session:
@@ -427,7 +478,7 @@ class AdapterServicer(adapter_pb2_grpc.AdapterServicer):
         self, request: adapter_pb2.ExecuteRequest, context: Context
     ) -> adapter_pb2.ExecuteResponse:
         user = self._accept(request.session, context)
-        response = await self.adapter.execute(request)
+        response = await self.adapter.execute(request, context.invocation_metadata())
         self.signer.sign(response.session, user)
         return response
 
@@ -435,7 +486,7 @@ class AdapterServicer(adapter_pb2_grpc.AdapterServicer):
         self, request: adapter_pb2.SubscribeSqlRequest, context: Context
     ) -> AsyncIterator[adapter_pb2.SubscribeSqlResponse]:
         self._accept(request.session, context)
-        async for message in self.adapter.subscribe(request):
+        async for message in self.adapter.subscribe(request, context.invocation_metadata()):
             yield message
 
     async def CopyIn(
@@ -451,7 +502,7 @@ class AdapterServicer(adapter_pb2_grpc.AdapterServicer):
             async for request in request_iterator:
                 yield request
 
-        response = await self.adapter.copy_in(requests())
+        response = await self.adapter.copy_in(requests(), context.invocation_metadata())
         self.signer.sign(response.session, user)
         return response
 
@@ -459,7 +510,7 @@ class AdapterServicer(adapter_pb2_grpc.AdapterServicer):
         self, request: adapter_pb2.CopyOutRequest, context: Context
     ) -> AsyncIterator[adapter_pb2.CopyOutResponse]:
         self._accept(request.session, context)
-        async for message in self.adapter.copy_out(request):
+        async for message in self.adapter.copy_out(request, context.invocation_metadata()):
             yield message
 
 

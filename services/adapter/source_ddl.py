@@ -21,7 +21,6 @@ from collections.abc import Mapping, Sequence
 
 from services.adapter.catalog_names import full_name, qualify_new
 from services.adapter.ddl import (
-    OWNER,
     CatalogDraft,
     CollectionMaker,
     DdlOutcome,
@@ -131,7 +130,7 @@ async def create_ingested_source(
     primary_schema = relations[primary_relation] if primary_relation else PROGRESS_SCHEMA
     primary_id = await maker.make(draft, primary_schema, tenant=name.database)
     primary = catalog_pb2.CatalogItem(
-        id=primary_id, name=name, owner=OWNER, depends_on=list(depends_on)
+        id=primary_id, name=name, owner=draft.owner, depends_on=list(depends_on)
     )
     primary.source.MergeFrom(configure)
     primary.source.format = source_format  # type: ignore[assignment]
@@ -149,7 +148,7 @@ async def create_ingested_source(
                 name=catalog_pb2.QualifiedName(
                     database=name.database, schema=name.schema, item=item_name
                 ),
-                owner=OWNER,
+                owner=draft.owner,
                 depends_on=[primary_id],
                 source=catalog_pb2.Source(
                     format=source_format,  # type: ignore[arg-type]

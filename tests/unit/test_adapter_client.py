@@ -148,10 +148,16 @@ class FakeAdapter(adapter_pb2_grpc.AdapterServicer):
 
     def __init__(self) -> None:
         self.sessions: list[adapter_pb2.Session] = []
+        self.credentials: list[dict[str, str]] = []
+
+    def _remember(self, context: object) -> None:
+        metadata = context.invocation_metadata()  # type: ignore[attr-defined]
+        self.credentials.append({k: v for k, v in metadata if k.startswith("tidemark-")})
 
     async def Execute(
         self, request: adapter_pb2.ExecuteRequest, context: object
     ) -> adapter_pb2.ExecuteResponse:
+        self._remember(context)
         self.sessions.append(request.session)
         calls = int(request.session.settings.get("calls", "0")) + 1
         session = adapter_pb2.Session(settings={**request.session.settings, "calls": str(calls)})
@@ -165,6 +171,7 @@ class FakeAdapter(adapter_pb2_grpc.AdapterServicer):
     async def Subscribe(
         self, request: adapter_pb2.SubscribeSqlRequest, context: object
     ) -> AsyncIterator[adapter_pb2.SubscribeSqlResponse]:
+        self._remember(context)
         yield adapter_pb2.SubscribeSqlResponse(
             header=adapter_pb2.SubscribeHeader(
                 columns=[adapter_pb2.SqlColumn(name="d", type="date")], as_of=1
@@ -237,3 +244,17 @@ async def test_blocking_client_runs_the_same_calls(fake_adapter: tuple[str, Fake
     assert rows == [("SELECT 1",)]
     assert events[1] == Changes([Change(1, 1, (datetime.date(2020, 1, 1),))])
     assert len(events) == 5
+
+
+async def test_user_and_password_travel_in_every_calls_metadata(
+    fake_adapter: tuple[str, FakeAdapter],
+) -> None:
+    address, servicer = fake_adapter
+    async with AdapterClient(address, retry=NO_RETRY, user="alice", password="pw") as client:
+        await client.execute("SELECT 1")
+        async for _ in client.subscribe("SUBSCRIBE t"):
+            break
+    async with AdapterClient(address, retry=NO_RETRY) as anonymous:
+        await anonymous.execute("SELECT 1")
+    alice = {"tidemark-user": "alice", "tidemark-password": "pw"}
+    assert servicer.credentials == [alice, alice, {}]

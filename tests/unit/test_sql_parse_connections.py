@@ -141,6 +141,7 @@ def test_role_statements_and_their_masked_passwords() -> None:
     for bad, code in [
         ("CREATE ROLE x PASSWORD 'a' PASSWORD 'b'", "42601"),
         ("CREATE ROLE x CREATEDB", "0A000"),
+        ("CREATE ROLE x CREATEROLE NOCREATEROLE", "42601"),
         ("CREATE ROLE x PASSWORD 'secret-value' NONSENSE", "42601"),
     ]:
         with pytest.raises(SqlError) as caught:

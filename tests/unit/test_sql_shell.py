@@ -461,6 +461,9 @@ def test_cli_parses_sql_arguments() -> None:
     assert (args.command, args.address, args.commands) == ("sql", "h:1", ["SELECT 1", "\\d"])
     default = cli.build_parser().parse_args(["sql"])
     assert (default.address, default.commands) == ("127.0.0.1:6875", None)
+    assert (default.user, default.ask_password) == ("", False)
+    as_alice = cli.build_parser().parse_args(["sql", "--user", "alice", "-W"])
+    assert (as_alice.user, as_alice.ask_password) == ("alice", True)
     up = cli.build_parser().parse_args(["up", "--spark-master", "local[2]"])
     assert (up.spark_master, up.base_port, up.data_dir) == ("local[2]", 6875, Path("data"))
 

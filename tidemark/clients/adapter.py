@@ -40,7 +40,8 @@ from typing import Any, TypeAlias, TypeVar
 import grpc.aio
 
 from tidemark.retry import RetryPolicy
-from tidemark.rpc import CLIENT_RETRY, GrpcClient, stream
+from tidemark.rpc import CLIENT_RETRY, GrpcClient, call, stream
+from tidemark.rpc.client import call_metadata
 from tidemark.rpc.errors import error_from_rpc
 from tidemark.rpc.tls import TlsSettings
 from tidemark.v1 import adapter_pb2, adapter_pb2_grpc
@@ -241,10 +242,16 @@ def decode_subscribe_event(
 # -- the client -------------------------------------------------------------------------------
 
 
+USER_METADATA = "tidemark-user"
+PASSWORD_METADATA = "tidemark-password"
+
+
 class AdapterClient(GrpcClient):
     """One SQL session against an adapter. ``execute`` calls finish within ``timeout`` seconds
     and are retried only on a determinate UNAVAILABLE (the adapter did nothing); a
-    subscription lasts until the caller stops iterating."""
+    subscription lasts until the caller stops iterating. ``user`` and ``password`` travel in
+    every call's metadata (``tidemark-user``, ``tidemark-password``); without a user the
+    adapter decides (under ``auth = trust``: its bootstrap superuser)."""
 
     def __init__(
         self,
@@ -254,10 +261,18 @@ class AdapterClient(GrpcClient):
         retry: RetryPolicy = CLIENT_RETRY,
         settings: dict[str, str] | None = None,
         tls: TlsSettings | None = None,
+        user: str = "",
+        password: str = "",
     ) -> None:
         super().__init__(address, timeout=timeout, retry=retry, tls=tls)
         self.stub = adapter_pb2_grpc.AdapterStub(self.channel)
         self.session = adapter_pb2.Session(settings=settings or {})
+        credentials: list[tuple[str, str]] = []
+        if user:
+            credentials.append((USER_METADATA, user))
+        if password:
+            credentials.append((PASSWORD_METADATA, password))
+        self.credentials: tuple[tuple[str, str], ...] = tuple(credentials)
 
     async def execute(self, sql: str, session: adapter_pb2.Session | None = None) -> ExecuteResult:
         """Runs the statements of ``sql`` in ``session`` (default: this client's). The session
@@ -265,7 +280,13 @@ class AdapterClient(GrpcClient):
         request = adapter_pb2.ExecuteRequest(
             session=self.session if session is None else session, sql=sql
         )
-        response = await self._call(self.stub.Execute, request)
+        response = await call(
+            self.stub.Execute,
+            request,
+            timeout=self.timeout,
+            retry=self.retry,
+            metadata=self.credentials,
+        )
         self.session = response.session
         return ExecuteResult(
             [StatementResult.from_proto(r) for r in response.results], response.session
@@ -280,7 +301,7 @@ class AdapterClient(GrpcClient):
             session=self.session if session is None else session, sql=sql
         )
         columns: list[Column] = []
-        async for message in stream(self.stub.Subscribe, request):
+        async for message in stream(self.stub.Subscribe, request, metadata=self.credentials):
             event = decode_subscribe_event(message, columns)
             if isinstance(event, SubscribeHeader):
                 columns = event.columns
@@ -309,7 +330,9 @@ class AdapterClient(GrpcClient):
                     yield adapter_pb2.CopyInRequest(data=chunk)
 
         try:
-            response = await self.stub.CopyIn(requests(), timeout=self.timeout)
+            response = await self.stub.CopyIn(
+                requests(), timeout=self.timeout, metadata=call_metadata(None, self.credentials)
+            )
         except grpc.aio.AioRpcError as exc:
             raise error_from_rpc(exc) from exc
         self.session = response.session
@@ -323,7 +346,9 @@ class AdapterClient(GrpcClient):
         request = adapter_pb2.CopyOutRequest(
             session=self.session if session is None else session, sql=sql
         )
-        async for message in stream(self.stub.CopyOut, request, timeout=self.timeout):
+        async for message in stream(
+            self.stub.CopyOut, request, timeout=self.timeout, metadata=self.credentials
+        ):
             kind = message.WhichOneof("message")
             if kind == "data":
                 yield message.data

@@ -15,11 +15,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from services.adapter.authentication import Principal
 from services.adapter.catalog_cache import CatalogState
 from services.adapter.copying.decoding import CopyInput, decode_arrow, decode_delimited
 from services.adapter.copying.files import read_location
 from services.adapter.copying.options import FEATURE_NOT_SUPPORTED, CopyFormat, copy_format
 from services.adapter.planning import Planner
+from services.adapter.privileges import Privileges
 from services.adapter.results import Outcome
 from services.adapter.session import Settings
 from services.adapter.sql import statements as ast
@@ -56,6 +58,7 @@ class CopyRunner:
         settings: Settings,
         transaction: Transaction | None,
         data: bytes | None,
+        principal: Principal,
     ) -> Outcome:
         if transaction is not None:
             raise SqlError(
@@ -69,6 +72,12 @@ class CopyRunner:
         catalog = self.planner.view(state)
         where = statement.position
         table = target_table(statement.table, catalog, settings.values, where, "copy to")
+        privileges = Privileges.of(state, principal)
+        privileges.require_usage_of_container(table.item, where)
+        privileges.require(table.item, "INSERT", where)
+        if statement.location is not None:
+            # As PostgreSQL's server-side COPY FROM a file: the adapter's own access.
+            privileges.require_superuser("COPY from a file or s3:// location", where)
         into = CopyInput(
             table.name[-1], table.schema, target_columns(table, statement.columns, where)
         )

@@ -11,7 +11,9 @@ connection; there is no second copy of execution.
   COPY, cursors, cancel); ``server``: the listener and the CancelRequest registry.
 - ``pgtypes``: type OIDs and values in text and binary; ``params``: ``$n`` placeholders
   replaced by quoted, typed literals.
-- ``auth``: trust for localhost, SCRAM-SHA-256 against a ``RoleStore`` (a password file now).
+- ``auth``: trust for localhost (under the adapter's ``auth = trust``, without a password
+  file), else SCRAM-SHA-256 against ``RoleStore``s (the catalog's roles, a password file).
+  The role a connection logs in as runs its statements (``privileges``).
 - ``shims``, ``catalog_tables``, ``catalog_sql``: ``pg_catalog``/``information_schema`` and
   the like, answered from the adapter's catalog.
 - ``cursors``: DECLARE/FETCH/CLOSE over queries and SUBSCRIBE (``WITH (PROGRESS, SNAPSHOT)``);

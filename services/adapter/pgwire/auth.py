@@ -1,5 +1,6 @@
-"""Who may connect: trust for loopback clients unless a password file is configured, else
-SCRAM-SHA-256 (RFC 5802, RFC 7677).
+"""Who may connect: trust for loopback clients unless passwords are required (a password file
+is configured, or the adapter runs ``auth = password``), else SCRAM-SHA-256 (RFC 5802,
+RFC 7677). A trusted client still needs a role that exists and may log in.
 
 Credentials come from ``RoleStore``s: the catalog's roles (``CREATE ROLE name LOGIN PASSWORD
 '...'``, kept as SCRAM verifiers) and, to bootstrap a deployment, a ``PasswordFile``
@@ -17,6 +18,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
 
+from services.adapter.authentication import Principal
 from tidemark.catalog_items import role_named
 from tidemark.scram import ScramVerifier
 from tidemark.v1 import catalog_pb2
@@ -91,6 +93,10 @@ class PasswordFile:
 
     def verifier(self, user: str) -> ScramVerifier | None:
         return self._verifiers.get(user)
+
+    @property
+    def users(self) -> frozenset[str]:
+        return frozenset(self._verifiers)
 
 
 class ScramExchange:
@@ -180,11 +186,24 @@ def is_loopback(host: str) -> bool:
 
 class Authenticator:
     """Trust for loopback clients unless passwords are required (a password file is
-    configured); SCRAM-SHA-256 for everyone else, against ``roles``."""
+    configured, or the adapter's ``auth = password``); SCRAM-SHA-256 for everyone else,
+    against ``roles``. ``administrators`` (the password file's users, who bootstrap a
+    deployment) are superusers whatever the catalog holds."""
 
-    def __init__(self, roles: RoleStore, *, require_passwords: bool) -> None:
+    def __init__(
+        self,
+        roles: RoleStore,
+        *,
+        require_passwords: bool,
+        administrators: frozenset[str] = frozenset(),
+    ) -> None:
         self.roles = roles
         self.require_passwords = require_passwords
+        self.administrators = administrators
+
+    def principal(self, user: str) -> Principal:
+        """The role a connection that logged in as ``user`` acts as."""
+        return Principal(user, administrator=user in self.administrators)
 
     def method(self, peer_host: str) -> str:
         """``trust`` or ``scram``."""

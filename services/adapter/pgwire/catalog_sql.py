@@ -321,6 +321,8 @@ class Interpreter:
             if isinstance(left, list) or isinstance(right, list):
                 return _as_list(left) + _as_list(right)
             return None if left is None or right is None else f"{left}{right}"
+        if isinstance(node, exp.CurrentUser):  # a Func to sqlglot
+            return self.context.get("user") or OWNER
         if isinstance(node, exp.Func):
             return self._function(node, env)
         if isinstance(node, exp.ByteString | exp.National | exp.RawString):
@@ -330,15 +332,13 @@ class Interpreter:
             return None if value is None else -value
         if isinstance(node, exp.Star):
             return None
-        if isinstance(node, exp.CurrentUser):
-            return OWNER
         return None
 
     def _column(self, node: exp.Column, env: Env) -> Any:
         name = node.name
         table = node.table
         if not table and name.lower() in ("current_user", "session_user", "user"):
-            return OWNER
+            return self.context.get("user") or OWNER
         if not table and name.lower() == "current_schema":
             return self.context.get("current_schema")
         for alias, row in reversed(env):
@@ -424,7 +424,7 @@ class Interpreter:
 
         return {
             "format_type": format_type,
-            "pg_get_userbyid": lambda *_: OWNER,
+            "pg_get_userbyid": lambda oid, *_: tables.role_names.get(oid, OWNER),
             "pg_table_is_visible": lambda oid: (
                 oid in tables.class_by_oid
                 and tables.namespace_names.get(tables.class_by_oid[oid]["relnamespace"])

@@ -63,6 +63,18 @@ def oid_of(item_id: str) -> int:
     return 16384 + zlib.crc32(item_id.encode()) % (1 << 30)
 
 
+# The owner of the default objects: shown as the bootstrap superuser, as PostgreSQL shows its
+# bootstrap objects owned by the bootstrap superuser.
+SYSTEM_OWNER = "system"
+
+
+def role_oid(name: str) -> int:
+    """A stable OID for a role, by name (roles are named globally)."""
+    if name in (OWNER, SYSTEM_OWNER, ""):
+        return OWNER_OID
+    return oid_of(f"role:{name}")
+
+
 class CatalogTables:
     def __init__(self, view: CatalogView, database: str) -> None:
         self.view = view
@@ -72,6 +84,22 @@ class CatalogTables:
 
     def rows(self, name: str) -> list[Row] | None:
         return self.tables.get(name.lower())
+
+    def _roles(self) -> list[Row]:
+        """The roles listed (those visible) and the owners of what is listed."""
+        superusers = {OWNER}
+        names = {OWNER}
+        for item in self.view.items:
+            if item_kind(item) == "role":
+                names.add(item.name.item)
+                if item.role.superuser:
+                    superusers.add(item.name.item)
+            elif item.owner and item.owner != SYSTEM_OWNER:
+                names.add(item.owner)
+        return [
+            {"oid": role_oid(name), "rolname": name, "rolsuper": name in superusers}
+            for name in sorted(names)
+        ]
 
     def _build(self) -> None:
         view = self.view
@@ -83,12 +111,14 @@ class CatalogTables:
         for schema in view.schemas(self.database):
             oid = oid_of(schema.id)
             schema_oids[schema.name.schema] = oid
-            namespaces.append({"oid": oid, "nspname": schema.name.schema, "nspowner": OWNER_OID})
+            namespaces.append(
+                {"oid": oid, "nspname": schema.name.schema, "nspowner": role_oid(schema.owner)}
+            )
         databases = [
             {
                 "oid": oid_of(d.id),
                 "datname": d.name.database,
-                "datdba": OWNER_OID,
+                "datdba": role_oid(d.owner),
                 "encoding": 6,
                 "datcollate": "C",
                 "datctype": "C",
@@ -123,7 +153,7 @@ class CatalogTables:
                     "relname": item.name.item,
                     "relnamespace": schema_oids[item.name.schema],
                     "relkind": relkind,
-                    "relowner": OWNER_OID,
+                    "relowner": role_oid(item.owner),
                     "relam": 403 if relkind == "i" else (2 if relkind in "rm" else 0),
                     "relhasindex": bool(view.indexes_on(item.id)),
                     "relpersistence": "p",
@@ -228,6 +258,8 @@ class CatalogTables:
             }
             for oid, name, size, array in _TYPES
         ]
+        roles = self._roles()
+        self.role_names = {r["oid"]: r["rolname"] for r in roles}
         self.tables = {
             "pg_namespace": namespaces,
             "pg_database": databases,
@@ -236,8 +268,8 @@ class CatalogTables:
             "pg_index": indexes,
             "pg_type": types,
             "pg_am": [{"oid": 2, "amname": "heap"}, {"oid": 403, "amname": "btree"}],
-            "pg_roles": [{"oid": OWNER_OID, "rolname": OWNER, "rolsuper": True}],
-            "pg_user": [{"usesysid": OWNER_OID, "usename": OWNER}],
+            "pg_roles": roles,
+            "pg_user": [{"usesysid": r["oid"], "usename": r["rolname"]} for r in roles],
             "pg_settings": [],
             "pg_description": [],
             "pg_attrdef": [],
@@ -263,7 +295,11 @@ class CatalogTables:
             "columns": info_columns,
             "views": [r for r in info_tables if r["table_type"] == "VIEW"],
             "schemata": [
-                {"catalog_name": self.database, "schema_name": r["nspname"], "schema_owner": OWNER}
+                {
+                    "catalog_name": self.database,
+                    "schema_name": r["nspname"],
+                    "schema_owner": self.role_names.get(r["nspowner"], OWNER),
+                }
                 for r in namespaces
             ],
         }

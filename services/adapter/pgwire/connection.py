@@ -30,6 +30,7 @@ from services.adapter.pgwire.params import (
     substitute,
 )
 from services.adapter.pgwire.shims import CatalogShims
+from services.adapter.privileges import Privileges
 from services.adapter.results import INTERNAL_ERROR, PROTOCOL_VIOLATION, QUERY_CANCELED
 from services.adapter.session import Settings
 from services.adapter.sql import parse
@@ -102,6 +103,7 @@ class Connection:
         self.session = SessionState(Settings({}))
         self.shims = CatalogShims(self.adapter, self)
         self.user = ""
+        self.superuser = False
         self.statements: dict[str, Prepared] = {}
         self.portals: dict[str, Portal] = {}
         self.cursors: dict[str, cursors.Cursor] = {}
@@ -179,6 +181,9 @@ class Connection:
         if not self.user:
             raise AuthFailed("28000", "no PostgreSQL user name specified in startup packet")
         await self._authenticate()
+        self.session.principal = self.server.authenticator.principal(self.user)
+        state = await self.adapter.executor.catalog_state()
+        self.superuser = Privileges.of(state, self.session.principal).superuser
         await self._apply_startup_settings(parameters)
         self.send(codec.authentication_ok())
         for name, value in self._parameters().items():
@@ -194,6 +199,9 @@ class Connection:
         host = peer[0] if isinstance(peer, tuple) else "127.0.0.1"
         authenticator = self.server.authenticator
         if authenticator.method(str(host)) == "trust":
+            # No password, but (as PostgreSQL's trust) a role that exists and may log in.
+            if self.user not in authenticator.administrators:
+                self.adapter.authenticator.check_login(self.user)
             return
         exchange = authenticator.exchange(self.user)
         self.send(codec.authentication_sasl(["SCRAM-SHA-256"]))
@@ -224,6 +232,8 @@ class Connection:
                 settings.set(key.replace("-", "_"), value)
         database = parameters.get("database") or self.user
         if database != settings.database:
+            # Any role may connect to any database (PostgreSQL grants CONNECT to PUBLIC by
+            # default); what it may use there is checked statement by statement.
             view = await self.shims.catalog_view()
             if view.database(database) is None:
                 raise SqlError(UNDEFINED_DATABASE, f'database "{database}" does not exist')
@@ -237,7 +247,7 @@ class Connection:
             "standard_conforming_strings": "on",
             "integer_datetimes": "on",
             "IntervalStyle": "postgres",
-            "is_superuser": "off",
+            "is_superuser": "on" if self.superuser else "off",
             "session_authorization": self.user,
         }
         for key, name in REPORTED.items():

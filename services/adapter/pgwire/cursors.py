@@ -222,7 +222,9 @@ async def declare(conn: Connection, match: re.Match[str]) -> Result:
     query = match[3]
     if SUBSCRIBE.match(query):
         shape = SubscribeShape.parse(query)
-        stream = conn.adapter.subscribe_sql(shape.sql, Settings(conn.session.settings.values))
+        stream = conn.adapter.subscribe_sql(
+            shape.sql, Settings(conn.session.settings.values), conn.session.principal
+        )
         cursor = await subscription_cursor(stream, shape)
     else:
         result = await conn.run_text(query, None)

@@ -54,13 +54,24 @@ class PgServer:
 
     @classmethod
     def from_flags(
-        cls, adapter: Adapter, password_file: str, tls_cert: str, tls_key: str
+        cls,
+        adapter: Adapter,
+        password_file: str,
+        tls_cert: str,
+        tls_key: str,
+        *,
+        require_passwords: bool = False,
     ) -> PgServer:
+        """``require_passwords``: SCRAM for every client (the adapter's ``auth = password``);
+        else loopback clients are trusted unless a password file is given."""
         stores: list[RoleStore] = []
+        administrators: frozenset[str] = frozenset()
         if password_file:
             path = Path(password_file)
             if path.exists():
-                stores.append(PasswordFile.read(path))
+                passwords = PasswordFile.read(path)
+                stores.append(passwords)
+                administrators = passwords.users
             else:
                 # A Secret not created yet (Kubernetes mounts it optionally): only the
                 # catalog's roles then, rather than refuse to start.
@@ -69,7 +80,11 @@ class PgServer:
         if bool(tls_cert) != bool(tls_key):
             raise SystemExit("--pgwire-tls-cert and --pgwire-tls-key go together")
         tls = tls_context(tls_cert, tls_key) if tls_cert else None
-        authenticator = Authenticator(FirstOf(*stores), require_passwords=bool(password_file))
+        authenticator = Authenticator(
+            FirstOf(*stores),
+            require_passwords=require_passwords or bool(password_file),
+            administrators=administrators,
+        )
         return cls(adapter, authenticator, tls)
 
     async def start(self, listen: str) -> int:

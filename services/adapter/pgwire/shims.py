@@ -17,6 +17,7 @@ from services.adapter.executor import SessionState
 from services.adapter.pgwire.catalog_sql import Interpreter, Unsupported
 from services.adapter.pgwire.catalog_tables import CatalogTables
 from services.adapter.pgwire.outcome import Result
+from services.adapter.privileges import Privileges, visible_view
 from services.adapter.results import output_columns, sql_value
 from services.adapter.session import Settings
 from services.adapter.sql import statements as ast
@@ -73,16 +74,24 @@ class CatalogShims:
         return await self.adapter.executor.catalog_state()
 
     async def catalog_view(self) -> CatalogView:
-        return self.adapter.planner.view(await self._state())
+        """The catalog as this connection's role may see it."""
+        return visible_view(await self._state(), self.connection.session.principal)
 
     async def query_columns(
         self, select: ast.Select, settings: Settings
     ) -> list[adapter_pb2.SqlColumn]:
-        planned = self.adapter.planner.query(select.query, await self._state(), settings)
+        state = await self._state()
+        planned = self.adapter.planner.query(select.query, state, settings)
+        # Describing a statement tells its columns: only to whoever may run it.
+        Privileges.of(state, self.connection.session.principal).require_read(
+            planned.depends_on, select.position
+        )
         return output_columns(planned)
 
     def _fixed(self, name: str) -> str | None:
         lowered = name.lower()
+        if lowered == "is_superuser":
+            return "on" if self.connection.superuser else "off"
         if lowered == "server_version":
             return self.connection.server.server_version
         if lowered == "server_version_num":
@@ -128,6 +137,7 @@ class CatalogShims:
                 "current transaction is aborted, commands ignored until end of transaction block",
             )
         settings = session.settings
+        # Each role lists only what it has some privilege on.
         view = await self.catalog_view()
         tables = CatalogTables(view, settings.database)
         search_path = [s for s in settings.search_path if view.schema(settings.database, s)]
@@ -136,6 +146,7 @@ class CatalogShims:
             "search_path": search_path,
             "version": f"PostgreSQL {self.connection.server.server_version} (Tidemark)",
             "pid": self.connection.process_id,
+            "user": session.principal.name,
         }
         try:
             names, rows = Interpreter(tables, context).run(text)

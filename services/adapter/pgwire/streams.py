@@ -83,7 +83,9 @@ async def copy_out(conn: Connection, statement: ast.CopyTo) -> Result:
 async def copy_subscribe(conn: Connection, sql: str) -> Result:
     """A subscription streamed as COPY TO STDOUT text rows until it ends or is cancelled."""
     shape = cursors.SubscribeShape.parse(sql)
-    stream = conn.adapter.subscribe_sql(shape.sql, Settings(conn.session.settings.values))
+    stream = conn.adapter.subscribe_sql(
+        shape.sql, Settings(conn.session.settings.values), conn.session.principal
+    )
     try:
         cursor_columns: list[adapter_pb2.SqlColumn] | None = None
         count, as_of, width = 0, 0, 0

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from sqlglot import exp
 from sqlglot.tokens import Token, TokenType  # type: ignore[attr-defined]
 
-from services.adapter.sql import connections, roles
+from services.adapter.sql import connections, grants, roles
 from services.adapter.sql import statements as st
 from services.adapter.sql.errors import SYNTAX_ERROR, SqlError, not_supported
 from services.adapter.sql.literal_insert import scan_literal_inserts
@@ -581,22 +581,27 @@ def _drop(cursor: Cursor, text: str, where: int) -> st.Drop:
     )
 
 
-def _alter(cursor: Cursor, text: str, where: int) -> st.RebuildMaterializedView | st.AlterRole:
+def _alter(
+    cursor: Cursor, text: str, where: int
+) -> st.RebuildMaterializedView | st.AlterRole | st.AlterOwner:
     cursor.expect("ALTER")
     if cursor.accept("ROLE") or cursor.accept("USER"):
         return roles.alter_role(cursor, where)
-    if not cursor.accept("MATERIALIZED", "VIEW"):
+    found = next((kind for words, kind in _DROP_KINDS if cursor.accept(*words)), None)
+    if found is None:
         token = cursor.peek()
         if token is not None and is_word(token):
             raise not_supported(f"ALTER {token.text.upper()}", token.start + 1)
         raise cursor.error()
-    name = cursor.qualified_name("a materialized view name")
-    if not cursor.accept("REBUILD"):
+    name = cursor.qualified_name(f"a {found} name")
+    if cursor.accept("OWNER", "TO"):
+        owner = cursor.identifier("a role name")
+        cursor.expect_end()
+        return st.AlterOwner(text=text, position=where, kind=found, name=name, owner=owner)
+    if found != "materialized view" or not cursor.accept("REBUILD"):
         token = cursor.peek()
         if token is not None and is_word(token):
-            raise not_supported(
-                f"ALTER MATERIALIZED VIEW ... {token.text.upper()}", token.start + 1
-            )
+            raise not_supported(f"ALTER {found.upper()} ... {token.text.upper()}", token.start + 1)
         raise cursor.error()
     cursor.expect_end()
     return st.RebuildMaterializedView(text=text, position=where, name=name)
@@ -1054,6 +1059,8 @@ _HANDLERS: dict[str, Callable[[Cursor, str, int], st.AnyStatement]] = {
     "CREATE": _create,
     "DROP": _drop,
     "ALTER": _alter,
+    "GRANT": grants.grant,
+    "REVOKE": grants.grant,
     "INSERT": _insert,
     "COPY": _copy,
     "UPDATE": _update,

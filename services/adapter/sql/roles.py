@@ -1,6 +1,7 @@
 """Parsing CREATE ROLE / CREATE USER / ALTER ROLE, as PostgreSQL writes them:
 
     CREATE ROLE name [WITH] [LOGIN | NOLOGIN] [SUPERUSER | NOSUPERUSER]
+        [CREATEROLE | NOCREATEROLE]
         [PASSWORD 'password' | PASSWORD NULL]
     ALTER ROLE name [WITH] (the same options)
 
@@ -22,6 +23,8 @@ _FLAGS = {
     "NOLOGIN": ("login", False),
     "SUPERUSER": ("superuser", True),
     "NOSUPERUSER": ("superuser", False),
+    "CREATEROLE": ("createrole", True),
+    "NOCREATEROLE": ("createrole", False),
 }
 
 
@@ -54,18 +57,19 @@ def role_options(cursor: Cursor, where: int) -> tuple[st.RoleOptions, str]:
                 raise SqlError(
                     SYNTAX_ERROR, "PASSWORD takes a non-empty string or NULL", token.start + 1
                 )
-        elif word in ("CREATEDB", "CREATEROLE", "INHERIT", "REPLICATION", "BYPASSRLS"):
+        elif word in ("CREATEDB", "INHERIT", "REPLICATION", "BYPASSRLS"):
             raise not_supported(f"role option {word}", token.start + 1)
         else:
             raise SqlError(
                 SYNTAX_ERROR,
                 f'unrecognized role option "{token.text}"; the options are LOGIN, NOLOGIN, '
-                "SUPERUSER, NOSUPERUSER and PASSWORD",
+                "SUPERUSER, NOSUPERUSER, CREATEROLE, NOCREATEROLE and PASSWORD",
                 token.start + 1,
             )
     options = st.RoleOptions(
         login=values.get("login"),  # type: ignore[arg-type]
         superuser=values.get("superuser"),  # type: ignore[arg-type]
+        createrole=values.get("createrole"),  # type: ignore[arg-type]
         password=values.get("password"),  # type: ignore[arg-type]
     )
     return options, " ".join(words)

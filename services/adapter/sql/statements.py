@@ -112,10 +112,14 @@ class RoleOptions:
     login: bool | None = None
     superuser: bool | None = None
     password: str | None = None
+    createrole: bool | None = None
 
     def __repr__(self) -> str:
         hidden = None if self.password is None else "<hidden>"
-        return f"RoleOptions(login={self.login}, superuser={self.superuser}, password={hidden})"
+        return (
+            f"RoleOptions(login={self.login}, superuser={self.superuser}, "
+            f"createrole={self.createrole}, password={hidden})"
+        )
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,41 @@ class AlterRole(Statement):
 
     name: str
     options: RoleOptions
+
+
+GrantKind = Literal["relation", "cluster", "database", "schema", "all tables in schema"]
+
+
+@dataclass(frozen=True)
+class Grant(Statement):
+    """``GRANT privileges ON [kind] names TO grantees`` (``revoke``: ``REVOKE ... FROM``).
+    ``privileges`` empty means ALL [PRIVILEGES]; a grantee ``PUBLIC`` means every role.
+    For ``all tables in schema`` the names are schemas."""
+
+    revoke: bool
+    privileges: tuple[str, ...]
+    kind: GrantKind
+    names: tuple[QualifiedName, ...]
+    grantees: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GrantRole(Statement):
+    """``GRANT role, ... TO member, ...``: the members act with the roles' privileges (and
+    own what they own); ``revoke``: ``REVOKE role FROM member``."""
+
+    revoke: bool
+    roles: tuple[str, ...]
+    members: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class AlterOwner(Statement):
+    """``ALTER <kind> name OWNER TO role``."""
+
+    kind: ObjectKind
+    name: QualifiedName
+    owner: str
 
 
 @dataclass(frozen=True)
@@ -401,6 +440,9 @@ AnyStatement: TypeAlias = (
     | RebuildMaterializedView
     | CreateRole
     | AlterRole
+    | Grant
+    | GrantRole
+    | AlterOwner
     | Insert
     | CopyFrom
     | CopyTo
