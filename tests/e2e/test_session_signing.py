@@ -130,6 +130,10 @@ async def test_every_call_taking_a_session_checks_it(stack: SqlStack) -> None:
 
 
 async def test_a_session_is_bound_to_its_user(stack: SqlStack) -> None:
+    async with AdapterClient(stack.adapter(0)) as superuser:
+        for role in ("alice", "bob"):
+            created = await superuser.execute(f"CREATE ROLE {role} LOGIN")
+            assert created.error is None, created.error
     async with grpc.aio.insecure_channel(stack.adapter(0)) as channel:
         stub = adapter_pb2_grpc.AdapterStub(channel)
 

@@ -10,6 +10,7 @@ import asyncio
 import socket
 import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import psycopg
@@ -33,14 +34,21 @@ class Tenants:
     stack: SqlStack
     pg_port: int
 
-    def client(self, user: str = "", password: str = "", **settings: str) -> AdapterClient:
-        """A session on the password adapter (index 0); ``user`` empty: the superuser."""
-        return AdapterClient(
+    @asynccontextmanager
+    async def client(
+        self, user: str = "", password: str = "", **settings: str
+    ) -> AsyncIterator[AdapterClient]:
+        """A session on the password adapter (index 0), its ``settings`` SET first (a client
+        cannot make up a session: the adapter signs them); ``user`` empty: the superuser."""
+        async with AdapterClient(
             self.stack.adapter(0),
             user=user or "tidemark",
             password=password or (ROOT_PASSWORD if not user else ""),
-            settings=settings,
-        )
+        ) as client:
+            for name, value in settings.items():
+                result = await client.execute(f"SET {name} = '{value}'")
+                assert result.error is None, result.error
+            yield client
 
 
 def _wait_listening(port: int) -> None:
@@ -279,7 +287,8 @@ async def test_trust_mode_takes_the_user_at_its_word(setup: Tenants) -> None:
     async with AdapterClient(trusted) as nobody_named:
         # No user: the bootstrap superuser, as every existing test and `make run` use it.
         assert (await ok(nobody_named, "SELECT s FROM b.public.secret")).rows == [("bob only",)]
-    async with AdapterClient(trusted, user="alice", settings={"database": "a"}) as alice:
+    async with AdapterClient(trusted, user="alice") as alice:
+        await ok(alice, "SET database = a")
         await fails(alice, "SELECT s FROM b.public.secret")
     # Trust checks no password, but the role must exist (as in PostgreSQL).
     async with AdapterClient(trusted, user="mallory") as mallory:
