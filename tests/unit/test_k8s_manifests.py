@@ -12,12 +12,15 @@ from __future__ import annotations
 import ast
 import copy
 import importlib
+import importlib.util
 import json
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import fields
 from fractions import Fraction
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -36,8 +39,10 @@ OVERLAY = K8S / "overlays" / "tenant-example"
 KUBERNETES_VERSION = "1.30.0"
 
 WORKLOAD_KINDS = ("Deployment", "StatefulSet")
+SHARED_NAMESPACE = "tidemark"
 TENANT_CLUSTER = "tenant_example"
 TENANT_PREFIX = "tenant-example-"
+TENANT_NAMESPACE = "tidemark-tenant-example"
 
 # Settings each process cannot run without (beyond the listen address every one has).
 REQUIRED_SETTINGS = {
@@ -58,6 +63,20 @@ CUSTOM_RESOURCE_GROUPS = frozenset({"monitoring.coreos.com"})
 S3_CREDENTIAL_VARIABLES = {"TIDEMARK_S3_ACCESS_KEY", "TIDEMARK_S3_SECRET_KEY"}
 
 
+def load_script(name: str) -> ModuleType:
+    """A module of ``scripts/`` (not a package), registered before it runs as dataclasses
+    need."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+k8s_secrets = load_script("k8s_secrets")
+
+
 def kustomization_dirs() -> list[Path]:
     return sorted(path.parent for path in K8S.rglob("kustomization.yaml"))
 
@@ -74,9 +93,21 @@ def of_kind(objects: list[Resource], *kinds: str) -> list[Resource]:
     return [obj for obj in objects if obj["kind"] in kinds]
 
 
-def named(objects: list[Resource], kind: str, name: str) -> Resource:
-    found = [obj for obj in of_kind(objects, kind) if obj["metadata"]["name"] == name]
-    assert len(found) == 1, f"expected one {kind} {name!r}, found {len(found)}"
+def namespace_of(obj: Resource) -> str:
+    namespace: str = obj["metadata"].get("namespace", "")
+    return namespace
+
+
+def named(
+    objects: list[Resource], kind: str, name: str, namespace: str = SHARED_NAMESPACE
+) -> Resource:
+    found = [
+        obj
+        for obj in of_kind(objects, kind)
+        if obj["metadata"]["name"] == name
+        and (kind == "Namespace" or namespace_of(obj) == namespace)
+    ]
+    assert len(found) == 1, f"expected one {kind} {namespace}/{name!r}, found {len(found)}"
     return found[0]
 
 
@@ -89,16 +120,18 @@ def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return bool(selector) and all(labels.get(key) == value for key, value in selector.items())
 
 
-def selected_workloads(objects: list[Resource], selector: dict[str, str]) -> list[Resource]:
+def selected_workloads(
+    objects: list[Resource], selector: dict[str, str], namespace: str
+) -> list[Resource]:
     return [
         workload
         for workload in of_kind(objects, *WORKLOAD_KINDS, "Job")
-        if selects(selector, pod_labels(workload))
+        if namespace_of(workload) == namespace and selects(selector, pod_labels(workload))
     ]
 
 
 def service_workload(objects: list[Resource], service: Resource) -> Resource:
-    found = selected_workloads(objects, service["spec"]["selector"])
+    found = selected_workloads(objects, service["spec"]["selector"], namespace_of(service))
     name = service["metadata"]["name"]
     assert len(found) == 1, f"Service {name} selects {len(found)} workloads"
     return found[0]
@@ -129,16 +162,25 @@ def container_port(container: dict[str, Any], name: str) -> int:
     return int(ports[0])
 
 
-def config_map_data(objects: list[Resource], name: str) -> dict[str, str]:
-    data: dict[str, str] = named(objects, "ConfigMap", name).get("data", {})
+def config_map_data(objects: list[Resource], name: str, namespace: str) -> dict[str, str]:
+    data: dict[str, str] = named(objects, "ConfigMap", name, namespace).get("data", {})
     return data
+
+
+def container_namespace(objects: list[Resource], container: dict[str, Any]) -> str:
+    """The namespace of the workload ``container`` belongs to."""
+    for workload in of_kind(objects, *WORKLOAD_KINDS, "Job"):
+        if any(c is container for c in all_containers(workload["spec"]["template"]["spec"])):
+            return namespace_of(workload)
+    raise AssertionError(f"container {container['name']} belongs to no workload")
 
 
 def effective_environment(objects: list[Resource], container: dict[str, Any]) -> dict[str, str]:
     """The literal variables the container starts with: ConfigMaps first, then ``env``."""
+    namespace = container_namespace(objects, container)
     environment: dict[str, str] = {}
     for source in container.get("envFrom", []):
-        environment.update(config_map_data(objects, source["configMapRef"]["name"]))
+        environment.update(config_map_data(objects, source["configMapRef"]["name"], namespace))
     for variable in container.get("env", []):
         if "value" in variable:
             environment[variable["name"]] = variable["value"]
@@ -162,17 +204,23 @@ def effective_settings(objects: list[Resource], container: dict[str, Any]) -> di
     return settings
 
 
-def resolve_address(objects: list[Resource], address: str) -> tuple[Resource, Resource]:
-    """The Service and the workload behind ``host:port``; the port must be the Service's."""
+def resolve_address(
+    objects: list[Resource], address: str, namespace: str = SHARED_NAMESPACE
+) -> tuple[Resource, Resource]:
+    """The Service and the workload behind ``host:port`` as seen from ``namespace`` (a host
+    ``name.other`` names a Service of namespace ``other``); the port must be the Service's."""
     host, _, port = address.rpartition(":")
-    service = named(objects, "Service", host)
+    name, _, qualified = host.partition(".")
+    if qualified:
+        namespace = qualified.removesuffix(".svc.cluster.local").removesuffix(".svc")
+    service = named(objects, "Service", name, namespace)
     service_ports = [entry["port"] for entry in service["spec"]["ports"]]
     assert int(port) in service_ports, f"{address}: Service {host} serves {service_ports}"
     return service, service_workload(objects, service)
 
 
-def module_at(objects: list[Resource], address: str) -> str | None:
-    _, workload = resolve_address(objects, address)
+def module_at(objects: list[Resource], address: str, namespace: str) -> str | None:
+    _, workload = resolve_address(objects, address, namespace)
     modules = {tidemark_module(c) for c in workload["spec"]["template"]["spec"]["containers"]}
     assert len(modules) == 1
     return modules.pop()
@@ -300,6 +348,66 @@ images: [{name: tidemark, newName: registry.example/tidemark, newTag: "2"}]
     assert container["image"] == "registry.example/tidemark:2"
 
 
+def test_renderer_moves_namespaces_and_binding_subjects_as_kustomize_does(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "inner").mkdir()
+    (tmp_path / "inner" / "objects.yaml").write_text(
+        """
+apiVersion: v1
+kind: Namespace
+metadata: {name: placeholder}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: runner}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: run}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: run}
+subjects:
+  - {kind: ServiceAccount, name: runner}
+  - {kind: ServiceAccount, name: runner, namespace: elsewhere}
+"""
+    )
+    write_kustomization(tmp_path / "inner", "resources: [objects.yaml]\n")
+    write_kustomization(tmp_path, "resources: [inner]\nnamespace: tenant-a\nnamePrefix: a-\n")
+    namespace, account, binding = render(tmp_path)
+    assert namespace["metadata"] == {"name": "tenant-a"}
+    assert account["metadata"] == {"name": "a-runner", "namespace": "tenant-a"}
+    # The subject naming the kustomization's account follows it; the other is left alone.
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "a-runner", "namespace": "tenant-a"},
+        {"kind": "ServiceAccount", "name": "runner", "namespace": "elsewhere"},
+    ]
+
+
+def test_renderer_adds_selector_labels_to_network_policy_peers(tmp_path: Path) -> None:
+    (tmp_path / "policy.yaml").write_text(
+        """
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p}
+spec:
+  podSelector: {matchLabels: {app: x}}
+  ingress: [{from: [{podSelector: {matchLabels: {app: y}}}, {podSelector: {}}]}]
+  egress: [{to: [{namespaceSelector: {}, podSelector: {matchLabels: {app: z}}}]}]
+"""
+    )
+    write_kustomization(
+        tmp_path, "resources: [policy.yaml]\nlabels: [{pairs: {c: d}, includeSelectors: true}]\n"
+    )
+    (policy,) = render(tmp_path)
+    spec = policy["spec"]
+    assert spec["podSelector"] == {"matchLabels": {"app": "x", "c": "d"}}
+    assert spec["ingress"][0]["from"] == [
+        {"podSelector": {"matchLabels": {"app": "y", "c": "d"}}},
+        {"podSelector": {}},
+    ]
+    assert spec["egress"][0]["to"][0]["podSelector"] == {"matchLabels": {"app": "z", "c": "d"}}
+
+
 # Schemas ------------------------------------------------------------------------------------
 
 
@@ -386,46 +494,69 @@ def test_every_pod_runs_locked_down(objects: list[Resource]) -> None:
             assert mounts <= volumes | claims, where
 
 
-def test_namespace_is_restricted_and_holds_everything(objects: list[Resource]) -> None:
-    (namespace,) = of_kind(objects, "Namespace")
-    name = namespace["metadata"]["name"]
-    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+def test_every_namespace_is_restricted_and_holds_its_own(objects: list[Resource]) -> None:
+    namespaces = {ns["metadata"]["name"]: ns for ns in of_kind(objects, "Namespace")}
+    assert set(namespaces) == {SHARED_NAMESPACE, TENANT_NAMESPACE}
+    for namespace in namespaces.values():
+        labels = namespace["metadata"]["labels"]
+        assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert namespaces[TENANT_NAMESPACE]["metadata"]["labels"]["tidemark.dev/tenant"] == "example"
+    assert "tidemark.dev/tenant" not in namespaces[SHARED_NAMESPACE]["metadata"]["labels"]
     for obj in objects:
         if obj["kind"] != "Namespace":
-            assert obj["metadata"]["namespace"] == name, obj["metadata"]["name"]
-    for binding in of_kind(objects, "RoleBinding"):
-        assert all(subject["namespace"] == name for subject in binding["subjects"])
+            assert namespace_of(obj) in namespaces, obj["metadata"]["name"]
+    # The shared services live in the shared namespace; the tenant's compute in its own.
+    shared = {
+        w["metadata"]["name"]
+        for w in of_kind(objects, *WORKLOAD_KINDS, "Job")
+        if namespace_of(w) == SHARED_NAMESPACE
+    }
+    assert {"etcd", "minio", "oracle", "storage", "catalog", "sources", "adapter"} <= shared
+    tenant = {
+        w["metadata"]["name"]
+        for w in of_kind(objects, *WORKLOAD_KINDS, "Job")
+        if namespace_of(w) == TENANT_NAMESPACE
+    }
+    assert tenant == {TENANT_PREFIX + "compute"}
 
 
 def test_references_name_objects_and_keys_that_exist(objects: list[Resource]) -> None:
+    planned = {(entry.namespace, entry.name): entry for entry in k8s_secrets.plan(objects)}
     for workload in of_kind(objects, *WORKLOAD_KINDS, "Job"):
+        namespace = namespace_of(workload)
         pod = workload["spec"]["template"]["spec"]
         for container in all_containers(pod):
             for source in container.get("envFrom", []):
-                named(objects, "ConfigMap", source["configMapRef"]["name"])
+                named(objects, "ConfigMap", source["configMapRef"]["name"], namespace)
             for variable in container.get("env", []):
                 reference = variable.get("valueFrom", {}).get("secretKeyRef")
                 if reference is not None:
-                    secret = named(objects, "Secret", reference["name"])
-                    assert reference["key"] in secret["stringData"], variable["name"]
+                    # Secrets are made by scripts/k8s_secrets.py, with the keys read here.
+                    assert reference["key"] in planned[(namespace, reference["name"])].keys
         for volume in pod.get("volumes", []):
             if "persistentVolumeClaim" in volume:
-                named(
-                    objects, "PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"]
-                )
+                claim = volume["persistentVolumeClaim"]["claimName"]
+                named(objects, "PersistentVolumeClaim", claim, namespace)
+            if "configMap" in volume:
+                named(objects, "ConfigMap", volume["configMap"]["name"], namespace)
+            if "secret" in volume and not volume["secret"].get("optional", False):
+                assert (namespace, volume["secret"]["secretName"]) in planned
         if "serviceAccountName" in pod:
-            named(objects, "ServiceAccount", pod["serviceAccountName"])
+            named(objects, "ServiceAccount", pod["serviceAccountName"], namespace)
     for binding in of_kind(objects, "RoleBinding"):
-        named(objects, binding["roleRef"]["kind"], binding["roleRef"]["name"])
+        namespace = namespace_of(binding)
+        named(objects, binding["roleRef"]["kind"], binding["roleRef"]["name"], namespace)
         for subject in binding["subjects"]:
-            named(objects, subject["kind"], subject["name"])
+            named(objects, subject["kind"], subject["name"], subject["namespace"])
 
 
 def test_multi_replica_workloads_have_disruption_budgets(objects: list[Resource]) -> None:
     budgets = of_kind(objects, "PodDisruptionBudget")
     covered = {}
     for budget in budgets:
-        (workload,) = selected_workloads(objects, budget["spec"]["selector"]["matchLabels"])
+        (workload,) = selected_workloads(
+            objects, budget["spec"]["selector"]["matchLabels"], namespace_of(budget)
+        )
         covered[workload["metadata"]["name"]] = budget
     for workload in of_kind(objects, *WORKLOAD_KINDS):
         if workload["spec"]["replicas"] > 1:
@@ -532,7 +663,9 @@ def test_addresses_name_the_services_of_the_right_processes(objects: list[Resour
         settings = effective_settings(objects, container)
         for setting in ("oracle", "storage", "catalog"):
             if setting in REQUIRED_SETTINGS[module]:
-                assert module_at(objects, settings[setting]) == f"services.{setting}", module
+                namespace = container_namespace(objects, container)
+                found = module_at(objects, settings[setting], namespace)
+                assert found == f"services.{setting}", module
 
 
 def test_consensus_url_lists_every_etcd_member(objects: list[Resource]) -> None:
@@ -590,7 +723,7 @@ def test_adapter_compute_mapping_names_every_cluster_service(objects: list[Resou
         entry.split("=", 1) for entry in effective_settings(objects, adapter)["compute"].split(",")
     )
     assert set(mapping) == {"default", TENANT_CLUSTER}
-    assert mapping[TENANT_CLUSTER] == f"{TENANT_PREFIX}compute:6879"
+    assert mapping[TENANT_CLUSTER] == f"{TENANT_PREFIX}compute.{TENANT_NAMESPACE}:6879"
     served = set()
     for cluster, address in mapping.items():
         _, workload = resolve_address(objects, address)
@@ -607,30 +740,17 @@ def test_adapter_compute_mapping_names_every_cluster_service(objects: list[Resou
 
 
 def test_tenant_cluster_is_its_own_spark_application(objects: list[Resource]) -> None:
-    tenant = named(objects, "Deployment", TENANT_PREFIX + "compute")
+    tenant = named(objects, "Deployment", TENANT_PREFIX + "compute", TENANT_NAMESPACE)
     assert tenant["metadata"]["labels"]["tidemark.dev/tenant"] == "example"
     assert tenant["spec"]["replicas"] == 1
     assert tenant["spec"]["strategy"]["type"] == "Recreate"
     (container,) = tenant["spec"]["template"]["spec"]["containers"]
     assert effective_settings(objects, container)["spark_master"] == "local[*]"
-
-    # The driver's identity and the rights it would need to start executor pods.
-    account = tenant["spec"]["template"]["spec"]["serviceAccountName"]
-    assert account.startswith(TENANT_PREFIX)
-    bindings = [
-        binding
-        for binding in of_kind(objects, "RoleBinding")
-        if {"kind": "ServiceAccount", "name": account, "namespace": "tidemark"}
-        in binding["subjects"]
-    ]
-    assert len(bindings) == 1
-    role = named(objects, "Role", bindings[0]["roleRef"]["name"])
-    pod_rules = [rule for rule in role["rules"] if "pods" in rule["resources"]]
-    assert {"create", "delete", "watch"} <= set(pod_rules[0]["verbs"])
-    # Everything the tenant owns carries its prefix; nothing else does.
+    # Everything in the tenant's namespace is the tenant's, and nothing outside it is.
     for obj in objects:
         is_tenants = obj["metadata"].get("labels", {}).get("tidemark.dev/tenant") == "example"
-        assert obj["metadata"]["name"].startswith(TENANT_PREFIX) == is_tenants
+        in_namespace = TENANT_NAMESPACE in (namespace_of(obj), obj["metadata"]["name"])
+        assert in_namespace == is_tenants, obj["metadata"]["name"]
 
 
 # Monitoring ---------------------------------------------------------------------------------
@@ -640,7 +760,7 @@ def tidemark_services(objects: list[Resource]) -> list[Resource]:
     """The Services in front of Tidemark processes."""
     found = []
     for service in of_kind(objects, "Service"):
-        workloads = selected_workloads(objects, service["spec"]["selector"])
+        workloads = selected_workloads(objects, service["spec"]["selector"], namespace_of(service))
         containers = [c for w in workloads for c in w["spec"]["template"]["spec"]["containers"]]
         if any(tidemark_module(c) is not None for c in containers):
             found.append(service)
@@ -668,7 +788,9 @@ def test_service_monitor_scrapes_every_tidemark_service_and_nothing_else(
     assert monitor["kind"] == "ServiceMonitor"
     assert monitor["metadata"]["namespace"] == "tidemark"
     spec = monitor["spec"]
-    assert set(spec) == {"selector", "endpoints"}
+    assert set(spec) == {"selector", "endpoints", "namespaceSelector"}
+    # Tenants' compute clusters run in namespaces of their own.
+    assert spec["namespaceSelector"] == {"any": True}
     (endpoint,) = spec["endpoints"]
     assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
     assert quantity(endpoint["scrapeTimeout"].rstrip("s")) < quantity(
