@@ -15,8 +15,10 @@ import importlib
 import importlib.util
 import json
 import re
+import shutil
+import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import fields
 from fractions import Fraction
 from pathlib import Path
@@ -27,8 +29,10 @@ from urllib.parse import parse_qs, urlsplit
 import kubernetes_validate
 import prometheus_client
 import pytest
+import yaml
 
 from tests.support.kustomize import KustomizeError, Resource, all_containers, render
+from tests.support.network_policies import EXTERNAL, Endpoint, allowed, pod
 from tidemark.config import ServiceConfig, env_var
 from tidemark.rpc.server import LIVENESS_SERVICE
 
@@ -751,6 +755,447 @@ def test_tenant_cluster_is_its_own_spark_application(objects: list[Resource]) ->
         is_tenants = obj["metadata"].get("labels", {}).get("tidemark.dev/tenant") == "example"
         in_namespace = TENANT_NAMESPACE in (namespace_of(obj), obj["metadata"]["name"])
         assert in_namespace == is_tenants, obj["metadata"]["name"]
+
+
+# Tenants ------------------------------------------------------------------------------------
+
+SECOND_TENANT = "acme"
+
+
+def tenant_namespace(tenant: str) -> str:
+    return f"tidemark-tenant-{tenant}"
+
+
+@pytest.fixture(scope="module")
+def two_tenants(tmp_path_factory: pytest.TempPathFactory) -> list[Resource]:
+    """The example overlay with a second tenant onboarded by scripts/k8s-tenant.sh, in a copy
+    of the tree (the script edits the overlay it is given)."""
+    root = tmp_path_factory.mktemp("tree")
+    shutil.copytree(ROOT / "deploy", root / "deploy")
+    (root / "scripts").mkdir()
+    shutil.copy2(ROOT / "scripts" / "k8s-tenant.sh", root / "scripts")
+    overlay = root / "deploy" / "k8s" / "overlays" / "tenant-example"
+    result = run_tenant_script(root, SECOND_TENANT, overlay)
+    assert result.returncode == 0, result.stderr
+    assert f"CREATE CLUSTER tenant_{SECOND_TENANT};" in result.stdout
+    return render(overlay)
+
+
+def run_tenant_script(root: Path, *arguments: str | Path) -> subprocess.CompletedProcess[str]:
+    script = root / "scripts" / "k8s-tenant.sh"
+    return subprocess.run(
+        ["bash", str(script), *map(str, arguments)], capture_output=True, text=True, check=False
+    )
+
+
+def namespaces_by_name(objects: list[Resource]) -> dict[str, Resource]:
+    return {ns["metadata"]["name"]: ns for ns in of_kind(objects, "Namespace")}
+
+
+def workload_pod(objects: list[Resource], kind: str, name: str, namespace: str) -> Endpoint:
+    workload = named(objects, kind, name, namespace)
+    return pod(namespaces_by_name(objects)[namespace], pod_labels(workload))
+
+
+def executor_template(objects: list[Resource], prefix: str, namespace: str) -> Resource:
+    config = named(objects, "ConfigMap", f"{prefix}executor-pod-template", namespace)
+    template: Resource = yaml.safe_load(config["data"]["executor.yaml"])
+    return template
+
+
+def test_onboarding_a_tenant_gives_it_a_namespace_and_a_cluster(
+    two_tenants: list[Resource],
+) -> None:
+    objects = two_tenants
+    namespaces = namespaces_by_name(objects)
+    assert set(namespaces) == {
+        SHARED_NAMESPACE,
+        TENANT_NAMESPACE,
+        tenant_namespace(SECOND_TENANT),
+    }
+    for obj in objects:
+        if obj["apiVersion"].split("/")[0] not in CUSTOM_RESOURCE_GROUPS:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+    for tenant in ("example", SECOND_TENANT):
+        namespace = namespaces[tenant_namespace(tenant)]
+        labels = namespace["metadata"]["labels"]
+        assert labels["tidemark.dev/tenant"] == tenant
+        assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+        workloads = [
+            w
+            for w in of_kind(objects, *WORKLOAD_KINDS, "Job")
+            if namespace_of(w) == tenant_namespace(tenant)
+        ]
+        assert [w["metadata"]["name"] for w in workloads] == [f"tenant-{tenant}-compute"]
+    # The adapters reach both tenants' clusters, each in its own namespace.
+    adapter = next(c for _, c, m in tidemark_containers(objects) if m == "services.adapter")
+    mapping = dict(
+        entry.split("=", 1) for entry in effective_settings(objects, adapter)["compute"].split(",")
+    )
+    assert set(mapping) == {"default", "tenant_example", f"tenant_{SECOND_TENANT}"}
+    for cluster, address in mapping.items():
+        _, workload = resolve_address(objects, address)
+        (container,) = workload["spec"]["template"]["spec"]["containers"]
+        assert effective_settings(objects, container)["cluster"] == cluster
+        expected = SHARED_NAMESPACE if cluster == "default" else tenant_namespace(cluster[7:])
+        assert namespace_of(workload) == expected
+    # A tenant's compute reaches the shared services by their qualified names.
+    for _, container, module in tidemark_containers(objects):
+        if module == "services.compute":
+            settings = effective_settings(objects, container)
+            namespace = container_namespace(objects, container)
+            for setting in ("oracle", "storage", "catalog"):
+                assert module_at(objects, settings[setting], namespace) == f"services.{setting}"
+
+
+def test_onboarding_refuses_bad_names_and_existing_tenants(tmp_path: Path) -> None:
+    shutil.copytree(ROOT / "deploy", tmp_path / "deploy")
+    (tmp_path / "scripts").mkdir()
+    shutil.copy2(ROOT / "scripts" / "k8s-tenant.sh", tmp_path / "scripts")
+    overlay = tmp_path / "deploy" / "k8s" / "overlays" / "tenant-example"
+    before = (overlay / "kustomization.yaml").read_text()
+    for bad in ("Acme", "acme_corp", "1acme", "", "a" * 41):
+        result = run_tenant_script(tmp_path, bad, overlay)
+        assert result.returncode == 2, bad
+        assert "usage" in result.stderr
+    result = run_tenant_script(tmp_path, "example", overlay)
+    assert result.returncode == 2 and "exists already" in result.stderr
+    assert (overlay / "kustomization.yaml").read_text() == before
+
+
+def test_every_namespace_denies_all_traffic_by_default(two_tenants: list[Resource]) -> None:
+    for namespace in namespaces_by_name(two_tenants):
+        deny = [
+            policy
+            for policy in of_kind(two_tenants, "NetworkPolicy")
+            if namespace_of(policy) == namespace
+            and policy["spec"]["podSelector"] == {}
+            and set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+            and not policy["spec"].get("ingress")
+            and not policy["spec"].get("egress")
+        ]
+        assert len(deny) == 1, namespace
+
+
+def test_network_policies_allow_the_service_graph_and_nothing_across_tenants(
+    two_tenants: list[Resource],
+) -> None:
+    objects = two_tenants
+    namespaces = namespaces_by_name(objects)
+
+    def service(name: str, kind: str = "Deployment") -> Endpoint:
+        return workload_pod(objects, kind, name, SHARED_NAMESPACE)
+
+    def compute(tenant: str) -> Endpoint:
+        name = f"tenant-{tenant}-compute"
+        return workload_pod(objects, "Deployment", name, tenant_namespace(tenant))
+
+    def executor(tenant: str) -> Endpoint:
+        namespace = tenant_namespace(tenant)
+        template = executor_template(objects, f"tenant-{tenant}-", namespace)
+        # Spark adds labels of its own to the template's.
+        labels = {**template["metadata"]["labels"], "spark-role": "executor"}
+        return pod(namespaces[namespace], labels)
+
+    adapter, oracle, storage = service("adapter"), service("oracle"), service("storage")
+    catalog, sources, minio = service("catalog"), service("sources"), service("minio")
+    etcd, bucket_job = service("etcd", "StatefulSet"), service("minio-create-bucket", "Job")
+    default = service("default-compute")
+    dns = pod("kube-system", {"k8s-app": "kube-dns"})
+    a, b = "example", SECOND_TENANT
+
+    allowed_flows = [
+        (EXTERNAL, adapter, 6875),
+        (EXTERNAL, adapter, 6874),
+        (adapter, oracle, 6876),
+        (adapter, storage, 6877),
+        (adapter, catalog, 6878),
+        (adapter, default, 6879),
+        (adapter, compute(a), 6879),
+        (adapter, compute(b), 6879),
+        (catalog, oracle, 6876),
+        (catalog, storage, 6877),
+        (sources, oracle, 6876),
+        (sources, storage, 6877),
+        (sources, catalog, 6878),
+        (oracle, etcd, 2379),
+        (storage, etcd, 2379),
+        (etcd, etcd, 2380),
+        (storage, minio, 9000),
+        (bucket_job, minio, 9000),
+        (default, storage, 6877),
+        (default, catalog, 6878),
+        (default, oracle, 6876),
+        # Spark driver <-> executors within the tenant's namespace.
+        (executor(a), compute(a), 7078),
+        (executor(a), compute(a), 7079),
+        (executor(a), compute(a), 40000),
+        (compute(a), executor(a), 7079),
+        (executor(a), executor(a), 7079),
+    ]
+    for tenant in (a, b):
+        allowed_flows += [
+            (compute(tenant), svc, port)
+            for svc, port in ((oracle, 6876), (storage, 6877), (catalog, 6878))
+        ]
+    for source, destination, port in allowed_flows:
+        assert allowed(objects, source, destination, port), (source, destination, port)
+    for endpoint in (adapter, storage, compute(a), executor(b), minio, etcd):
+        assert allowed(objects, endpoint, dns, 53, "UDP"), endpoint
+
+    denied_flows = [
+        # No tenant reaches another tenant, nor anything but the three services it calls.
+        (compute(a), compute(b), 6879),
+        (compute(a), executor(b), 7079),
+        (executor(a), compute(b), 7078),
+        (compute(b), compute(a), 6879),
+        (executor(b), executor(a), 7079),
+        (compute(a), default, 6879),
+        (compute(a), etcd, 2379),
+        (compute(a), minio, 9000),
+        (compute(a), adapter, 6875),
+        (compute(a), EXTERNAL, 443),
+        (executor(a), storage, 6877),
+        (executor(a), oracle, 6876),
+        (default, minio, 9000),
+        (default, etcd, 2379),
+        # etcd and the blob store answer only their own clients.
+        (catalog, etcd, 2379),
+        (adapter, etcd, 2379),
+        (sources, etcd, 2379),
+        (adapter, minio, 9000),
+        (sources, minio, 9000),
+        # Nothing from outside but SQL clients at the adapter.
+        (EXTERNAL, storage, 6877),
+        (EXTERNAL, compute(a), 6879),
+        (EXTERNAL, etcd, 2379),
+        (adapter, oracle, 2379),
+    ]
+    for source, destination, port in denied_flows:
+        assert not allowed(objects, source, destination, port), (source, destination, port)
+
+
+def test_each_tenant_has_a_quota_and_limits(two_tenants: list[Resource]) -> None:
+    for tenant in ("example", SECOND_TENANT):
+        namespace = tenant_namespace(tenant)
+        quotas = [q for q in of_kind(two_tenants, "ResourceQuota") if namespace_of(q) == namespace]
+        (quota,) = quotas
+        hard = quota["spec"]["hard"]
+        assert {"requests.cpu", "requests.memory", "limits.cpu", "limits.memory", "pods"} <= set(
+            hard
+        )
+        assert quantity(hard["persistentvolumeclaims"]) == 0
+        (limits,) = [r for r in of_kind(two_tenants, "LimitRange") if namespace_of(r) == namespace]
+        (container,) = [entry for entry in limits["spec"]["limits"] if entry["type"] == "Container"]
+        assert {"default", "defaultRequest", "max"} <= set(container)
+        # The tenant's own compute pod fits in its limits and its quota.
+        workload = named(two_tenants, "Deployment", f"tenant-{tenant}-compute", namespace)
+        (compute,) = workload["spec"]["template"]["spec"]["containers"]
+        for resource in ("cpu", "memory"):
+            limit = quantity(compute["resources"]["limits"][resource])
+            assert limit <= quantity(container["max"][resource])
+            assert limit <= quantity(hard[f"limits.{resource}"])
+
+
+def test_executor_rights_stay_in_the_tenant_namespace(two_tenants: list[Resource]) -> None:
+    assert not of_kind(two_tenants, "ClusterRole", "ClusterRoleBinding")
+    for binding in of_kind(two_tenants, "RoleBinding"):
+        namespace = namespace_of(binding)
+        # Each cluster binds its own account, in the binding's (the tenant's) namespace.
+        (subject,) = binding["subjects"]
+        assert subject["kind"] == "ServiceAccount"
+        assert subject["namespace"] == namespace
+        assert binding["roleRef"]["kind"] == "Role"
+        role = named(two_tenants, "Role", binding["roleRef"]["name"], namespace)
+        rights = {
+            (resource, verb)
+            for rule in role["rules"]
+            for resource in rule["resources"]
+            for verb in rule["verbs"]
+        }
+        assert all(rule["apiGroups"] == [""] for rule in role["rules"])
+        assert {resource for resource, _ in rights} == {"pods", "configmaps"}
+        assert {verb for _, verb in rights} <= {
+            "create",
+            "get",
+            "list",
+            "watch",
+            "delete",
+            "deletecollection",
+        }
+        assert {("pods", verb) for verb in ("create", "get", "list", "watch", "delete")} <= rights
+        # The account is the one the cluster's pod runs as.
+        (workload,) = [
+            w
+            for w in of_kind(two_tenants, "Deployment")
+            if namespace_of(w) == namespace
+            and w["spec"]["template"]["spec"].get("serviceAccountName") == subject["name"]
+        ]
+        assert workload["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    tenant_bindings = {
+        namespace_of(binding)
+        for binding in of_kind(two_tenants, "RoleBinding")
+        if namespace_of(binding) != SHARED_NAMESPACE
+    }
+    assert tenant_bindings == {TENANT_NAMESPACE, tenant_namespace(SECOND_TENANT)}
+
+
+def test_executor_pod_template_meets_the_restricted_profile(
+    two_tenants: list[Resource],
+) -> None:
+    for tenant in ("example", SECOND_TENANT):
+        namespace = tenant_namespace(tenant)
+        prefix = f"tenant-{tenant}-"
+        template = executor_template(two_tenants, prefix, namespace)
+        kubernetes_validate.validate(template, KUBERNETES_VERSION, strict=True)
+        spec = template["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["runAsUser"] > 0
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert spec["automountServiceAccountToken"] is False
+        assert not {"hostNetwork", "hostPID", "hostIPC", "volumes"} & set(spec)
+        (container,) = spec["containers"]
+        context = container["securityContext"]
+        assert context["allowPrivilegeEscalation"] is False
+        assert context["capabilities"] == {"drop": ["ALL"]}
+        assert context.get("privileged", False) is False
+        assert template["metadata"]["labels"]["app.kubernetes.io/component"] == "compute-executor"
+        # The compute pod mounts the template where its Spark settings say.
+        workload = named(two_tenants, "Deployment", prefix + "compute", namespace)
+        pod_spec = workload["spec"]["template"]["spec"]
+        (volume,) = [v for v in pod_spec["volumes"] if "configMap" in v]
+        assert volume["configMap"]["name"] == prefix + "executor-pod-template"
+        (compute,) = pod_spec["containers"]
+        (mount,) = [m for m in compute["volumeMounts"] if m["name"] == volume["name"]]
+        assert mount["mountPath"] == "/etc/tidemark/spark"
+
+
+def test_apply_carries_no_secret_and_the_secret_script_makes_each_needed_one(
+    two_tenants: list[Resource],
+) -> None:
+    # What `kubectl apply -k` applies holds no Secret, so it never overwrites one.
+    assert not of_kind(two_tenants, "Secret")
+    for directory in kustomization_dirs():
+        assert not of_kind(render(directory), "Secret"), directory
+    planned = {(e.namespace, e.name): e for e in k8s_secrets.plan(two_tenants)}
+    assert planned[(SHARED_NAMESPACE, "s3-credentials")].keys == ("access-key", "secret-key")
+    identities = {key: entry.identity for key, entry in planned.items() if entry.identity}
+    assert identities == {
+        (SHARED_NAMESPACE, f"tidemark-tls-{service}"): f"tidemark://{service}"
+        for service in ("oracle", "storage", "catalog", "sources", "adapter")
+    } | {
+        (SHARED_NAMESPACE, "tidemark-tls-default-compute"): "tidemark://compute/tidemark/default",
+        (TENANT_NAMESPACE, "tidemark-tls-tenant-example-compute"): (
+            "tidemark://compute/example/tenant_example"
+        ),
+        (tenant_namespace(SECOND_TENANT), f"tidemark-tls-tenant-{SECOND_TENANT}-compute"): (
+            f"tidemark://compute/{SECOND_TENANT}/tenant_{SECOND_TENANT}"
+        ),
+    }
+    # No tenant namespace gets the blob store's credentials.
+    assert [key for key in planned if key[1] == "s3-credentials"] == [
+        (SHARED_NAMESPACE, "s3-credentials")
+    ]
+
+
+def test_secret_script_creates_only_the_missing_secrets() -> None:
+    existing = {("tidemark", "s3-credentials"), ("tidemark", "tidemark-tls-oracle")}
+    namespaces = {"tidemark"}
+    created: dict[tuple[str, str], dict[str, bytes]] = {}
+    calls: list[list[str]] = []
+
+    def kubectl(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        argv = list(argv)
+        calls.append(argv)
+        code = 0
+        if argv[1:3] == ["get", "namespace"]:
+            code = 0 if argv[3] in namespaces else 1
+        elif argv[1:3] == ["create", "namespace"]:
+            namespaces.add(argv[3])
+        elif argv[3:5] == ["get", "secret"]:
+            code = 0 if (argv[2], argv[5]) in existing else 1
+        elif argv[3:6] == ["create", "secret", "generic"]:
+            assert argv[2] in namespaces
+            files = {}
+            for option in argv[7:]:
+                key, _, path = option.removeprefix("--from-file=").partition("=")
+                files[key] = Path(path).read_bytes()
+            created[(argv[2], argv[6])] = files
+            existing.add((argv[2], argv[6]))
+        else:
+            raise AssertionError(argv)
+        return subprocess.CompletedProcess(argv, code, "", "")
+
+    def certificate(identity: str) -> tuple[bytes, bytes, bytes]:
+        return f"cert {identity}".encode(), f"key {identity}".encode(), b"ca"
+
+    planned = [
+        k8s_secrets.PlannedSecret("tidemark", "s3-credentials", ("access-key", "secret-key")),
+        k8s_secrets.PlannedSecret("tidemark", "tidemark-tls-oracle", (), "tidemark://oracle"),
+        k8s_secrets.PlannedSecret("tidemark", "tidemark-tls-storage", (), "tidemark://storage"),
+        k8s_secrets.PlannedSecret(
+            "tidemark-tenant-acme",
+            "tidemark-tls-tenant-acme-compute",
+            (),
+            "tidemark://compute/acme/tenant_acme",
+        ),
+    ]
+    said: list[str] = []
+    made = k8s_secrets.create_missing(planned, kubectl, certificate, say=said.append)
+    assert [entry.name for entry in made] == [
+        "tidemark-tls-storage",
+        "tidemark-tls-tenant-acme-compute",
+    ]
+    assert created == {
+        ("tidemark", "tidemark-tls-storage"): {
+            "tls.crt": b"cert tidemark://storage",
+            "tls.key": b"key tidemark://storage",
+            "ca.crt": b"ca",
+        },
+        ("tidemark-tenant-acme", "tidemark-tls-tenant-acme-compute"): {
+            "tls.crt": b"cert tidemark://compute/acme/tenant_acme",
+            "tls.key": b"key tidemark://compute/acme/tenant_acme",
+            "ca.crt": b"ca",
+        },
+    }
+    assert "tidemark-tenant-acme" in namespaces
+    assert said[0] == "kept    tidemark/s3-credentials"
+    # A second run finds everything and changes nothing.
+    calls.clear()
+    assert k8s_secrets.create_missing(planned, kubectl, certificate, say=said.append) == []
+    assert all(call[3:5] == ["get", "secret"] for call in calls)
+
+
+def test_secret_script_makes_random_s3_credentials() -> None:
+    entry = k8s_secrets.PlannedSecret("tidemark", "s3-credentials", ("access-key", "secret-key"))
+    first = k8s_secrets._contents(entry, lambda identity: (b"", b"", b""))
+    second = k8s_secrets._contents(entry, lambda identity: (b"", b"", b""))
+    assert set(first) == {"access-key", "secret-key"}
+    assert first != second
+    assert len(first["secret-key"]) >= 32
+    assert b"change-me" not in first["secret-key"]
+
+
+def test_tidemark_processes_serve_mtls_from_their_secret_without_reflection(
+    two_tenants: list[Resource],
+) -> None:
+    for workload, container, _ in tidemark_containers(two_tenants):
+        name = workload["metadata"]["name"]
+        settings = effective_settings(two_tenants, container)
+        assert settings["reflection"] == "false", name
+        pod_spec = workload["spec"]["template"]["spec"]
+        (volume,) = [
+            v
+            for v in pod_spec["volumes"]
+            if v.get("secret", {}).get("secretName", "").startswith("tidemark-tls-")
+        ]
+        assert volume["secret"]["secretName"] == f"tidemark-tls-{name}"
+        assert not volume["secret"].get("optional", False), name
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+        assert mount["mountPath"] == "/etc/tidemark/tls" and mount["readOnly"] is True
+        assert settings["tls_cert"] == "/etc/tidemark/tls/tls.crt", name
+        assert settings["tls_key"] == "/etc/tidemark/tls/tls.key", name
+        assert settings["tls_ca"] == "/etc/tidemark/tls/ca.crt", name
 
 
 # Monitoring ---------------------------------------------------------------------------------
