@@ -13,8 +13,10 @@ existing object. Running it again, or after adding a tenant, creates only what i
   credentials). Replace it with credentials of your own by deleting and recreating it.
 - ``tidemark-tls-<workload>``: ``tls.crt``, ``tls.key`` and ``ca.crt`` for the workload's
   service identity (``tidemark://storage``, ``tidemark://compute/<tenant>/<cluster>``, ...),
-  issued with ``tidemark certs`` by the CA kept in ``--certs`` (made there on first use; keep
-  that directory safe, it signs every identity).
+  naming as DNS names the Services in front of it (``storage``, ``storage.tidemark``, ...,
+  ``tenant-acme-compute.tidemark-tenant-acme.svc.cluster.local``: the host names its callers
+  dial and verify), issued with ``tidemark certs`` by the CA kept in ``--certs`` (made there on
+  first use; keep that directory safe, it signs every identity).
 - Secrets a pod mounts as ``optional`` (``pgwire-passwords``) are the operator's to create.
 
 A namespace that does not exist yet (a new tenant's) is created first; ``kubectl apply`` then
@@ -38,7 +40,7 @@ import yaml
 
 Resource = dict[str, Any]
 Run = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
-MakeCertificate = Callable[[str], tuple[bytes, bytes, bytes]]
+MakeCertificate = Callable[[str, Sequence[str]], tuple[bytes, bytes, bytes]]
 
 TLS_PREFIX = "tidemark-tls-"
 S3_SECRET = "s3-credentials"
@@ -57,6 +59,7 @@ class PlannedSecret:
     name: str
     keys: tuple[str, ...]
     identity: str | None = None
+    dns_names: tuple[str, ...] = ()
     users: tuple[str, ...] = field(default=(), compare=False)
 
 
@@ -94,6 +97,25 @@ def identity_of(resource: Resource, tenants: dict[str, str]) -> str:
     return f"tidemark://compute/{tenants.get(namespace, SHARED_TENANT)}/{cluster}"
 
 
+def service_dns_names(resource: Resource, objects: list[Resource]) -> tuple[str, ...]:
+    """The names the Services selecting ``resource``'s pods answer to, short and qualified."""
+    namespace = resource["metadata"]["namespace"]
+    labels = resource["spec"]["template"]["metadata"].get("labels", {})
+    names = []
+    for service in objects:
+        selector = service.get("spec", {}).get("selector") or {}
+        if (
+            service["kind"] == "Service"
+            and service["metadata"].get("namespace") == namespace
+            and selector
+            and all(labels.get(key) == value for key, value in selector.items())
+        ):
+            host = service["metadata"]["name"]
+            qualified = f"{host}.{namespace}"
+            names += [host, qualified, f"{qualified}.svc", f"{qualified}.svc.cluster.local"]
+    return tuple(names)
+
+
 def _module(container: dict[str, Any]) -> str | None:
     command = [*container.get("command", []), *container.get("args", [])]
     if command[:2] == ["python", "-m"] and len(command) > 2 and command[2].startswith("services."):
@@ -125,7 +147,9 @@ def plan(objects: list[Resource]) -> list[PlannedSecret]:
             if (namespace, name) in rendered:
                 continue
             if name.startswith(TLS_PREFIX) and key is None:
-                entry = PlannedSecret(namespace, name, TLS_KEYS, identity_of(obj, tenants))
+                identity = identity_of(obj, tenants)
+                dns = service_dns_names(obj, objects)
+                entry = PlannedSecret(namespace, name, TLS_KEYS, identity, dns)
             elif name == S3_SECRET and key in (*S3_KEYS, None):
                 entry = PlannedSecret(namespace, name, S3_KEYS)
             else:
@@ -135,7 +159,7 @@ def plan(objects: list[Resource]) -> list[PlannedSecret]:
                 raise ValueError(f"Secret {namespace}/{name} is used for two identities")
             users = tuple(dict.fromkeys((*(earlier.users if earlier else ()), user)))
             planned[(namespace, name)] = PlannedSecret(
-                entry.namespace, entry.name, entry.keys, entry.identity, users
+                entry.namespace, entry.name, entry.keys, entry.identity, entry.dns_names, users
             )
     return sorted(planned.values(), key=lambda entry: (entry.namespace, entry.name))
 
@@ -145,14 +169,16 @@ def tidemark_certificate(certs: Path, tidemark: str) -> MakeCertificate:
     use): each identity is issued in a scratch directory holding a copy of the CA, so the one
     certificate it writes there besides the CA's is the identity's."""
 
-    def make(identity: str) -> tuple[bytes, bytes, bytes]:
+    def make(identity: str, dns_names: Sequence[str]) -> tuple[bytes, bytes, bytes]:
         certs.mkdir(parents=True, exist_ok=True, mode=0o700)
         with tempfile.TemporaryDirectory() as scratch:
             work = Path(scratch)
             for name in ("ca.crt", "ca.key"):
                 if (certs / name).exists():
                     shutil.copy2(certs / name, work / name)
-            subprocess.run([tidemark, "certs", str(work), "--identity", identity], check=True)
+            command = [tidemark, "certs", str(work), "--identity", identity]
+            command += [option for name in dns_names for option in ("--dns", name)]
+            subprocess.run(command, check=True)
             for name in ("ca.crt", "ca.key"):
                 if not (certs / name).exists():
                     shutil.copy2(work / name, certs / name)
@@ -207,7 +233,7 @@ def _for(entry: PlannedSecret) -> str:
 
 def _contents(entry: PlannedSecret, make_certificate: MakeCertificate) -> dict[str, bytes]:
     if entry.identity is not None:
-        cert, key, ca = make_certificate(entry.identity)
+        cert, key, ca = make_certificate(entry.identity, entry.dns_names)
         return {"tls.crt": cert, "tls.key": key, "ca.crt": ca}
     return {
         "access-key": ("tidemark-" + secrets.token_hex(6)).encode(),

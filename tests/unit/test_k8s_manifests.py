@@ -1092,6 +1092,19 @@ def test_apply_carries_no_secret_and_the_secret_script_makes_each_needed_one(
             f"tidemark://compute/{SECOND_TENANT}/tenant_{SECOND_TENANT}"
         ),
     }
+    # Each certificate names the host names its callers dial (adapter -> tenant's compute).
+    compute = planned[
+        (tenant_namespace(SECOND_TENANT), f"tidemark-tls-tenant-{SECOND_TENANT}-compute")
+    ]
+    host = f"tenant-{SECOND_TENANT}-compute"
+    qualified = f"{host}.{tenant_namespace(SECOND_TENANT)}"
+    assert compute.dns_names == (
+        host,
+        qualified,
+        f"{qualified}.svc",
+        f"{qualified}.svc.cluster.local",
+    )
+    assert "storage.tidemark" in planned[(SHARED_NAMESPACE, "tidemark-tls-storage")].dns_names
     # No tenant namespace gets the blob store's credentials.
     assert [key for key in planned if key[1] == "s3-credentials"] == [
         (SHARED_NAMESPACE, "s3-credentials")
@@ -1126,13 +1139,15 @@ def test_secret_script_creates_only_the_missing_secrets() -> None:
             raise AssertionError(argv)
         return subprocess.CompletedProcess(argv, code, "", "")
 
-    def certificate(identity: str) -> tuple[bytes, bytes, bytes]:
-        return f"cert {identity}".encode(), f"key {identity}".encode(), b"ca"
+    def certificate(identity: str, dns_names: Sequence[str]) -> tuple[bytes, bytes, bytes]:
+        return f"cert {identity} {','.join(dns_names)}".encode(), f"key {identity}".encode(), b"ca"
 
     planned = [
         k8s_secrets.PlannedSecret("tidemark", "s3-credentials", ("access-key", "secret-key")),
         k8s_secrets.PlannedSecret("tidemark", "tidemark-tls-oracle", (), "tidemark://oracle"),
-        k8s_secrets.PlannedSecret("tidemark", "tidemark-tls-storage", (), "tidemark://storage"),
+        k8s_secrets.PlannedSecret(
+            "tidemark", "tidemark-tls-storage", (), "tidemark://storage", ("storage",)
+        ),
         k8s_secrets.PlannedSecret(
             "tidemark-tenant-acme",
             "tidemark-tls-tenant-acme-compute",
@@ -1148,12 +1163,12 @@ def test_secret_script_creates_only_the_missing_secrets() -> None:
     ]
     assert created == {
         ("tidemark", "tidemark-tls-storage"): {
-            "tls.crt": b"cert tidemark://storage",
+            "tls.crt": b"cert tidemark://storage storage",
             "tls.key": b"key tidemark://storage",
             "ca.crt": b"ca",
         },
         ("tidemark-tenant-acme", "tidemark-tls-tenant-acme-compute"): {
-            "tls.crt": b"cert tidemark://compute/acme/tenant_acme",
+            "tls.crt": b"cert tidemark://compute/acme/tenant_acme ",
             "tls.key": b"key tidemark://compute/acme/tenant_acme",
             "ca.crt": b"ca",
         },
@@ -1168,12 +1183,42 @@ def test_secret_script_creates_only_the_missing_secrets() -> None:
 
 def test_secret_script_makes_random_s3_credentials() -> None:
     entry = k8s_secrets.PlannedSecret("tidemark", "s3-credentials", ("access-key", "secret-key"))
-    first = k8s_secrets._contents(entry, lambda identity: (b"", b"", b""))
-    second = k8s_secrets._contents(entry, lambda identity: (b"", b"", b""))
+    first = k8s_secrets._contents(entry, lambda identity, names: (b"", b"", b""))
+    second = k8s_secrets._contents(entry, lambda identity, names: (b"", b"", b""))
     assert set(first) == {"access-key", "secret-key"}
     assert first != second
     assert len(first["secret-key"]) >= 32
     assert b"change-me" not in first["secret-key"]
+
+
+def test_secret_script_issues_every_certificate_from_one_kept_ca(tmp_path: Path) -> None:
+    # A stand-in for `tidemark certs DIR --identity URI [--dns NAME ...]` with its file
+    # contract: reuses DIR/ca.* when present, else makes them; writes <name>.crt/.key.
+    fake = tmp_path / "tidemark"
+    fake.write_text(
+        """#!/usr/bin/env bash
+set -euo pipefail
+[ "$1" = certs ] || exit 9
+dir=$2; shift 2
+[ -f "$dir/ca.crt" ] || { echo "CA $RANDOM$RANDOM" >"$dir/ca.crt"; echo "CA key" >"$dir/ca.key"; }
+echo "issued by $(cat "$dir/ca.crt") for $*" >"$dir/some-identity.crt"
+echo key >"$dir/some-identity.key"
+"""
+    )
+    fake.chmod(0o755)
+    certs = tmp_path / "certs"
+    make = k8s_secrets.tidemark_certificate(certs, str(fake))
+    first_cert, first_key, first_ca = make("tidemark://oracle", ["oracle", "oracle.tidemark"])
+    second_cert, _, second_ca = make("tidemark://compute/acme/tenant_acme", [])
+    ca = (certs / "ca.crt").read_bytes()
+    assert first_ca == second_ca == ca
+    assert first_cert.decode() == (
+        f"issued by {ca.decode().strip()} for --identity tidemark://oracle "
+        "--dns oracle --dns oracle.tidemark\n"
+    )
+    assert first_key == b"key\n"
+    assert second_cert.decode().endswith("--identity tidemark://compute/acme/tenant_acme\n")
+    assert sorted(path.name for path in certs.iterdir()) == ["ca.crt", "ca.key"]
 
 
 def test_tidemark_processes_serve_mtls_from_their_secret_without_reflection(
