@@ -429,7 +429,7 @@ def test_every_kustomization_renders_to_valid_objects(directory: Path) -> None:
 
 def test_validation_is_strict_enough_to_catch_a_typo(objects: list[Resource]) -> None:
     broken = copy.deepcopy(named(objects, "Deployment", "oracle"))
-    broken["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["grpc"]["prot"] = 1
+    broken["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["exec"]["comand"] = []
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
 
@@ -607,11 +607,15 @@ def test_tidemark_processes_listen_where_probes_and_services_look(
         assert settings["listen"] == f"0.0.0.0:{grpc_port}", module
         assert int(settings["metrics_port"]) == metrics_port, module
         # Readiness is the overall health status, which waits for the process's
-        # dependencies; liveness and startup ask only whether the process answers.
-        assert container["readinessProbe"]["grpc"] == {"port": grpc_port}, module
+        # dependencies; liveness and startup ask only whether the process answers. The
+        # probe runs in the container (tidemark.probe), which can present the process's
+        # certificate where kubelet's gRPC probe cannot.
+        check = ["python", "-m", "tidemark.probe", str(grpc_port)]
+        assert container["readinessProbe"]["exec"] == {"command": check}, module
         for probe in ("startupProbe", "livenessProbe"):
-            expected = {"port": grpc_port, "service": LIVENESS_SERVICE}
-            assert container[probe]["grpc"] == expected, f"{module} {probe}"
+            expected = {"command": [*check, "--service", LIVENESS_SERVICE]}
+            assert container[probe]["exec"] == expected, f"{module} {probe}"
+            assert container[probe]["timeoutSeconds"] >= 2, f"{module} {probe}"
         services = [
             service
             for service in of_kind(objects, "Service")
