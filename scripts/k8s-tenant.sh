@@ -23,13 +23,19 @@ overlay=${2:-$(dirname "$0")/../deploy/k8s/overlays/tenant-example}
 [[ $name =~ ^[a-z][a-z0-9]{0,39}$ ]] || die "usage: $0 NAME [OVERLAY]; NAME like acme (a-z, 0-9)"
 [ -f "$overlay/kustomization.yaml" ] || die "$overlay has no kustomization.yaml"
 [ -f "$overlay/adapter-compute.yaml" ] || die "$overlay has no adapter-compute.yaml"
+grep -q '^resources:' "$overlay/kustomization.yaml" \
+  || die "$overlay/kustomization.yaml has no resources: list"
+grep -q -- '- name: TIDEMARK_COMPUTE *$' "$overlay/adapter-compute.yaml" \
+  || die "$overlay/adapter-compute.yaml sets no TIDEMARK_COMPUTE"
 dir=$overlay/tenant-$name
 [ ! -e "$dir" ] || die "$dir exists already"
 
 k8s=$(cd "$(dirname "$0")/../deploy/k8s" && pwd)
 mkdir -p "$dir/compute"
-tenant_base=$(realpath --relative-to="$dir" "$k8s/tenant")
-cluster_base=$(realpath --relative-to="$dir/compute" "$k8s/compute-cluster")
+# kustomize wants paths relative to the kustomization (GNU and BSD realpath differ here).
+relative() { python3 -c 'import os, sys; print(os.path.relpath(sys.argv[1], sys.argv[2]))' "$@"; }
+tenant_base=$(relative "$k8s/tenant" "$dir")
+cluster_base=$(relative "$k8s/compute-cluster" "$dir/compute")
 cluster=tenant_$name
 namespace=tidemark-tenant-$name
 prefix=tenant-$name-
