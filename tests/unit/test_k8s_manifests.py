@@ -930,6 +930,11 @@ def test_network_policies_allow_the_service_graph_and_nothing_across_tenants(
         (default, storage, 6877),
         (default, catalog, 6878),
         (default, oracle, 6876),
+        # Compute reads and writes Parquet parts in the blob store itself.
+        (default, minio, 9000),
+        (compute(a), minio, 9000),
+        (executor(a), minio, 9000),
+        (executor(b), minio, 9000),
         # Spark driver <-> executors within the tenant's namespace.
         (executor(a), compute(a), 7078),
         (executor(a), compute(a), 7079),
@@ -948,7 +953,7 @@ def test_network_policies_allow_the_service_graph_and_nothing_across_tenants(
         assert allowed(objects, endpoint, dns, 53, "UDP"), endpoint
 
     denied_flows = [
-        # No tenant reaches another tenant, nor anything but the three services it calls.
+        # No tenant reaches another tenant, nor anything but the services it calls.
         (compute(a), compute(b), 6879),
         (compute(a), executor(b), 7079),
         (executor(a), compute(b), 7078),
@@ -956,12 +961,12 @@ def test_network_policies_allow_the_service_graph_and_nothing_across_tenants(
         (executor(b), executor(a), 7079),
         (compute(a), default, 6879),
         (compute(a), etcd, 2379),
-        (compute(a), minio, 9000),
         (compute(a), adapter, 6875),
         (compute(a), EXTERNAL, 443),
         (executor(a), storage, 6877),
         (executor(a), oracle, 6876),
-        (default, minio, 9000),
+        (executor(a), etcd, 2379),
+        (catalog, minio, 9000),
         (default, etcd, 2379),
         # etcd and the blob store answer only their own clients.
         (catalog, etcd, 2379),
