@@ -153,6 +153,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="tidemark://adapter, tidemark://compute/<tenant>/<cluster>, "
         "tidemark://client/<name>, ...; may be given several times",
     )
+    certs_parser.add_argument(
+        "--dns",
+        action="append",
+        dest="dns_names",
+        metavar="NAME",
+        help="one more host name the certificates answer to (a Kubernetes Service in front of "
+        "the workload, say); may be given several times",
+    )
 
     health_parser = commands.add_parser(
         "health",
@@ -210,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(state)
         return 0 if state == SERVING else 1
     if args.command == "certs":
-        return _certs(args.directory, args.identities or [])
+        return _certs(args.directory, args.identities or [], args.dns_names or [])
     if args.command == "status":
         from tidemark.local.supervisor import status
 
@@ -218,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
 
 
-def _certs(directory: Path, uris: Sequence[str]) -> int:
+def _certs(directory: Path, uris: Sequence[str], dns_names: Sequence[str]) -> int:
     from tidemark.rpc.identity import Identity
     from tidemark.security.certs import default_identities, write_certificates
 
@@ -227,7 +235,7 @@ def _certs(directory: Path, uris: Sequence[str]) -> int:
     except ValueError as exc:
         print(f"tidemark certs: {exc}", file=sys.stderr)
         return 2
-    for path in write_certificates(directory, identities):
+    for path in write_certificates(directory, identities, extra_dns=dns_names):
         print(path)
     return 0
 

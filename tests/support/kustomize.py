@@ -9,11 +9,16 @@ it; any other field in a ``kustomization.yaml`` is an error rather than silently
   Maps merge key by key; lists of maps that all carry ``name`` (containers, env, ports,
   volumes) merge element by element on it, patch elements first as kustomize orders them;
   other lists and scalars are replaced;
-- ``namespace``: set on every namespaced object;
+- ``namespace``: set on every namespaced object; a Namespace object is renamed to it, and a
+  RoleBinding subject naming a ServiceAccount of the same kustomization follows that
+  account into it (kustomize's name-reference fix-up; a subject that names another namespace
+  is left alone);
 - ``namePrefix``: prepended to every name, and to the references that name a renamed
   object (a pod's ServiceAccount, ConfigMaps and Secrets, volume claims, a StatefulSet's
   Service, a RoleBinding's role and subjects);
-- ``labels`` with ``pairs`` and ``includeSelectors`` / ``includeTemplates``;
+- ``labels`` with ``pairs`` and ``includeSelectors`` / ``includeTemplates``; like kustomize,
+  ``includeSelectors`` also adds the labels to a NetworkPolicy's existing pod selectors (its
+  own and those of its peers), which is why policies live where no selector labels are added;
 - ``images`` with ``name``, ``newName``, ``newTag``.
 
 Transformers run in kustomize's order: patches, namespace, prefix, labels, images.
@@ -152,13 +157,24 @@ def _named(items: list[Any]) -> bool:
 
 
 def set_namespace(resources: list[Resource], namespace: str) -> None:
+    accounts = _service_accounts(resources)
     for resource in resources:
-        if resource["kind"] not in CLUSTER_SCOPED_KINDS:
+        if resource["kind"] == "Namespace":
+            resource["metadata"]["name"] = namespace
+        elif resource["kind"] not in CLUSTER_SCOPED_KINDS:
             resource["metadata"]["namespace"] = namespace
+        if resource["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        for subject in resource.get("subjects", []):
+            if subject["kind"] != "ServiceAccount":
+                continue
+            if (subject["name"], subject.get("namespace", "")) in accounts:
+                subject["namespace"] = namespace
 
 
 def add_name_prefix(resources: list[Resource], prefix: str) -> None:
     renamed: dict[tuple[str, str], str] = {}
+    accounts = _service_accounts(resources)
     for resource in resources:
         if resource["kind"] == "Namespace":
             continue
@@ -167,9 +183,31 @@ def add_name_prefix(resources: list[Resource], prefix: str) -> None:
         resource["metadata"]["name"] = prefix + old
     for resource in resources:
         for kind, holder, key in name_references(resource):
+            if _foreign_subject(resource, holder, accounts):
+                continue
             new = renamed.get((kind, holder[key]))
             if new is not None:
                 holder[key] = new
+
+
+def _service_accounts(resources: list[Resource]) -> set[tuple[str, str]]:
+    return {
+        (obj["metadata"]["name"], obj["metadata"].get("namespace", ""))
+        for obj in resources
+        if obj["kind"] == "ServiceAccount"
+    }
+
+
+def _foreign_subject(
+    resource: Resource, holder: dict[str, Any], accounts: set[tuple[str, str]]
+) -> bool:
+    """A binding's subject that names a ServiceAccount of another namespace than the one of
+    this kustomization's account of that name: kustomize leaves it alone."""
+    return (
+        any(holder is subject for subject in resource.get("subjects", []))
+        and holder["kind"] == "ServiceAccount"
+        and (holder["name"], holder.get("namespace", "")) not in accounts
+    )
 
 
 def name_references(resource: Resource) -> Iterator[tuple[str, dict[str, Any], str]]:
@@ -253,6 +291,18 @@ def _add_selector_labels(resource: Resource, add: Callable[[dict[str, Any], str]
         add(resource["spec"], "selector")
     elif kind in SELECTOR_KINDS:
         add(resource["spec"].setdefault("selector", {}), "matchLabels")
+    elif kind == "NetworkPolicy":
+        spec = resource["spec"]
+        selectors = [spec.get("podSelector", {})]
+        for direction, peers in (("ingress", "from"), ("egress", "to")):
+            for rule in spec.get(direction, []):
+                selectors += [
+                    peer["podSelector"] for peer in rule.get(peers, []) if "podSelector" in peer
+                ]
+        for selector in selectors:
+            # kustomize only adds to matchLabels that exist (an empty selector stays empty).
+            if "matchLabels" in selector:
+                add(selector, "matchLabels")
 
 
 def set_image(resources: list[Resource], image: dict[str, str]) -> None:

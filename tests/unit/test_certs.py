@@ -74,3 +74,12 @@ def test_another_ca_does_not_verify(tmp_path: Path) -> None:
 def test_bad_identities_are_refused(tmp_path: Path, uri: str) -> None:
     assert main(["certs", str(tmp_path), "--identity", uri]) == 2
     assert not (tmp_path / "ca.crt").exists()
+
+
+def test_extra_dns_names_are_named_by_the_certificate(tmp_path: Path) -> None:
+    name = "acme-compute.tidemark-tenant-acme.svc"
+    uri = "tidemark://compute/acme/c1"
+    assert main(["certs", str(tmp_path), "--identity", uri, "--dns", name]) == 0
+    _verify(tmp_path, "compute-acme-c1", name)
+    with pytest.raises(Exception):  # noqa: B017, PT011 (cryptography's verification error)
+        _verify(tmp_path, "compute-acme-c1", "other-compute.tidemark-tenant-acme.svc")

@@ -12,20 +12,27 @@ from __future__ import annotations
 import ast
 import copy
 import importlib
+import importlib.util
 import json
 import re
-from collections.abc import Iterator
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
 from dataclasses import fields
 from fractions import Fraction
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import kubernetes_validate
 import prometheus_client
 import pytest
+import yaml
 
 from tests.support.kustomize import KustomizeError, Resource, all_containers, render
+from tests.support.network_policies import EXTERNAL, Endpoint, allowed, pod
 from tidemark.config import ServiceConfig, env_var
 from tidemark.rpc.server import LIVENESS_SERVICE
 
@@ -36,8 +43,10 @@ OVERLAY = K8S / "overlays" / "tenant-example"
 KUBERNETES_VERSION = "1.30.0"
 
 WORKLOAD_KINDS = ("Deployment", "StatefulSet")
+SHARED_NAMESPACE = "tidemark"
 TENANT_CLUSTER = "tenant_example"
 TENANT_PREFIX = "tenant-example-"
+TENANT_NAMESPACE = "tidemark-tenant-example"
 
 # Settings each process cannot run without (beyond the listen address every one has).
 REQUIRED_SETTINGS = {
@@ -58,6 +67,20 @@ CUSTOM_RESOURCE_GROUPS = frozenset({"monitoring.coreos.com"})
 S3_CREDENTIAL_VARIABLES = {"TIDEMARK_S3_ACCESS_KEY", "TIDEMARK_S3_SECRET_KEY"}
 
 
+def load_script(name: str) -> ModuleType:
+    """A module of ``scripts/`` (not a package), registered before it runs as dataclasses
+    need."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+k8s_secrets = load_script("k8s_secrets")
+
+
 def kustomization_dirs() -> list[Path]:
     return sorted(path.parent for path in K8S.rglob("kustomization.yaml"))
 
@@ -74,9 +97,21 @@ def of_kind(objects: list[Resource], *kinds: str) -> list[Resource]:
     return [obj for obj in objects if obj["kind"] in kinds]
 
 
-def named(objects: list[Resource], kind: str, name: str) -> Resource:
-    found = [obj for obj in of_kind(objects, kind) if obj["metadata"]["name"] == name]
-    assert len(found) == 1, f"expected one {kind} {name!r}, found {len(found)}"
+def namespace_of(obj: Resource) -> str:
+    namespace: str = obj["metadata"].get("namespace", "")
+    return namespace
+
+
+def named(
+    objects: list[Resource], kind: str, name: str, namespace: str = SHARED_NAMESPACE
+) -> Resource:
+    found = [
+        obj
+        for obj in of_kind(objects, kind)
+        if obj["metadata"]["name"] == name
+        and (kind == "Namespace" or namespace_of(obj) == namespace)
+    ]
+    assert len(found) == 1, f"expected one {kind} {namespace}/{name!r}, found {len(found)}"
     return found[0]
 
 
@@ -89,16 +124,18 @@ def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return bool(selector) and all(labels.get(key) == value for key, value in selector.items())
 
 
-def selected_workloads(objects: list[Resource], selector: dict[str, str]) -> list[Resource]:
+def selected_workloads(
+    objects: list[Resource], selector: dict[str, str], namespace: str
+) -> list[Resource]:
     return [
         workload
         for workload in of_kind(objects, *WORKLOAD_KINDS, "Job")
-        if selects(selector, pod_labels(workload))
+        if namespace_of(workload) == namespace and selects(selector, pod_labels(workload))
     ]
 
 
 def service_workload(objects: list[Resource], service: Resource) -> Resource:
-    found = selected_workloads(objects, service["spec"]["selector"])
+    found = selected_workloads(objects, service["spec"]["selector"], namespace_of(service))
     name = service["metadata"]["name"]
     assert len(found) == 1, f"Service {name} selects {len(found)} workloads"
     return found[0]
@@ -129,16 +166,25 @@ def container_port(container: dict[str, Any], name: str) -> int:
     return int(ports[0])
 
 
-def config_map_data(objects: list[Resource], name: str) -> dict[str, str]:
-    data: dict[str, str] = named(objects, "ConfigMap", name).get("data", {})
+def config_map_data(objects: list[Resource], name: str, namespace: str) -> dict[str, str]:
+    data: dict[str, str] = named(objects, "ConfigMap", name, namespace).get("data", {})
     return data
+
+
+def container_namespace(objects: list[Resource], container: dict[str, Any]) -> str:
+    """The namespace of the workload ``container`` belongs to."""
+    for workload in of_kind(objects, *WORKLOAD_KINDS, "Job"):
+        if any(c is container for c in all_containers(workload["spec"]["template"]["spec"])):
+            return namespace_of(workload)
+    raise AssertionError(f"container {container['name']} belongs to no workload")
 
 
 def effective_environment(objects: list[Resource], container: dict[str, Any]) -> dict[str, str]:
     """The literal variables the container starts with: ConfigMaps first, then ``env``."""
+    namespace = container_namespace(objects, container)
     environment: dict[str, str] = {}
     for source in container.get("envFrom", []):
-        environment.update(config_map_data(objects, source["configMapRef"]["name"]))
+        environment.update(config_map_data(objects, source["configMapRef"]["name"], namespace))
     for variable in container.get("env", []):
         if "value" in variable:
             environment[variable["name"]] = variable["value"]
@@ -162,17 +208,23 @@ def effective_settings(objects: list[Resource], container: dict[str, Any]) -> di
     return settings
 
 
-def resolve_address(objects: list[Resource], address: str) -> tuple[Resource, Resource]:
-    """The Service and the workload behind ``host:port``; the port must be the Service's."""
+def resolve_address(
+    objects: list[Resource], address: str, namespace: str = SHARED_NAMESPACE
+) -> tuple[Resource, Resource]:
+    """The Service and the workload behind ``host:port`` as seen from ``namespace`` (a host
+    ``name.other`` names a Service of namespace ``other``); the port must be the Service's."""
     host, _, port = address.rpartition(":")
-    service = named(objects, "Service", host)
+    name, _, qualified = host.partition(".")
+    if qualified:
+        namespace = qualified.removesuffix(".svc.cluster.local").removesuffix(".svc")
+    service = named(objects, "Service", name, namespace)
     service_ports = [entry["port"] for entry in service["spec"]["ports"]]
     assert int(port) in service_ports, f"{address}: Service {host} serves {service_ports}"
     return service, service_workload(objects, service)
 
 
-def module_at(objects: list[Resource], address: str) -> str | None:
-    _, workload = resolve_address(objects, address)
+def module_at(objects: list[Resource], address: str, namespace: str) -> str | None:
+    _, workload = resolve_address(objects, address, namespace)
     modules = {tidemark_module(c) for c in workload["spec"]["template"]["spec"]["containers"]}
     assert len(modules) == 1
     return modules.pop()
@@ -300,6 +352,66 @@ images: [{name: tidemark, newName: registry.example/tidemark, newTag: "2"}]
     assert container["image"] == "registry.example/tidemark:2"
 
 
+def test_renderer_moves_namespaces_and_binding_subjects_as_kustomize_does(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "inner").mkdir()
+    (tmp_path / "inner" / "objects.yaml").write_text(
+        """
+apiVersion: v1
+kind: Namespace
+metadata: {name: placeholder}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: runner}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: run}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: run}
+subjects:
+  - {kind: ServiceAccount, name: runner}
+  - {kind: ServiceAccount, name: runner, namespace: elsewhere}
+"""
+    )
+    write_kustomization(tmp_path / "inner", "resources: [objects.yaml]\n")
+    write_kustomization(tmp_path, "resources: [inner]\nnamespace: tenant-a\nnamePrefix: a-\n")
+    namespace, account, binding = render(tmp_path)
+    assert namespace["metadata"] == {"name": "tenant-a"}
+    assert account["metadata"] == {"name": "a-runner", "namespace": "tenant-a"}
+    # The subject naming the kustomization's account follows it; the other is left alone.
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "a-runner", "namespace": "tenant-a"},
+        {"kind": "ServiceAccount", "name": "runner", "namespace": "elsewhere"},
+    ]
+
+
+def test_renderer_adds_selector_labels_to_network_policy_peers(tmp_path: Path) -> None:
+    (tmp_path / "policy.yaml").write_text(
+        """
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p}
+spec:
+  podSelector: {matchLabels: {app: x}}
+  ingress: [{from: [{podSelector: {matchLabels: {app: y}}}, {podSelector: {}}]}]
+  egress: [{to: [{namespaceSelector: {}, podSelector: {matchLabels: {app: z}}}]}]
+"""
+    )
+    write_kustomization(
+        tmp_path, "resources: [policy.yaml]\nlabels: [{pairs: {c: d}, includeSelectors: true}]\n"
+    )
+    (policy,) = render(tmp_path)
+    spec = policy["spec"]
+    assert spec["podSelector"] == {"matchLabels": {"app": "x", "c": "d"}}
+    assert spec["ingress"][0]["from"] == [
+        {"podSelector": {"matchLabels": {"app": "y", "c": "d"}}},
+        {"podSelector": {}},
+    ]
+    assert spec["egress"][0]["to"][0]["podSelector"] == {"matchLabels": {"app": "z", "c": "d"}}
+
+
 # Schemas ------------------------------------------------------------------------------------
 
 
@@ -317,7 +429,7 @@ def test_every_kustomization_renders_to_valid_objects(directory: Path) -> None:
 
 def test_validation_is_strict_enough_to_catch_a_typo(objects: list[Resource]) -> None:
     broken = copy.deepcopy(named(objects, "Deployment", "oracle"))
-    broken["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["grpc"]["prot"] = 1
+    broken["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["exec"]["comand"] = []
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
 
@@ -386,46 +498,69 @@ def test_every_pod_runs_locked_down(objects: list[Resource]) -> None:
             assert mounts <= volumes | claims, where
 
 
-def test_namespace_is_restricted_and_holds_everything(objects: list[Resource]) -> None:
-    (namespace,) = of_kind(objects, "Namespace")
-    name = namespace["metadata"]["name"]
-    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+def test_every_namespace_is_restricted_and_holds_its_own(objects: list[Resource]) -> None:
+    namespaces = {ns["metadata"]["name"]: ns for ns in of_kind(objects, "Namespace")}
+    assert set(namespaces) == {SHARED_NAMESPACE, TENANT_NAMESPACE}
+    for namespace in namespaces.values():
+        labels = namespace["metadata"]["labels"]
+        assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert namespaces[TENANT_NAMESPACE]["metadata"]["labels"]["tidemark.dev/tenant"] == "example"
+    assert "tidemark.dev/tenant" not in namespaces[SHARED_NAMESPACE]["metadata"]["labels"]
     for obj in objects:
         if obj["kind"] != "Namespace":
-            assert obj["metadata"]["namespace"] == name, obj["metadata"]["name"]
-    for binding in of_kind(objects, "RoleBinding"):
-        assert all(subject["namespace"] == name for subject in binding["subjects"])
+            assert namespace_of(obj) in namespaces, obj["metadata"]["name"]
+    # The shared services live in the shared namespace; the tenant's compute in its own.
+    shared = {
+        w["metadata"]["name"]
+        for w in of_kind(objects, *WORKLOAD_KINDS, "Job")
+        if namespace_of(w) == SHARED_NAMESPACE
+    }
+    assert {"etcd", "minio", "oracle", "storage", "catalog", "sources", "adapter"} <= shared
+    tenant = {
+        w["metadata"]["name"]
+        for w in of_kind(objects, *WORKLOAD_KINDS, "Job")
+        if namespace_of(w) == TENANT_NAMESPACE
+    }
+    assert tenant == {TENANT_PREFIX + "compute"}
 
 
 def test_references_name_objects_and_keys_that_exist(objects: list[Resource]) -> None:
+    planned = {(entry.namespace, entry.name): entry for entry in k8s_secrets.plan(objects)}
     for workload in of_kind(objects, *WORKLOAD_KINDS, "Job"):
+        namespace = namespace_of(workload)
         pod = workload["spec"]["template"]["spec"]
         for container in all_containers(pod):
             for source in container.get("envFrom", []):
-                named(objects, "ConfigMap", source["configMapRef"]["name"])
+                named(objects, "ConfigMap", source["configMapRef"]["name"], namespace)
             for variable in container.get("env", []):
                 reference = variable.get("valueFrom", {}).get("secretKeyRef")
                 if reference is not None:
-                    secret = named(objects, "Secret", reference["name"])
-                    assert reference["key"] in secret["stringData"], variable["name"]
+                    # Secrets are made by scripts/k8s_secrets.py, with the keys read here.
+                    assert reference["key"] in planned[(namespace, reference["name"])].keys
         for volume in pod.get("volumes", []):
             if "persistentVolumeClaim" in volume:
-                named(
-                    objects, "PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"]
-                )
+                claim = volume["persistentVolumeClaim"]["claimName"]
+                named(objects, "PersistentVolumeClaim", claim, namespace)
+            if "configMap" in volume:
+                named(objects, "ConfigMap", volume["configMap"]["name"], namespace)
+            if "secret" in volume and not volume["secret"].get("optional", False):
+                assert (namespace, volume["secret"]["secretName"]) in planned
         if "serviceAccountName" in pod:
-            named(objects, "ServiceAccount", pod["serviceAccountName"])
+            named(objects, "ServiceAccount", pod["serviceAccountName"], namespace)
     for binding in of_kind(objects, "RoleBinding"):
-        named(objects, binding["roleRef"]["kind"], binding["roleRef"]["name"])
+        namespace = namespace_of(binding)
+        named(objects, binding["roleRef"]["kind"], binding["roleRef"]["name"], namespace)
         for subject in binding["subjects"]:
-            named(objects, subject["kind"], subject["name"])
+            named(objects, subject["kind"], subject["name"], subject["namespace"])
 
 
 def test_multi_replica_workloads_have_disruption_budgets(objects: list[Resource]) -> None:
     budgets = of_kind(objects, "PodDisruptionBudget")
     covered = {}
     for budget in budgets:
-        (workload,) = selected_workloads(objects, budget["spec"]["selector"]["matchLabels"])
+        (workload,) = selected_workloads(
+            objects, budget["spec"]["selector"]["matchLabels"], namespace_of(budget)
+        )
         covered[workload["metadata"]["name"]] = budget
     for workload in of_kind(objects, *WORKLOAD_KINDS):
         if workload["spec"]["replicas"] > 1:
@@ -472,11 +607,15 @@ def test_tidemark_processes_listen_where_probes_and_services_look(
         assert settings["listen"] == f"0.0.0.0:{grpc_port}", module
         assert int(settings["metrics_port"]) == metrics_port, module
         # Readiness is the overall health status, which waits for the process's
-        # dependencies; liveness and startup ask only whether the process answers.
-        assert container["readinessProbe"]["grpc"] == {"port": grpc_port}, module
+        # dependencies; liveness and startup ask only whether the process answers. The
+        # probe runs in the container (tidemark.probe), which can present the process's
+        # certificate where kubelet's gRPC probe cannot.
+        check = ["python", "-m", "tidemark.probe", str(grpc_port)]
+        assert container["readinessProbe"]["exec"] == {"command": check}, module
         for probe in ("startupProbe", "livenessProbe"):
-            expected = {"port": grpc_port, "service": LIVENESS_SERVICE}
-            assert container[probe]["grpc"] == expected, f"{module} {probe}"
+            expected = {"command": [*check, "--service", LIVENESS_SERVICE]}
+            assert container[probe]["exec"] == expected, f"{module} {probe}"
+            assert container[probe]["timeoutSeconds"] >= 2, f"{module} {probe}"
         services = [
             service
             for service in of_kind(objects, "Service")
@@ -532,7 +671,9 @@ def test_addresses_name_the_services_of_the_right_processes(objects: list[Resour
         settings = effective_settings(objects, container)
         for setting in ("oracle", "storage", "catalog"):
             if setting in REQUIRED_SETTINGS[module]:
-                assert module_at(objects, settings[setting]) == f"services.{setting}", module
+                namespace = container_namespace(objects, container)
+                found = module_at(objects, settings[setting], namespace)
+                assert found == f"services.{setting}", module
 
 
 def test_consensus_url_lists_every_etcd_member(objects: list[Resource]) -> None:
@@ -590,7 +731,7 @@ def test_adapter_compute_mapping_names_every_cluster_service(objects: list[Resou
         entry.split("=", 1) for entry in effective_settings(objects, adapter)["compute"].split(",")
     )
     assert set(mapping) == {"default", TENANT_CLUSTER}
-    assert mapping[TENANT_CLUSTER] == f"{TENANT_PREFIX}compute:6879"
+    assert mapping[TENANT_CLUSTER] == f"{TENANT_PREFIX}compute.{TENANT_NAMESPACE}:6879"
     served = set()
     for cluster, address in mapping.items():
         _, workload = resolve_address(objects, address)
@@ -607,30 +748,508 @@ def test_adapter_compute_mapping_names_every_cluster_service(objects: list[Resou
 
 
 def test_tenant_cluster_is_its_own_spark_application(objects: list[Resource]) -> None:
-    tenant = named(objects, "Deployment", TENANT_PREFIX + "compute")
+    tenant = named(objects, "Deployment", TENANT_PREFIX + "compute", TENANT_NAMESPACE)
     assert tenant["metadata"]["labels"]["tidemark.dev/tenant"] == "example"
     assert tenant["spec"]["replicas"] == 1
     assert tenant["spec"]["strategy"]["type"] == "Recreate"
     (container,) = tenant["spec"]["template"]["spec"]["containers"]
     assert effective_settings(objects, container)["spark_master"] == "local[*]"
-
-    # The driver's identity and the rights it would need to start executor pods.
-    account = tenant["spec"]["template"]["spec"]["serviceAccountName"]
-    assert account.startswith(TENANT_PREFIX)
-    bindings = [
-        binding
-        for binding in of_kind(objects, "RoleBinding")
-        if {"kind": "ServiceAccount", "name": account, "namespace": "tidemark"}
-        in binding["subjects"]
-    ]
-    assert len(bindings) == 1
-    role = named(objects, "Role", bindings[0]["roleRef"]["name"])
-    pod_rules = [rule for rule in role["rules"] if "pods" in rule["resources"]]
-    assert {"create", "delete", "watch"} <= set(pod_rules[0]["verbs"])
-    # Everything the tenant owns carries its prefix; nothing else does.
+    # Everything in the tenant's namespace is the tenant's, and nothing outside it is.
     for obj in objects:
         is_tenants = obj["metadata"].get("labels", {}).get("tidemark.dev/tenant") == "example"
-        assert obj["metadata"]["name"].startswith(TENANT_PREFIX) == is_tenants
+        in_namespace = TENANT_NAMESPACE in (namespace_of(obj), obj["metadata"]["name"])
+        assert in_namespace == is_tenants, obj["metadata"]["name"]
+
+
+# Tenants ------------------------------------------------------------------------------------
+
+SECOND_TENANT = "acme"
+
+
+def tenant_namespace(tenant: str) -> str:
+    return f"tidemark-tenant-{tenant}"
+
+
+@pytest.fixture(scope="module")
+def two_tenants(tmp_path_factory: pytest.TempPathFactory) -> list[Resource]:
+    """The example overlay with a second tenant onboarded by scripts/k8s-tenant.sh, in a copy
+    of the tree (the script edits the overlay it is given)."""
+    root = tmp_path_factory.mktemp("tree")
+    shutil.copytree(ROOT / "deploy", root / "deploy")
+    (root / "scripts").mkdir()
+    shutil.copy2(ROOT / "scripts" / "k8s-tenant.sh", root / "scripts")
+    overlay = root / "deploy" / "k8s" / "overlays" / "tenant-example"
+    result = run_tenant_script(root, SECOND_TENANT, overlay)
+    assert result.returncode == 0, result.stderr
+    assert f"CREATE CLUSTER tenant_{SECOND_TENANT};" in result.stdout
+    return render(overlay)
+
+
+def run_tenant_script(root: Path, *arguments: str | Path) -> subprocess.CompletedProcess[str]:
+    script = root / "scripts" / "k8s-tenant.sh"
+    return subprocess.run(
+        ["bash", str(script), *map(str, arguments)], capture_output=True, text=True, check=False
+    )
+
+
+def namespaces_by_name(objects: list[Resource]) -> dict[str, Resource]:
+    return {ns["metadata"]["name"]: ns for ns in of_kind(objects, "Namespace")}
+
+
+def workload_pod(objects: list[Resource], kind: str, name: str, namespace: str) -> Endpoint:
+    workload = named(objects, kind, name, namespace)
+    return pod(namespaces_by_name(objects)[namespace], pod_labels(workload))
+
+
+def executor_template(objects: list[Resource], prefix: str, namespace: str) -> Resource:
+    config = named(objects, "ConfigMap", f"{prefix}executor-pod-template", namespace)
+    template: Resource = yaml.safe_load(config["data"]["executor.yaml"])
+    return template
+
+
+def test_onboarding_a_tenant_gives_it_a_namespace_and_a_cluster(
+    two_tenants: list[Resource],
+) -> None:
+    objects = two_tenants
+    namespaces = namespaces_by_name(objects)
+    assert set(namespaces) == {
+        SHARED_NAMESPACE,
+        TENANT_NAMESPACE,
+        tenant_namespace(SECOND_TENANT),
+    }
+    for obj in objects:
+        if obj["apiVersion"].split("/")[0] not in CUSTOM_RESOURCE_GROUPS:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+    for tenant in ("example", SECOND_TENANT):
+        namespace = namespaces[tenant_namespace(tenant)]
+        labels = namespace["metadata"]["labels"]
+        assert labels["tidemark.dev/tenant"] == tenant
+        assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+        workloads = [
+            w
+            for w in of_kind(objects, *WORKLOAD_KINDS, "Job")
+            if namespace_of(w) == tenant_namespace(tenant)
+        ]
+        assert [w["metadata"]["name"] for w in workloads] == [f"tenant-{tenant}-compute"]
+    # The adapters reach both tenants' clusters, each in its own namespace.
+    adapter = next(c for _, c, m in tidemark_containers(objects) if m == "services.adapter")
+    mapping = dict(
+        entry.split("=", 1) for entry in effective_settings(objects, adapter)["compute"].split(",")
+    )
+    assert set(mapping) == {"default", "tenant_example", f"tenant_{SECOND_TENANT}"}
+    for cluster, address in mapping.items():
+        _, workload = resolve_address(objects, address)
+        (container,) = workload["spec"]["template"]["spec"]["containers"]
+        assert effective_settings(objects, container)["cluster"] == cluster
+        expected = SHARED_NAMESPACE if cluster == "default" else tenant_namespace(cluster[7:])
+        assert namespace_of(workload) == expected
+    # A tenant's compute reaches the shared services by their qualified names.
+    for _, container, module in tidemark_containers(objects):
+        if module == "services.compute":
+            settings = effective_settings(objects, container)
+            namespace = container_namespace(objects, container)
+            for setting in ("oracle", "storage", "catalog"):
+                assert module_at(objects, settings[setting], namespace) == f"services.{setting}"
+
+
+def test_onboarding_refuses_bad_names_and_existing_tenants(tmp_path: Path) -> None:
+    shutil.copytree(ROOT / "deploy", tmp_path / "deploy")
+    (tmp_path / "scripts").mkdir()
+    shutil.copy2(ROOT / "scripts" / "k8s-tenant.sh", tmp_path / "scripts")
+    overlay = tmp_path / "deploy" / "k8s" / "overlays" / "tenant-example"
+    before = (overlay / "kustomization.yaml").read_text()
+    for bad in ("Acme", "acme_corp", "1acme", "", "a" * 41):
+        result = run_tenant_script(tmp_path, bad, overlay)
+        assert result.returncode == 2, bad
+        assert "usage" in result.stderr
+    result = run_tenant_script(tmp_path, "example", overlay)
+    assert result.returncode == 2 and "exists already" in result.stderr
+    assert (overlay / "kustomization.yaml").read_text() == before
+
+
+def test_every_namespace_denies_all_traffic_by_default(two_tenants: list[Resource]) -> None:
+    for namespace in namespaces_by_name(two_tenants):
+        deny = [
+            policy
+            for policy in of_kind(two_tenants, "NetworkPolicy")
+            if namespace_of(policy) == namespace
+            and policy["spec"]["podSelector"] == {}
+            and set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+            and not policy["spec"].get("ingress")
+            and not policy["spec"].get("egress")
+        ]
+        assert len(deny) == 1, namespace
+
+
+def test_network_policies_allow_the_service_graph_and_nothing_across_tenants(
+    two_tenants: list[Resource],
+) -> None:
+    objects = two_tenants
+    namespaces = namespaces_by_name(objects)
+
+    def service(name: str, kind: str = "Deployment") -> Endpoint:
+        return workload_pod(objects, kind, name, SHARED_NAMESPACE)
+
+    def compute(tenant: str) -> Endpoint:
+        name = f"tenant-{tenant}-compute"
+        return workload_pod(objects, "Deployment", name, tenant_namespace(tenant))
+
+    def executor(tenant: str) -> Endpoint:
+        namespace = tenant_namespace(tenant)
+        template = executor_template(objects, f"tenant-{tenant}-", namespace)
+        # Spark adds labels of its own to the template's.
+        labels = {**template["metadata"]["labels"], "spark-role": "executor"}
+        return pod(namespaces[namespace], labels)
+
+    adapter, oracle, storage = service("adapter"), service("oracle"), service("storage")
+    catalog, sources, minio = service("catalog"), service("sources"), service("minio")
+    etcd, bucket_job = service("etcd", "StatefulSet"), service("minio-create-bucket", "Job")
+    default = service("default-compute")
+    dns = pod("kube-system", {"k8s-app": "kube-dns"})
+    a, b = "example", SECOND_TENANT
+
+    allowed_flows = [
+        (EXTERNAL, adapter, 6875),
+        (EXTERNAL, adapter, 6874),
+        (adapter, oracle, 6876),
+        (adapter, storage, 6877),
+        (adapter, catalog, 6878),
+        (adapter, default, 6879),
+        (adapter, compute(a), 6879),
+        (adapter, compute(b), 6879),
+        (catalog, oracle, 6876),
+        (catalog, storage, 6877),
+        (sources, oracle, 6876),
+        (sources, storage, 6877),
+        (sources, catalog, 6878),
+        (oracle, etcd, 2379),
+        (storage, etcd, 2379),
+        (etcd, etcd, 2380),
+        (storage, minio, 9000),
+        (bucket_job, minio, 9000),
+        (default, storage, 6877),
+        (default, catalog, 6878),
+        (default, oracle, 6876),
+        # Compute reads and writes Parquet parts in the blob store itself.
+        (default, minio, 9000),
+        (compute(a), minio, 9000),
+        (executor(a), minio, 9000),
+        (executor(b), minio, 9000),
+        # Spark driver <-> executors within the tenant's namespace.
+        (executor(a), compute(a), 7078),
+        (executor(a), compute(a), 7079),
+        (executor(a), compute(a), 40000),
+        (compute(a), executor(a), 7079),
+        (executor(a), executor(a), 7079),
+    ]
+    for tenant in (a, b):
+        allowed_flows += [
+            (compute(tenant), svc, port)
+            for svc, port in ((oracle, 6876), (storage, 6877), (catalog, 6878))
+        ]
+    for source, destination, port in allowed_flows:
+        assert allowed(objects, source, destination, port), (source, destination, port)
+    for endpoint in (adapter, storage, compute(a), executor(b), minio, etcd):
+        assert allowed(objects, endpoint, dns, 53, "UDP"), endpoint
+
+    denied_flows = [
+        # No tenant reaches another tenant, nor anything but the services it calls.
+        (compute(a), compute(b), 6879),
+        (compute(a), executor(b), 7079),
+        (executor(a), compute(b), 7078),
+        (compute(b), compute(a), 6879),
+        (executor(b), executor(a), 7079),
+        (compute(a), default, 6879),
+        (compute(a), etcd, 2379),
+        (compute(a), adapter, 6875),
+        (compute(a), EXTERNAL, 443),
+        (executor(a), storage, 6877),
+        (executor(a), oracle, 6876),
+        (executor(a), etcd, 2379),
+        (catalog, minio, 9000),
+        (default, etcd, 2379),
+        # etcd and the blob store answer only their own clients.
+        (catalog, etcd, 2379),
+        (adapter, etcd, 2379),
+        (sources, etcd, 2379),
+        (adapter, minio, 9000),
+        (sources, minio, 9000),
+        # Nothing from outside but SQL clients at the adapter.
+        (EXTERNAL, storage, 6877),
+        (EXTERNAL, compute(a), 6879),
+        (EXTERNAL, etcd, 2379),
+        (adapter, oracle, 2379),
+    ]
+    for source, destination, port in denied_flows:
+        assert not allowed(objects, source, destination, port), (source, destination, port)
+
+
+def test_each_tenant_has_a_quota_and_limits(two_tenants: list[Resource]) -> None:
+    for tenant in ("example", SECOND_TENANT):
+        namespace = tenant_namespace(tenant)
+        quotas = [q for q in of_kind(two_tenants, "ResourceQuota") if namespace_of(q) == namespace]
+        (quota,) = quotas
+        hard = quota["spec"]["hard"]
+        assert {"requests.cpu", "requests.memory", "limits.cpu", "limits.memory", "pods"} <= set(
+            hard
+        )
+        assert quantity(hard["persistentvolumeclaims"]) == 0
+        (limits,) = [r for r in of_kind(two_tenants, "LimitRange") if namespace_of(r) == namespace]
+        (container,) = [entry for entry in limits["spec"]["limits"] if entry["type"] == "Container"]
+        assert {"default", "defaultRequest", "max"} <= set(container)
+        # The tenant's own compute pod fits in its limits and its quota.
+        workload = named(two_tenants, "Deployment", f"tenant-{tenant}-compute", namespace)
+        (compute,) = workload["spec"]["template"]["spec"]["containers"]
+        for resource in ("cpu", "memory"):
+            limit = quantity(compute["resources"]["limits"][resource])
+            assert limit <= quantity(container["max"][resource])
+            assert limit <= quantity(hard[f"limits.{resource}"])
+
+
+def test_executor_rights_stay_in_the_tenant_namespace(two_tenants: list[Resource]) -> None:
+    assert not of_kind(two_tenants, "ClusterRole", "ClusterRoleBinding")
+    for binding in of_kind(two_tenants, "RoleBinding"):
+        namespace = namespace_of(binding)
+        # Each cluster binds its own account, in the binding's (the tenant's) namespace.
+        (subject,) = binding["subjects"]
+        assert subject["kind"] == "ServiceAccount"
+        assert subject["namespace"] == namespace
+        assert binding["roleRef"]["kind"] == "Role"
+        role = named(two_tenants, "Role", binding["roleRef"]["name"], namespace)
+        rights = {
+            (resource, verb)
+            for rule in role["rules"]
+            for resource in rule["resources"]
+            for verb in rule["verbs"]
+        }
+        assert all(rule["apiGroups"] == [""] for rule in role["rules"])
+        assert {resource for resource, _ in rights} == {"pods", "configmaps"}
+        assert {verb for _, verb in rights} <= {
+            "create",
+            "get",
+            "list",
+            "watch",
+            "delete",
+            "deletecollection",
+        }
+        assert {("pods", verb) for verb in ("create", "get", "list", "watch", "delete")} <= rights
+        # The account is the one the cluster's pod runs as.
+        (workload,) = [
+            w
+            for w in of_kind(two_tenants, "Deployment")
+            if namespace_of(w) == namespace
+            and w["spec"]["template"]["spec"].get("serviceAccountName") == subject["name"]
+        ]
+        assert workload["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    tenant_bindings = {
+        namespace_of(binding)
+        for binding in of_kind(two_tenants, "RoleBinding")
+        if namespace_of(binding) != SHARED_NAMESPACE
+    }
+    assert tenant_bindings == {TENANT_NAMESPACE, tenant_namespace(SECOND_TENANT)}
+
+
+def test_executor_pod_template_meets_the_restricted_profile(
+    two_tenants: list[Resource],
+) -> None:
+    for tenant in ("example", SECOND_TENANT):
+        namespace = tenant_namespace(tenant)
+        prefix = f"tenant-{tenant}-"
+        template = executor_template(two_tenants, prefix, namespace)
+        kubernetes_validate.validate(template, KUBERNETES_VERSION, strict=True)
+        spec = template["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["runAsUser"] > 0
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert spec["automountServiceAccountToken"] is False
+        assert not {"hostNetwork", "hostPID", "hostIPC", "volumes"} & set(spec)
+        (container,) = spec["containers"]
+        context = container["securityContext"]
+        assert context["allowPrivilegeEscalation"] is False
+        assert context["capabilities"] == {"drop": ["ALL"]}
+        assert context.get("privileged", False) is False
+        assert template["metadata"]["labels"]["app.kubernetes.io/component"] == "compute-executor"
+        # The compute pod mounts the template where its Spark settings say.
+        workload = named(two_tenants, "Deployment", prefix + "compute", namespace)
+        pod_spec = workload["spec"]["template"]["spec"]
+        (volume,) = [v for v in pod_spec["volumes"] if "configMap" in v]
+        assert volume["configMap"]["name"] == prefix + "executor-pod-template"
+        (compute,) = pod_spec["containers"]
+        (mount,) = [m for m in compute["volumeMounts"] if m["name"] == volume["name"]]
+        assert mount["mountPath"] == "/etc/tidemark/spark"
+
+
+def test_apply_carries_no_secret_and_the_secret_script_makes_each_needed_one(
+    two_tenants: list[Resource],
+) -> None:
+    # What `kubectl apply -k` applies holds no Secret, so it never overwrites one.
+    assert not of_kind(two_tenants, "Secret")
+    for directory in kustomization_dirs():
+        assert not of_kind(render(directory), "Secret"), directory
+    planned = {(e.namespace, e.name): e for e in k8s_secrets.plan(two_tenants)}
+    assert planned[(SHARED_NAMESPACE, "s3-credentials")].keys == ("access-key", "secret-key")
+    identities = {key: entry.identity for key, entry in planned.items() if entry.identity}
+    assert identities == {
+        (SHARED_NAMESPACE, f"tidemark-tls-{service}"): f"tidemark://{service}"
+        for service in ("oracle", "storage", "catalog", "sources", "adapter")
+    } | {
+        (SHARED_NAMESPACE, "tidemark-tls-default-compute"): "tidemark://compute/tidemark/default",
+        (TENANT_NAMESPACE, "tidemark-tls-tenant-example-compute"): (
+            "tidemark://compute/example/tenant_example"
+        ),
+        (tenant_namespace(SECOND_TENANT), f"tidemark-tls-tenant-{SECOND_TENANT}-compute"): (
+            f"tidemark://compute/{SECOND_TENANT}/tenant_{SECOND_TENANT}"
+        ),
+    }
+    # Each certificate names the host names its callers dial (adapter -> tenant's compute).
+    compute = planned[
+        (tenant_namespace(SECOND_TENANT), f"tidemark-tls-tenant-{SECOND_TENANT}-compute")
+    ]
+    host = f"tenant-{SECOND_TENANT}-compute"
+    qualified = f"{host}.{tenant_namespace(SECOND_TENANT)}"
+    assert compute.dns_names == (
+        host,
+        qualified,
+        f"{qualified}.svc",
+        f"{qualified}.svc.cluster.local",
+    )
+    assert "storage.tidemark" in planned[(SHARED_NAMESPACE, "tidemark-tls-storage")].dns_names
+    # No tenant namespace gets the blob store's credentials.
+    assert [key for key in planned if key[1] == "s3-credentials"] == [
+        (SHARED_NAMESPACE, "s3-credentials")
+    ]
+
+
+def test_secret_script_creates_only_the_missing_secrets() -> None:
+    existing = {("tidemark", "s3-credentials"), ("tidemark", "tidemark-tls-oracle")}
+    namespaces = {"tidemark"}
+    created: dict[tuple[str, str], dict[str, bytes]] = {}
+    calls: list[list[str]] = []
+
+    def kubectl(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        argv = list(argv)
+        calls.append(argv)
+        code = 0
+        if argv[1:3] == ["get", "namespace"]:
+            code = 0 if argv[3] in namespaces else 1
+        elif argv[1:3] == ["create", "namespace"]:
+            namespaces.add(argv[3])
+        elif argv[3:5] == ["get", "secret"]:
+            code = 0 if (argv[2], argv[5]) in existing else 1
+        elif argv[3:6] == ["create", "secret", "generic"]:
+            assert argv[2] in namespaces
+            files = {}
+            for option in argv[7:]:
+                key, _, path = option.removeprefix("--from-file=").partition("=")
+                files[key] = Path(path).read_bytes()
+            created[(argv[2], argv[6])] = files
+            existing.add((argv[2], argv[6]))
+        else:
+            raise AssertionError(argv)
+        return subprocess.CompletedProcess(argv, code, "", "")
+
+    def certificate(identity: str, dns_names: Sequence[str]) -> tuple[bytes, bytes, bytes]:
+        return f"cert {identity} {','.join(dns_names)}".encode(), f"key {identity}".encode(), b"ca"
+
+    planned = [
+        k8s_secrets.PlannedSecret("tidemark", "s3-credentials", ("access-key", "secret-key")),
+        k8s_secrets.PlannedSecret("tidemark", "tidemark-tls-oracle", (), "tidemark://oracle"),
+        k8s_secrets.PlannedSecret(
+            "tidemark", "tidemark-tls-storage", (), "tidemark://storage", ("storage",)
+        ),
+        k8s_secrets.PlannedSecret(
+            "tidemark-tenant-acme",
+            "tidemark-tls-tenant-acme-compute",
+            (),
+            "tidemark://compute/acme/tenant_acme",
+        ),
+    ]
+    said: list[str] = []
+    made = k8s_secrets.create_missing(planned, kubectl, certificate, say=said.append)
+    assert [entry.name for entry in made] == [
+        "tidemark-tls-storage",
+        "tidemark-tls-tenant-acme-compute",
+    ]
+    assert created == {
+        ("tidemark", "tidemark-tls-storage"): {
+            "tls.crt": b"cert tidemark://storage storage",
+            "tls.key": b"key tidemark://storage",
+            "ca.crt": b"ca",
+        },
+        ("tidemark-tenant-acme", "tidemark-tls-tenant-acme-compute"): {
+            "tls.crt": b"cert tidemark://compute/acme/tenant_acme ",
+            "tls.key": b"key tidemark://compute/acme/tenant_acme",
+            "ca.crt": b"ca",
+        },
+    }
+    assert "tidemark-tenant-acme" in namespaces
+    assert said[0] == "kept    tidemark/s3-credentials"
+    # A second run finds everything and changes nothing.
+    calls.clear()
+    assert k8s_secrets.create_missing(planned, kubectl, certificate, say=said.append) == []
+    assert all(call[3:5] == ["get", "secret"] for call in calls)
+
+
+def test_secret_script_makes_random_s3_credentials() -> None:
+    entry = k8s_secrets.PlannedSecret("tidemark", "s3-credentials", ("access-key", "secret-key"))
+    first = k8s_secrets._contents(entry, lambda identity, names: (b"", b"", b""))
+    second = k8s_secrets._contents(entry, lambda identity, names: (b"", b"", b""))
+    assert set(first) == {"access-key", "secret-key"}
+    assert first != second
+    assert len(first["secret-key"]) >= 32
+    assert b"change-me" not in first["secret-key"]
+
+
+def test_secret_script_issues_every_certificate_from_one_kept_ca(tmp_path: Path) -> None:
+    # A stand-in for `tidemark certs DIR --identity URI [--dns NAME ...]` with its file
+    # contract: reuses DIR/ca.* when present, else makes them; writes <name>.crt/.key.
+    fake = tmp_path / "tidemark"
+    fake.write_text(
+        """#!/usr/bin/env bash
+set -euo pipefail
+[ "$1" = certs ] || exit 9
+dir=$2; shift 2
+[ -f "$dir/ca.crt" ] || { echo "CA $RANDOM$RANDOM" >"$dir/ca.crt"; echo "CA key" >"$dir/ca.key"; }
+echo "issued by $(cat "$dir/ca.crt") for $*" >"$dir/some-identity.crt"
+echo key >"$dir/some-identity.key"
+"""
+    )
+    fake.chmod(0o755)
+    certs = tmp_path / "certs"
+    make = k8s_secrets.tidemark_certificate(certs, str(fake))
+    first_cert, first_key, first_ca = make("tidemark://oracle", ["oracle", "oracle.tidemark"])
+    second_cert, _, second_ca = make("tidemark://compute/acme/tenant_acme", [])
+    ca = (certs / "ca.crt").read_bytes()
+    assert first_ca == second_ca == ca
+    assert first_cert.decode() == (
+        f"issued by {ca.decode().strip()} for --identity tidemark://oracle "
+        "--dns oracle --dns oracle.tidemark\n"
+    )
+    assert first_key == b"key\n"
+    assert second_cert.decode().endswith("--identity tidemark://compute/acme/tenant_acme\n")
+    assert sorted(path.name for path in certs.iterdir()) == ["ca.crt", "ca.key"]
+
+
+def test_tidemark_processes_serve_mtls_from_their_secret_without_reflection(
+    two_tenants: list[Resource],
+) -> None:
+    for workload, container, _ in tidemark_containers(two_tenants):
+        name = workload["metadata"]["name"]
+        settings = effective_settings(two_tenants, container)
+        assert settings["reflection"] == "false", name
+        pod_spec = workload["spec"]["template"]["spec"]
+        (volume,) = [
+            v
+            for v in pod_spec["volumes"]
+            if v.get("secret", {}).get("secretName", "").startswith("tidemark-tls-")
+        ]
+        assert volume["secret"]["secretName"] == f"tidemark-tls-{name}"
+        assert not volume["secret"].get("optional", False), name
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+        assert mount["mountPath"] == "/etc/tidemark/tls" and mount["readOnly"] is True
+        assert settings["tls_cert"] == "/etc/tidemark/tls/tls.crt", name
+        assert settings["tls_key"] == "/etc/tidemark/tls/tls.key", name
+        assert settings["tls_ca"] == "/etc/tidemark/tls/ca.crt", name
 
 
 # Monitoring ---------------------------------------------------------------------------------
@@ -640,7 +1259,7 @@ def tidemark_services(objects: list[Resource]) -> list[Resource]:
     """The Services in front of Tidemark processes."""
     found = []
     for service in of_kind(objects, "Service"):
-        workloads = selected_workloads(objects, service["spec"]["selector"])
+        workloads = selected_workloads(objects, service["spec"]["selector"], namespace_of(service))
         containers = [c for w in workloads for c in w["spec"]["template"]["spec"]["containers"]]
         if any(tidemark_module(c) is not None for c in containers):
             found.append(service)
@@ -668,7 +1287,9 @@ def test_service_monitor_scrapes_every_tidemark_service_and_nothing_else(
     assert monitor["kind"] == "ServiceMonitor"
     assert monitor["metadata"]["namespace"] == "tidemark"
     spec = monitor["spec"]
-    assert set(spec) == {"selector", "endpoints"}
+    assert set(spec) == {"selector", "endpoints", "namespaceSelector"}
+    # Tenants' compute clusters run in namespaces of their own.
+    assert spec["namespaceSelector"] == {"any": True}
     (endpoint,) = spec["endpoints"]
     assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
     assert quantity(endpoint["scrapeTimeout"].rstrip("s")) < quantity(

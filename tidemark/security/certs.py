@@ -127,14 +127,16 @@ def load_or_create_authority(directory: Path) -> Authority:
 
 
 def issue(
-    authority: Authority, identity: Identity
+    authority: Authority, identity: Identity, extra_dns: Sequence[str] = ()
 ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     """A key and a certificate for ``identity``, signed by ``authority``: usable both as a
-    server and as a client certificate, as every service is both."""
+    server and as a client certificate, as every service is both. ``extra_dns``: host names
+    it answers to besides its own (:func:`dns_names`)."""
     key = _new_key()
     now = datetime.datetime.now(datetime.UTC)
     names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(identity.uri)]
-    names += [x509.DNSName(name) for name in dns_names(identity)]
+    hosts = dict.fromkeys([*dns_names(identity), *extra_dns])
+    names += [x509.DNSName(name) for name in hosts]
     names.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
     certificate = (
         x509.CertificateBuilder()
@@ -161,13 +163,16 @@ def issue(
     return key, certificate
 
 
-def write_certificates(directory: Path, identities: Sequence[Identity]) -> list[Path]:
+def write_certificates(
+    directory: Path, identities: Sequence[Identity], *, extra_dns: Sequence[str] = ()
+) -> list[Path]:
     """The CA (reused if ``directory`` has one) and a fresh key and certificate for each
-    identity; returns the certificate files written."""
+    identity (naming the ``extra_dns`` host names too); returns the certificate files
+    written."""
     authority = load_or_create_authority(directory)
     written = []
     for identity in identities:
-        key, certificate = issue(authority, identity)
+        key, certificate = issue(authority, identity, extra_dns)
         stem = file_stem(identity)
         _write_private(directory / f"{stem}.key", key)
         _write_certificate(directory / f"{stem}.crt", certificate)
