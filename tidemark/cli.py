@@ -162,22 +162,6 @@ def build_parser() -> argparse.ArgumentParser:
         "the workload, say); may be given several times",
     )
 
-    health_parser = commands.add_parser(
-        "health",
-        help="one service's health check; exit status 0 when it is SERVING",
-        description="Asks a service's gRPC health check, over mTLS with the TLS flags (which "
-        "read the same TIDEMARK_TLS_* variables as the services, so a Kubernetes exec probe "
-        "can run it with the service's own certificate): readiness by default.",
-    )
-    health_parser.add_argument(
-        "--address", required=True, metavar="HOST:PORT", help="the service's gRPC address"
-    )
-    health_parser.add_argument(
-        "--liveness", action="store_true", help="whether it answers, not whether it is ready"
-    )
-    health_parser.add_argument("--timeout", type=float, default=2.0, metavar="SECONDS")
-    _add_client_tls(health_parser)
-
     status_parser = commands.add_parser(
         "status", help="health of the local services, their restarts and last exits"
     )
@@ -209,14 +193,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.address, user=args.user, password=password, tls=client_tls(args)
         ) as connection:
             return run(connection, args.commands)
-    if args.command == "health":
-        from tidemark.local.health import SERVING, check_health
-        from tidemark.rpc.server import LIVENESS_SERVICE
-
-        service = LIVENESS_SERVICE if args.liveness else ""
-        state = check_health(args.address, args.timeout, client_tls(args), service)
-        print(state)
-        return 0 if state == SERVING else 1
     if args.command == "certs":
         return _certs(args.directory, args.identities or [], args.dns_names or [])
     if args.command == "status":

@@ -137,10 +137,11 @@ def test_half_a_tls_setup_is_a_usage_error(certs: CertDir) -> None:
     assert "--tls-cert, --tls-key and --tls-ca together" in done.stderr
 
 
-def _health(address: str, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
+def _probe(address: str, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMARK_")}
+    port = address.rpartition(":")[2]
     return subprocess.run(
-        [sys.executable, "-m", "tidemark.cli", "health", "--address", address, *extra],
+        [sys.executable, "-m", "tidemark.probe", port, *extra],
         cwd=REPO_ROOT,
         env={**clean, **env},
         capture_output=True,
@@ -149,14 +150,12 @@ def _health(address: str, env: dict[str, str], *extra: str) -> subprocess.Comple
     )
 
 
-def test_tidemark_health_probes_over_mtls_with_the_services_own_variables(
+def test_the_probe_checks_health_over_mtls_with_the_services_own_variables(
     oracle: ServiceProcess, certs: CertDir
 ) -> None:
     own = certs.tls(ORACLE)
     env = {"TIDEMARK_TLS_CERT": own.cert, "TIDEMARK_TLS_KEY": own.key, "TIDEMARK_TLS_CA": own.ca}
-    ready = _health(oracle.address, env)
-    assert (ready.returncode, ready.stdout.strip()) == (0, "SERVING")
-    alive = _health(oracle.address, env, "--liveness")
-    assert (alive.returncode, alive.stdout.strip()) == (0, "SERVING")
-    plaintext = _health(oracle.address, {}, "--timeout", "1")
-    assert (plaintext.returncode, plaintext.stdout.strip()) == (1, "UNREACHABLE")
+    assert _probe(oracle.address, env).returncode == 0
+    assert _probe(oracle.address, env, "--service", "liveness").returncode == 0
+    plaintext = _probe(oracle.address, {}, "--timeout", "1")
+    assert plaintext.returncode == 1 and "not serving" in plaintext.stderr

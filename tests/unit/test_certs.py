@@ -81,5 +81,5 @@ def test_extra_dns_names_are_named_by_the_certificate(tmp_path: Path) -> None:
     uri = "tidemark://compute/acme/c1"
     assert main(["certs", str(tmp_path), "--identity", uri, "--dns", name]) == 0
     _verify(tmp_path, "compute-acme-c1", name)
-    with pytest.raises(Exception):  # noqa: B017, PT011 (cryptography's verification error)
+    with pytest.raises(Exception):  # noqa: B017 (cryptography's verification error)
         _verify(tmp_path, "compute-acme-c1", "other-compute.tidemark-tenant-acme.svc")
