@@ -7,7 +7,7 @@ INSTALLED := $(VENV)/.installed
 PROTOS    := $(wildcard protos/tidemark/v1/*.proto)
 GENERATED := tidemark/v1/.generated
 
-.PHONY: setup system-deps protos run test chaos lint format bench bench-oracle bench-storage bench-catalog bench-compute bench-tpch bench-loading bench-pg-source bench-pgwire clean
+.PHONY: setup system-deps protos run test chaos lint format bench bench-oracle bench-storage bench-catalog bench-compute bench-tpch bench-tpch-spark bench-loading bench-pg-source bench-pgwire clean
 
 setup: $(INSTALLED) $(GENERATED)
 
@@ -51,7 +51,7 @@ format: setup
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-bench: bench-oracle bench-storage bench-catalog bench-compute bench-tpch bench-loading bench-pg-source bench-pgwire
+bench: bench-oracle bench-storage bench-catalog bench-compute bench-tpch bench-tpch-spark bench-loading bench-pg-source bench-pgwire
 
 bench-oracle: setup system-deps
 	$(BIN)/python bench/oracle.py
@@ -67,6 +67,11 @@ bench-compute: setup system-deps
 
 bench-tpch: setup system-deps
 	$(BIN)/python bench/tpch.py
+
+# One-shot TPC-H Q1, 3, 5, 6, 9, 18 at scale factor 1 as Spark jobs, next to Spark SQL over the
+# same Parquet; writes bench/results/tpch_spark.json.
+bench-tpch-spark: setup system-deps
+	$(BIN)/python bench/tpch_spark.py
 
 bench-loading: setup system-deps
 	$(BIN)/python bench/loading.py

@@ -285,3 +285,26 @@ async def _blob_url(client: StorageClient) -> str:
     pair = await client.create(f"u{random.randrange(10**8, 10**9)}", SCHEMA, initial_frontier=1)
     await client.append(pair.write, [], 2, expected_upper=1)
     return (await client.list_parts(pair.read, 1)).blob_url
+
+
+async def test_a_large_part_is_read_in_slices_of_its_row_groups(
+    spark: SparkSession, client: StorageClient
+) -> None:
+    from services.compute.spark.parts_source import PARTITION_BYTES
+
+    rng = random.Random(9)
+    pair = await client.create("u990004", SCHEMA, initial_frontier=1, holder="test")
+    rows = {random_row(rng): rng.choice([1, 3]) for _ in range(3000)}
+    await client.append(pair.write, [(r, 1, d) for r, d in rows.items()], 2, expected_upper=1)
+    listing = await client.list_parts(pair.read, 1)
+    (part,) = listing.parts
+    sliced = partitions(listing, target_bytes=max(1, part.bytes // 3))
+    assert len(sliced) >= 3 and all(len(group) == 1 for group in sliced)
+    assert partitions(listing) == [[(part.key, 0, 1)]] and part.bytes < PARTITION_BYTES
+    # Storage writes row groups of 2^20 rows: one slice holds them all, the others none.
+    frame = collection_frame(spark, listing, target_bytes=max(1, part.bytes // 3))
+    found = {
+        tuple(bytes(v) if isinstance(v, bytearray) else v for v in r[:-1]): r[-1]
+        for r in frame.collect()
+    }
+    assert found == rows

@@ -25,6 +25,8 @@ import json
 import os
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -86,18 +88,27 @@ def spark_schema(schema: RelationSchema) -> StructType:
 
 @dataclass(frozen=True)
 class _Parts(InputPartition):  # type: ignore[misc]
-    keys: tuple[str, ...]
+    slices: tuple[tuple[str, int, int], ...]
+    """``(key, index, count)``: the row groups ``g`` of part ``key`` with ``g % count ==
+    index`` (``count`` 1: the whole part)."""
 
 
-def partitions(listing: PartsListing, target_bytes: int = PARTITION_BYTES) -> list[list[str]]:
-    """The listing's part keys grouped into runs of about ``target_bytes`` each."""
-    groups: list[list[str]] = []
+def partitions(
+    listing: PartsListing, target_bytes: int = PARTITION_BYTES
+) -> list[list[tuple[str, int, int]]]:
+    """The listing's parts as Spark partitions of about ``target_bytes`` each: small parts
+    grouped together, a large one cut into slices of its row groups."""
+    groups: list[list[tuple[str, int, int]]] = []
     size = 0
     for part in listing.parts:
-        if not groups or size + part.bytes > target_bytes:
+        count = max(1, -(-part.bytes // target_bytes))
+        if count > 1:
+            groups.extend([(part.key, index, count)] for index in range(count))
+            continue
+        if not groups or size + part.bytes > target_bytes or groups[-1][-1][2] != 1:
             groups.append([])
             size = 0
-        groups[-1].append(part.key)
+        groups[-1].append((part.key, 0, 1))
         size += part.bytes
     return groups
 
@@ -120,7 +131,10 @@ class _PartsReader(DataSourceReader):  # type: ignore[misc]
     def __init__(self, options: Mapping[str, str]) -> None:
         self.blob_url = options["blob_url"]
         self.as_of = int(options["as_of"])
-        self.groups: list[list[str]] = json.loads(options["parts"])
+        self.groups: list[list[tuple[str, int, int]]] = [
+            [(key, index, count) for key, index, count in group]
+            for group in json.loads(options["parts"])
+        ]
         self.relation = _relation(options["relation_schema"])
         self.environment: dict[str, str] = json.loads(options.get(_CREDENTIALS_OPTION, "{}"))
         chosen = options.get("columns", "")
@@ -131,11 +145,8 @@ class _PartsReader(DataSourceReader):  # type: ignore[misc]
         return [_Parts(tuple(group)) for group in self.groups] or [_Parts(())]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        import pyarrow.parquet as pq
-
         os.environ.update(self.environment)
         assert isinstance(partition, _Parts)
-        parts = asyncio.run(_fetch(self.blob_url, partition.keys))
         update_schema = self.relation.update_schema()
         wanted = [
             f.name for i, f in enumerate(update_schema) if self.columns is None or i in self.columns
@@ -144,9 +155,40 @@ class _PartsReader(DataSourceReader):  # type: ignore[misc]
         output = pa.schema([update_schema.field(n) for n in wanted if n != TIME_COLUMN])
         if self.columns is not None:
             output = output.append(update_schema.field(DIFF))
-        for data in parts:
-            table = pq.read_table(pa.BufferReader(data), columns=names)
+        for table in _read_slices(self.blob_url, partition.slices, names):
             yield from at_time(table, self.as_of).cast(output).to_batches()
+
+
+def _read_slices(
+    blob_url: str, slices: Sequence[tuple[str, int, int]], columns: Sequence[str] | None
+) -> Iterator[pa.Table]:
+    """Each slice's rows (its ``columns`` only), read from a local directory in place or
+    fetched from the blob store."""
+    from urllib.parse import unquote, urlsplit
+
+    import pyarrow.parquet as pq
+
+    url = urlsplit(blob_url)
+    if url.scheme == "file":
+        root = Path(unquote(url.path))
+        for key, index, count in slices:
+            try:
+                source = pq.ParquetFile(root / key, memory_map=True)
+            except FileNotFoundError:
+                raise MissingPart(f"{MISSING_PART}: {key} (compacted away; list again)") from None
+            with source:
+                yield _row_groups(source, index, count, columns)
+        return
+    keys = list(dict.fromkeys(key for key, _, _ in slices))
+    fetched = dict(zip(keys, asyncio.run(_fetch(blob_url, keys)), strict=True))
+    for key, index, count in slices:
+        with pq.ParquetFile(pa.BufferReader(fetched[key])) as source:
+            yield _row_groups(source, index, count, columns)
+
+
+def _row_groups(source: Any, index: int, count: int, columns: Sequence[str] | None) -> pa.Table:
+    chosen = [g for g in range(source.num_row_groups) if g % count == index]
+    return source.read_row_groups(chosen, columns=columns)
 
 
 def _relation(encoded: str) -> RelationSchema:
