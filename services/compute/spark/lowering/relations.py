@@ -77,8 +77,9 @@ class RelationLowering:
                 f"input {get.collection_id!r} has columns {df.columns}; expected the "
                 f"collection's {len(types)} columns and then {DIFF!r}"
             )
-        columns = [F.col(f"`{c}`") for c in df.columns[:-1]]
-        return Rel(_layout(df, columns, F.col(DIFF).cast("long")), types)
+        # Renamed by position: plan names may repeat or need quoting.
+        renamed = df.toDF(*(name(i) for i in range(len(types))), DIFF)
+        return Rel(renamed.withColumn(DIFF, F.col(DIFF).cast("long")), types)
 
     def _constant(self, constant: plan_pb2.Constant) -> Rel:
         types = _types(RelationSchema.from_proto(constant.schema))
