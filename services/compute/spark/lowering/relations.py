@@ -96,14 +96,16 @@ class RelationLowering:
         if not predicates:
             return rel
         # A NULL predicate drops the row, as FALSE does.
-        return rel.with_df(rel.df.where(fold(lambda a, b: a & b, predicates)))
+        kept = rel.df.where(fold(lambda a, b: a & b, predicates))
+        return rel.with_df(kept, consolidated=rel.consolidated_already)
 
     def _map(self, node: plan_pb2.Map) -> Rel:
         rel = self.lower(node.input)
         for expr in node.expressions:  # each sees the columns appended before it
             lowered = self.scalars(rel).lower(expr)
             df = rel.df.select(*rel.columns(), lowered.column.alias(name(rel.width)), DIFF)
-            rel = Rel(df, [*rel.types, lowered.type])
+            # Distinct rows stay distinct with a column computed from them.
+            rel = Rel(df, [*rel.types, lowered.type], rel.consolidated_already)
         return rel
 
     def _project(self, node: plan_pb2.Project) -> Rel:
@@ -122,15 +124,17 @@ class RelationLowering:
 
     def _negate(self, node: plan_pb2.Negate) -> Rel:
         rel = self.lower(node.input)
-        return rel.with_df(rel.df.withColumn(DIFF, -F.col(DIFF)))
+        negated = rel.df.withColumn(DIFF, -F.col(DIFF))
+        return rel.with_df(negated, consolidated=rel.consolidated_already)
 
     def _threshold(self, node: plan_pb2.Threshold) -> Rel:
         rel = self.lower(node.input).consolidated()
-        return rel.with_df(rel.df.where(F.col(DIFF) > 0))
+        return rel.with_df(rel.df.where(F.col(DIFF) > 0), consolidated=True)
 
     def _distinct(self, node: plan_pb2.Distinct) -> Rel:
         rel = self.lower(node.input).consolidated()
-        return rel.with_df(rel.df.where(F.col(DIFF) > 0).withColumn(DIFF, F.lit(1).cast("long")))
+        df = rel.df.where(F.col(DIFF) > 0).withColumn(DIFF, F.lit(1).cast("long"))
+        return rel.with_df(df, consolidated=True)
 
     # -- join ------------------------------------------------------------------------------
 
@@ -176,7 +180,12 @@ class RelationLowering:
     # -- reduce ----------------------------------------------------------------------------
 
     def _reduce(self, node: plan_pb2.Reduce) -> Rel:
-        rel = self.lower(node.input).consolidated()
+        rel = self.lower(node.input)
+        # COUNT, SUM and AVG are sums of diffs and need no consolidated input (rows that
+        # cancel add nothing), nor do DISTINCT aggregates (their values are consolidated on
+        # their own). MIN and MAX must not see a row whose updates cancel out.
+        if any(_extreme(a) and not a.distinct for a in node.aggregates):
+            rel = rel.consolidated()
         lowering = self.scalars(rel)
         keys = [F.col(name(c)).alias(f"g{i}") for i, c in enumerate(node.group_key)]
         key_names = [f"g{i}" for i in range(len(keys))]
@@ -225,22 +234,28 @@ class RelationLowering:
                 outputs.append(F.col(f"a{i}"))
         types = [rel.types[c] for c in node.group_key]
         types += [aggregate_type(a, rel.types) for a in node.aggregates]
-        return Rel(_layout(grouped, outputs, F.lit(1).cast("long")), types)
+        # One row per group, and the group key columns come first: consolidated.
+        return Rel(_layout(grouped, outputs, F.lit(1).cast("long")), types, True)
 
     def _distinct_aggregate(
         self, index: int, aggregate: plan_pb2.Aggregate, value: Lowered, rel: Rel, key: list[int]
     ) -> DataFrame:
         """``aggregate`` over each group's distinct non-NULL values (multiplicity 1 each): a
-        frame of the group key columns ``g*`` and the result ``a{index}``. Spark's distinct
-        treats NaN as one value and -0.0 as 0.0, as the contract's equality does."""
+        frame of the group key columns ``g*`` and the result ``a{index}``. A value is present
+        when its rows' diffs add up to more than zero; grouping treats NaN as one value and
+        -0.0 as 0.0, as the contract's equality does."""
         key_names = [f"g{i}" for i in range(len(key))]
         values = (
             rel.df.select(
                 *(F.col(name(c)).alias(k) for c, k in zip(key, key_names, strict=True)),
                 value.column.alias("v"),
+                F.col(DIFF),
             )
             .where(F.col("v").isNotNull())
-            .distinct()
+            .groupBy(*key_names, "v")
+            .agg(F.sum(DIFF).alias("n"))
+            .where(F.col("n") > 0)
+            .select(*key_names, "v")
         )
         plain = plan_pb2.Aggregate()
         plain.CopyFrom(aggregate)
@@ -269,7 +284,7 @@ class RelationLowering:
         else:
             kept = end - low
         df = rel.df.where(F.col(DIFF) > 0).select(*rel.columns(), kept.alias(DIFF))
-        return rel.with_df(df.where(F.col(DIFF) > 0))
+        return rel.with_df(df.where(F.col(DIFF) > 0), consolidated=True)
 
     # -- window ----------------------------------------------------------------------------
 
@@ -309,6 +324,10 @@ class RelationLowering:
         if rel is None:
             raise InvalidArgument(f"no enclosing let binds id {node.id}")
         return rel
+
+
+def _extreme(aggregate: plan_pb2.Aggregate) -> bool:
+    return aggregate.func in (plan_pb2.Aggregate.FUNC_MIN, plan_pb2.Aggregate.FUNC_MAX)
 
 
 def _promoted_pair(left: Lowered, right: Lowered) -> tuple[Column, Column]:

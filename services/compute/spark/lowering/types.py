@@ -59,6 +59,8 @@ class Rel:
 
     df: DataFrame
     types: list[ScalarType]
+    # Each row at most once, with a non-zero diff (so consolidating again would be a no-op).
+    consolidated_already: bool = False
 
     @property
     def width(self) -> int:
@@ -67,13 +69,13 @@ class Rel:
     def columns(self) -> list[Column]:
         return [F.col(name(i)) for i in range(self.width)]
 
-    def with_df(self, df: DataFrame) -> Rel:
-        return Rel(df, self.types)
+    def with_df(self, df: DataFrame, consolidated: bool = False) -> Rel:
+        return Rel(df, self.types, consolidated)
 
     def consolidated(self) -> Rel:
         """Each distinct row once, with its total multiplicity; zero totals dropped. Grouping
         treats NULLs as equal and normalises NaN and -0.0, as the contract's equality does."""
-        if not self.types:
+        if self.consolidated_already:
             return self
         df = self.df.groupBy(*self.columns()).agg(F.sum(DIFF).alias(DIFF)).where(F.col(DIFF) != 0)
-        return self.with_df(df)
+        return self.with_df(df, consolidated=True)
