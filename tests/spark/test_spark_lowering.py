@@ -333,3 +333,73 @@ def test_window_plans_match_the_reference(
     inputs = random_plans.inputs_at(history, 1)
     expected = reference_eval.evaluate(plan, inputs)
     assert spark_lowering.run(spark, plan, schemas, inputs) == expected
+
+
+WIDE = RelationSchema(
+    [
+        Column("d", T.DATE, True),
+        Column("t", T.TIMESTAMP, True),
+        Column("b", T.BYTES, True),
+        Column("j", T.JSON, True),
+        Column("f", T.FLOAT64, True),
+    ]
+)
+
+
+def test_dates_timestamps_bytes_json_and_floats_round_trip(spark: SparkSession) -> None:
+    """Extreme dates and timestamps, bytes and JSON pass through grouping and ordering; NaN
+    groups and joins with NaN, and -0.0 with 0.0."""
+    first = (datetime.date(1, 1, 1), datetime.datetime(1, 1, 1, 0, 0, 0, 1), b"\x00\xff", "[1]")
+    last = (
+        datetime.date(9999, 12, 31),
+        datetime.datetime(9999, 12, 31, 23, 59, 59, 999999),
+        b"",
+        '{"a": null}',
+    )
+    schemas = {"w": WIDE, "v": WIDE}
+    inputs = {
+        "w": {(*first, float("nan")): 2, (*last, -0.0): 1, (None, None, None, None, 0.0): 1},
+        "v": {(*first, float("nan")): 1, (*last, 0.0): 1},
+    }
+    get = pb.get("w", WIDE)
+    check(
+        spark,
+        pb.distinct(get),
+        schemas,
+        inputs,
+        {
+            (*first, float("nan")): 1,
+            (*last, 0.0): 1,
+            (None, None, None, None, 0.0): 1,
+        },
+    )
+    check(
+        spark,
+        pb.top_k(get, [], [pb.sort_key(1, descending=True)], limit=1),
+        schemas,
+        inputs,
+        {(None, None, None, None, 0.0): 1},
+    )
+    check(spark, pb.top_k(get, [], [2], limit=1), schemas, inputs, {(*last, 0.0): 1})
+    counts = pb.reduce(get, [4], [pb.aggregate("count"), pb.aggregate("max", 0)])
+    check(
+        spark,
+        counts,
+        schemas,
+        inputs,
+        {
+            (float("nan"), 2, datetime.date(1, 1, 1)): 1,
+            (0.0, 2, datetime.date(9999, 12, 31)): 1,
+        },
+    )
+    joined = pb.project(pb.join(get, pb.get("v", WIDE), [4], [4]), 4, 9)
+    check(
+        spark,
+        joined,
+        schemas,
+        inputs,
+        {
+            (float("nan"), float("nan")): 2,
+            (0.0, 0.0): 2,
+        },
+    )
