@@ -13,9 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from pyspark.sql import SparkSession
 
 from services.compute.spark.lowering import lower
+from services.compute.spark.lowering.errors import collect
 from tests.support import random_plans, reference_eval, spark_lowering
 from tidemark.columnar import Column, ColumnType, RelationSchema
-from tidemark.errors import InvalidArgument
+from tidemark.errors import Internal, InvalidArgument
 from tidemark.plan import builders as pb
 from tidemark.plan import derive_schema
 from tidemark.plan.scalar_types import ScalarType
@@ -403,3 +404,16 @@ def test_dates_timestamps_bytes_json_and_floats_round_trip(spark: SparkSession) 
             (0.0, 0.0): 2,
         },
     )
+
+
+def test_a_multiplicity_past_64_bits_fails_the_query(spark: SparkSession) -> None:
+    """Values never fail, but a diff product that would wrap is an error, not a wrong answer,
+    whatever the session's ANSI mode."""
+    frame = spark_lowering.input_frame(spark, NUM, {(1, 1): 2**40})
+    plan = pb.plan(pb.join(pb.get("a", NUM), pb.get("b", NUM), [0], [0]))
+    with pytest.raises(Internal, match="multiplicity"):
+        collect(lower(plan, {"a": frame, "b": frame}, spark))
+    # Within 64 bits the product is exact.
+    small = spark_lowering.input_frame(spark, NUM, {(1, 1): 2**31})
+    rows = collect(lower(plan, {"a": small, "b": small}, spark))
+    assert [tuple(r) for r in rows] == [(1, 1, 1, 1, 2**62)]

@@ -30,7 +30,14 @@ from pyspark.sql import functions as F
 from services.compute.spark.lowering.aggregates import plan_aggregate
 from services.compute.spark.lowering.fallback import from_spark
 from services.compute.spark.lowering.scalars import Lowered, ScalarLowering, to_decimal, to_float
-from services.compute.spark.lowering.types import DIFF, Rel, name, spark_schema
+from services.compute.spark.lowering.types import (
+    DIFF,
+    Rel,
+    checked,
+    diff_sum,
+    name,
+    spark_schema,
+)
 from tidemark.columnar import ColumnType, RelationSchema
 from tidemark.errors import InvalidArgument
 from tidemark.plan import aggregate_type
@@ -170,7 +177,9 @@ class RelationLowering:
         }[node.kind]
         joined = ldf.join(rdf, condition, how)
         # Padding rows keep the preserved side's diff; the other side's is NULL there.
-        diff = F.coalesce(F.col("ld"), F.lit(1)) * F.coalesce(F.col("rd"), F.lit(1))
+        diff = checked(
+            F.try_multiply(F.coalesce(F.col("ld"), F.lit(1)), F.coalesce(F.col("rd"), F.lit(1)))
+        )
         columns = [F.col(f"l{i}") for i in range(left.width)]
         columns += [F.col(f"r{i}") for i in range(right.width)]
         left_types = [t.with_nullable(True) if keep_right else t for t in left.types]
@@ -199,7 +208,7 @@ class RelationLowering:
             F.col(DIFF),
         )
         diff = F.col(DIFF)
-        parts: list[Column] = [F.sum(diff).alias("total")]
+        parts: list[Column] = [diff_sum(diff).alias("total")]
         finals: dict[int, Callable[[list[Column]], Column]] = {}
         part_names: dict[int, list[str]] = {}
         distinct_frames: list[tuple[int, DataFrame]] = []
@@ -253,7 +262,7 @@ class RelationLowering:
             )
             .where(F.col("v").isNotNull())
             .groupBy(*key_names, "v")
-            .agg(F.sum(DIFF).alias("n"))
+            .agg(diff_sum(F.col(DIFF)).alias("n"))
             .where(F.col("n") > 0)
             .select(*key_names, "v")
         )
@@ -276,7 +285,8 @@ class RelationLowering:
         rel = self.lower(node.input).consolidated()
         order = _order_columns(node.order, rel.width)
         window = Window.partitionBy(*(F.col(name(c)) for c in node.group_key)).orderBy(*order)
-        end = F.sum(DIFF).over(window.rowsBetween(Window.unboundedPreceding, Window.currentRow))
+        running = window.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+        end = checked(F.try_sum(DIFF).over(running))
         start = end - F.col(DIFF)
         low = F.greatest(start, F.lit(node.offset))
         if node.HasField("limit"):

@@ -19,6 +19,8 @@ from tidemark.columnar import ColumnType
 from tidemark.plan.scalar_types import ScalarType
 
 DIFF = "diff"
+# The text of the error a multiplicity past 64 bits raises (see :mod:`.errors`).
+MULTIPLICITY_OVERFLOW = "tidemark: a multiplicity does not fit in 64 bits"
 
 _SIMPLE: dict[ColumnType, S.DataType] = {
     ColumnType.BOOL: S.BooleanType(),
@@ -39,6 +41,21 @@ def spark_type(scalar: ScalarType) -> S.DataType:
     if scalar.kind is ColumnType.DECIMAL:
         return S.DecimalType(scalar.precision, scalar.scale)
     return _SIMPLE[scalar.kind]
+
+
+def checked(total: Column, overflowed: Column | None = None) -> Column:
+    """``total`` (a ``try_`` sum or product of diffs, NULL on overflow), failing the query on
+    overflow whatever the session's ANSI mode: a wrapped multiplicity would be a wrong
+    answer. ``overflowed`` tells overflow from another NULL when there can be one."""
+    condition = total.isNull() if overflowed is None else overflowed
+    return F.when(condition, F.raise_error(F.lit(MULTIPLICITY_OVERFLOW))).otherwise(total)
+
+
+def diff_sum(diff: Column) -> Column:
+    """The sum of diffs as an aggregate, checked for overflow (a global aggregate over no
+    rows is NULL too, and stays NULL)."""
+    total = F.try_sum(diff)
+    return checked(total, total.isNull() & (F.count(F.lit(1)) > 0))
 
 
 def name(position: int) -> str:
@@ -77,5 +94,6 @@ class Rel:
         treats NULLs as equal and normalises NaN and -0.0, as the contract's equality does."""
         if self.consolidated_already:
             return self
-        df = self.df.groupBy(*self.columns()).agg(F.sum(DIFF).alias(DIFF)).where(F.col(DIFF) != 0)
+        totals = self.df.groupBy(*self.columns()).agg(diff_sum(F.col(DIFF)).alias(DIFF))
+        df = totals.where(F.col(DIFF) != 0)
         return self.with_df(df, consolidated=True)
