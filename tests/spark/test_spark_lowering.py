@@ -417,3 +417,46 @@ def test_a_multiplicity_past_64_bits_fails_the_query(spark: SparkSession) -> Non
     small = spark_lowering.input_frame(spark, NUM, {(1, 1): 2**31})
     rows = collect(lower(plan, {"a": small, "b": small}, spark))
     assert [tuple(r) for r in rows] == [(1, 1, 1, 1, 2**62)]
+
+
+SUB = RelationSchema(
+    [Column("s", T.TEXT, True), Column("start", T.INT64, True), Column("n", T.INT64, True)]
+)
+
+
+def test_substr_clips_like_postgres(spark: SparkSession) -> None:
+    cases = {
+        ("héllo", 2, 3): "éll",
+        ("héllo", -1, 3): "h",
+        ("héllo", 0, 2): "h",
+        ("héllo", 4, 10): "lo",
+        ("héllo", 9, 1): "",
+        ("héllo", 2, -1): None,
+        ("héllo", 2, None): None,
+        ("héllo", None, 1): None,
+        ("héllo", -(2**63), 0): "",
+        ("héllo", 2**63 - 1, 2**63 - 1): "",
+        ("héllo", -(2**63), 2**63 - 1): "",
+        ("héllo", -5, 8): "hé",
+    }
+    inputs = {"s": {row: 1 for row in cases}}
+    with_length = pb.map(pb.get("s", SUB), pb.call("substr", 0, 1, 2), pb.call("substr", 0, 1))
+    answer: dict[Row, int] = {}
+    for (text, start, count), piece in cases.items():
+        rest = None if start is None else text[max(start, 1) - 1 :]
+        answer[(text, start, count, piece, rest)] = 1
+    check(spark, with_length, {"s": SUB}, inputs, answer)
+
+
+def test_fallback_calls_on_literals_are_folded(spark: SparkSession) -> None:
+    shifted = pb.call(
+        "add_days", pb.literal(datetime.date(2020, 2, 28), T.DATE), pb.literal(2, T.INT64)
+    )
+    root = pb.filter(
+        pb.get("kv", KV), pb.call("eq", pb.literal(datetime.date(2020, 3, 1), T.DATE), shifted)
+    )
+    plan = pb.plan(root, derive_schema(root))
+    frame = spark_lowering.input_frame(spark, KV, {(1, "a"): 1})
+    lowered = lower(plan, {"kv": frame}, spark)
+    assert "BatchEvalPython" not in lowered._jdf.queryExecution().executedPlan().toString()
+    assert [tuple(r) for r in lowered.collect()] == [(1, "a", 1)]

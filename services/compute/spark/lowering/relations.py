@@ -37,6 +37,7 @@ from services.compute.spark.lowering.types import (
     diff_sum,
     name,
     spark_schema,
+    spark_type,
 )
 from tidemark.columnar import ColumnType, RelationSchema
 from tidemark.errors import InvalidArgument
@@ -110,7 +111,9 @@ class RelationLowering:
         rel = self.lower(node.input)
         for expr in node.expressions:  # each sees the columns appended before it
             lowered = self.scalars(rel).lower(expr)
-            df = rel.df.select(*rel.columns(), lowered.column.alias(name(rel.width)), DIFF)
+            # The plan type's Spark type exactly, so unions and later nodes line up.
+            column = lowered.column.cast(spark_type(lowered.type))
+            df = rel.df.select(*rel.columns(), column.alias(name(rel.width)), DIFF)
             # Distinct rows stay distinct with a column computed from them.
             rel = Rel(df, [*rel.types, lowered.type], rel.consolidated_already)
         return rel
@@ -243,8 +246,9 @@ class RelationLowering:
                 outputs.append(F.col(f"a{i}"))
         types = [rel.types[c] for c in node.group_key]
         types += [aggregate_type(a, rel.types) for a in node.aggregates]
+        typed = [c.cast(spark_type(t)) for c, t in zip(outputs, types, strict=True)]
         # One row per group, and the group key columns come first: consolidated.
-        return Rel(_layout(grouped, outputs, F.lit(1).cast("long")), types, True)
+        return Rel(_layout(grouped, typed, F.lit(1).cast("long")), types, True)
 
     def _distinct_aggregate(
         self, index: int, aggregate: plan_pb2.Aggregate, value: Lowered, rel: Rel, key: list[int]
