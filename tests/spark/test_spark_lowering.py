@@ -5,6 +5,7 @@ stateful nodes, exact decimal and float aggregates, overflow, and the fallbacks.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
@@ -228,7 +229,18 @@ def test_float_sums_are_exact(spark: SparkSession) -> None:
     )
 
 
-def test_overflow_and_division_by_zero_are_null(spark: SparkSession) -> None:
+@pytest.fixture(params=["true", "false"])
+def ansi(request: pytest.FixtureRequest, spark: SparkSession) -> Iterator[str]:
+    """The shared session with ANSI mode on, then off (restored after)."""
+    before = spark.conf.get("spark.sql.ansi.enabled")
+    spark.conf.set("spark.sql.ansi.enabled", request.param)
+    try:
+        yield request.param
+    finally:
+        spark.conf.set("spark.sql.ansi.enabled", before)
+
+
+def test_overflow_and_division_by_zero_are_null(spark: SparkSession, ansi: str) -> None:
     schemas = {"n": NUM}
     inputs = {"n": {(INT64_MAX, 0): 1, (-(2**63), -1): 1, (7, 2): 1}}
     exprs = [
@@ -406,7 +418,7 @@ def test_dates_timestamps_bytes_json_and_floats_round_trip(spark: SparkSession) 
     )
 
 
-def test_a_multiplicity_past_64_bits_fails_the_query(spark: SparkSession) -> None:
+def test_a_multiplicity_past_64_bits_fails_the_query(spark: SparkSession, ansi: str) -> None:
     """Values never fail, but a diff product that would wrap is an error, not a wrong answer,
     whatever the session's ANSI mode."""
     frame = spark_lowering.input_frame(spark, NUM, {(1, 1): 2**40})
