@@ -154,6 +154,9 @@ def test_decimal_aggregates_keep_scale_and_round_half_even(spark: SparkSession) 
             (2, Decimal("-1.25")): 3,
             (2, None): 1,
             (3, None): 2,
+            # 0.01 over 128 rows: 0.000078125, exactly halfway at 8 places.
+            (4, Decimal("0.01")): 1,
+            (4, Decimal("0.00")): 127,
         }
     }
     aggregates = [
@@ -182,9 +185,10 @@ def test_decimal_aggregates_keep_scale_and_round_half_even(spark: SparkSession) 
                 Decimal("-1.25"),
             ): 1,
             (3, None, None, 0, None, 0, None): 1,
+            # Half to even: 0.00007812, where half up would give 0.00007813.
+            (4, Decimal("0.01"), Decimal("0.00007812"), 128, Decimal("0.01"), 2, Decimal("0")): 1,
         },
     )
-    # 0.125 / 1 at scale 2 + 6: exact; half-even shows on 0.05 / 3 * ... see avg of ints.
 
 
 def test_integer_sums_are_exact_and_averages_correctly_rounded(spark: SparkSession) -> None:
