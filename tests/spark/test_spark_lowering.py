@@ -5,6 +5,7 @@ stateful nodes, exact decimal and float aggregates, overflow, and the fallbacks.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
@@ -13,9 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from pyspark.sql import SparkSession
 
 from services.compute.spark.lowering import lower
+from services.compute.spark.lowering.errors import collect
 from tests.support import random_plans, reference_eval, spark_lowering
 from tidemark.columnar import Column, ColumnType, RelationSchema
-from tidemark.errors import InvalidArgument
+from tidemark.errors import Internal, InvalidArgument
 from tidemark.plan import builders as pb
 from tidemark.plan import derive_schema
 from tidemark.plan.scalar_types import ScalarType
@@ -152,6 +154,9 @@ def test_decimal_aggregates_keep_scale_and_round_half_even(spark: SparkSession) 
             (2, Decimal("-1.25")): 3,
             (2, None): 1,
             (3, None): 2,
+            # 0.01 over 128 rows: 0.000078125, exactly halfway at 8 places.
+            (4, Decimal("0.01")): 1,
+            (4, Decimal("0.00")): 127,
         }
     }
     aggregates = [
@@ -180,9 +185,10 @@ def test_decimal_aggregates_keep_scale_and_round_half_even(spark: SparkSession) 
                 Decimal("-1.25"),
             ): 1,
             (3, None, None, 0, None, 0, None): 1,
+            # Half to even: 0.00007812, where half up would give 0.00007813.
+            (4, Decimal("0.01"), Decimal("0.00007812"), 128, Decimal("0.01"), 2, Decimal("0")): 1,
         },
     )
-    # 0.125 / 1 at scale 2 + 6: exact; half-even shows on 0.05 / 3 * ... see avg of ints.
 
 
 def test_integer_sums_are_exact_and_averages_correctly_rounded(spark: SparkSession) -> None:
@@ -227,7 +233,18 @@ def test_float_sums_are_exact(spark: SparkSession) -> None:
     )
 
 
-def test_overflow_and_division_by_zero_are_null(spark: SparkSession) -> None:
+@pytest.fixture(params=["true", "false"])
+def ansi(request: pytest.FixtureRequest, spark: SparkSession) -> Iterator[str]:
+    """The shared session with ANSI mode on, then off (restored after)."""
+    before = spark.conf.get("spark.sql.ansi.enabled")
+    spark.conf.set("spark.sql.ansi.enabled", request.param)
+    try:
+        yield request.param
+    finally:
+        spark.conf.set("spark.sql.ansi.enabled", before)
+
+
+def test_overflow_and_division_by_zero_are_null(spark: SparkSession, ansi: str) -> None:
     schemas = {"n": NUM}
     inputs = {"n": {(INT64_MAX, 0): 1, (-(2**63), -1): 1, (7, 2): 1}}
     exprs = [
@@ -333,3 +350,129 @@ def test_window_plans_match_the_reference(
     inputs = random_plans.inputs_at(history, 1)
     expected = reference_eval.evaluate(plan, inputs)
     assert spark_lowering.run(spark, plan, schemas, inputs) == expected
+
+
+WIDE = RelationSchema(
+    [
+        Column("d", T.DATE, True),
+        Column("t", T.TIMESTAMP, True),
+        Column("b", T.BYTES, True),
+        Column("j", T.JSON, True),
+        Column("f", T.FLOAT64, True),
+    ]
+)
+
+
+def test_dates_timestamps_bytes_json_and_floats_round_trip(spark: SparkSession) -> None:
+    """Extreme dates and timestamps, bytes and JSON pass through grouping and ordering; NaN
+    groups and joins with NaN, and -0.0 with 0.0."""
+    first = (datetime.date(1, 1, 1), datetime.datetime(1, 1, 1, 0, 0, 0, 1), b"\x00\xff", "[1]")
+    last = (
+        datetime.date(9999, 12, 31),
+        datetime.datetime(9999, 12, 31, 23, 59, 59, 999999),
+        b"",
+        '{"a": null}',
+    )
+    schemas = {"w": WIDE, "v": WIDE}
+    inputs = {
+        "w": {(*first, float("nan")): 2, (*last, -0.0): 1, (None, None, None, None, 0.0): 1},
+        "v": {(*first, float("nan")): 1, (*last, 0.0): 1},
+    }
+    get = pb.get("w", WIDE)
+    check(
+        spark,
+        pb.distinct(get),
+        schemas,
+        inputs,
+        {
+            (*first, float("nan")): 1,
+            (*last, 0.0): 1,
+            (None, None, None, None, 0.0): 1,
+        },
+    )
+    check(
+        spark,
+        pb.top_k(get, [], [pb.sort_key(1, descending=True)], limit=1),
+        schemas,
+        inputs,
+        {(None, None, None, None, 0.0): 1},
+    )
+    check(spark, pb.top_k(get, [], [2], limit=1), schemas, inputs, {(*last, 0.0): 1})
+    counts = pb.reduce(get, [4], [pb.aggregate("count"), pb.aggregate("max", 0)])
+    check(
+        spark,
+        counts,
+        schemas,
+        inputs,
+        {
+            (float("nan"), 2, datetime.date(1, 1, 1)): 1,
+            (0.0, 2, datetime.date(9999, 12, 31)): 1,
+        },
+    )
+    joined = pb.project(pb.join(get, pb.get("v", WIDE), [4], [4]), 4, 9)
+    check(
+        spark,
+        joined,
+        schemas,
+        inputs,
+        {
+            (float("nan"), float("nan")): 2,
+            (0.0, 0.0): 2,
+        },
+    )
+
+
+def test_a_multiplicity_past_64_bits_fails_the_query(spark: SparkSession, ansi: str) -> None:
+    """Values never fail, but a diff product that would wrap is an error, not a wrong answer,
+    whatever the session's ANSI mode."""
+    frame = spark_lowering.input_frame(spark, NUM, {(1, 1): 2**40})
+    plan = pb.plan(pb.join(pb.get("a", NUM), pb.get("b", NUM), [0], [0]))
+    with pytest.raises(Internal, match="multiplicity"):
+        collect(lower(plan, {"a": frame, "b": frame}, spark))
+    # Within 64 bits the product is exact.
+    small = spark_lowering.input_frame(spark, NUM, {(1, 1): 2**31})
+    rows = collect(lower(plan, {"a": small, "b": small}, spark))
+    assert [tuple(r) for r in rows] == [(1, 1, 1, 1, 2**62)]
+
+
+SUB = RelationSchema(
+    [Column("s", T.TEXT, True), Column("start", T.INT64, True), Column("n", T.INT64, True)]
+)
+
+
+def test_substr_clips_like_postgres(spark: SparkSession) -> None:
+    cases = {
+        ("héllo", 2, 3): "éll",
+        ("héllo", -1, 3): "h",
+        ("héllo", 0, 2): "h",
+        ("héllo", 4, 10): "lo",
+        ("héllo", 9, 1): "",
+        ("héllo", 2, -1): None,
+        ("héllo", 2, None): None,
+        ("héllo", None, 1): None,
+        ("héllo", -(2**63), 0): "",
+        ("héllo", 2**63 - 1, 2**63 - 1): "",
+        ("héllo", -(2**63), 2**63 - 1): "",
+        ("héllo", -5, 8): "hé",
+    }
+    inputs = {"s": {row: 1 for row in cases}}
+    with_length = pb.map(pb.get("s", SUB), pb.call("substr", 0, 1, 2), pb.call("substr", 0, 1))
+    answer: dict[Row, int] = {}
+    for (text, start, count), piece in cases.items():
+        rest = None if start is None else text[max(start, 1) - 1 :]
+        answer[(text, start, count, piece, rest)] = 1
+    check(spark, with_length, {"s": SUB}, inputs, answer)
+
+
+def test_fallback_calls_on_literals_are_folded(spark: SparkSession) -> None:
+    shifted = pb.call(
+        "add_days", pb.literal(datetime.date(2020, 2, 28), T.DATE), pb.literal(2, T.INT64)
+    )
+    root = pb.filter(
+        pb.get("kv", KV), pb.call("eq", pb.literal(datetime.date(2020, 3, 1), T.DATE), shifted)
+    )
+    plan = pb.plan(root, derive_schema(root))
+    frame = spark_lowering.input_frame(spark, KV, {(1, "a"): 1})
+    lowered = lower(plan, {"kv": frame}, spark)
+    assert "BatchEvalPython" not in lowered._jdf.queryExecution().executedPlan().toString()
+    assert [tuple(r) for r in lowered.collect()] == [(1, "a", 1)]

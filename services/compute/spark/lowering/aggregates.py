@@ -35,7 +35,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as S
 
 from services.compute.spark.lowering.fallback import from_spark
-from services.compute.spark.lowering.types import spark_type
+from services.compute.spark.lowering.types import diff_sum, spark_type
 from tidemark.columnar import ColumnType
 from tidemark.plan import aggregate_type
 from tidemark.plan.scalar_types import ScalarType
@@ -73,10 +73,10 @@ def plan_aggregate(
     out = aggregate_type(aggregate, input_types)
     func = aggregate.func
     if value is None:
-        return AggregatePlan([F.sum(diff)], lambda p: p[0])
+        return AggregatePlan([diff_sum(diff)], lambda p: p[0])
     assert value_type is not None
     if func == _Func.FUNC_COUNT:
-        return AggregatePlan([F.sum(_counted(value, diff))], lambda p: p[0])
+        return AggregatePlan([diff_sum(_counted(value, diff))], lambda p: p[0])
     if func in (_Func.FUNC_MIN, _Func.FUNC_MAX):
         extreme = F.min if func == _Func.FUNC_MIN else F.max
         return AggregatePlan([extreme(value)], lambda p: p[0])
@@ -90,7 +90,7 @@ def plan_aggregate(
         return _fallback(aggregate, value, diff, input_types, out)
     # A product too wide for Spark is NULL: flag it, so the sum is NULL and not short.
     overflow = F.max(F.when(value.isNotNull() & product.isNull(), F.lit(1)))
-    parts = [F.try_sum(product), F.sum(_counted(value, diff)), overflow]
+    parts = [F.try_sum(product), diff_sum(_counted(value, diff)), overflow]
     if func == _Func.FUNC_SUM:
         target = spark_type(out)
 

@@ -30,7 +30,15 @@ from pyspark.sql import functions as F
 from services.compute.spark.lowering.aggregates import plan_aggregate
 from services.compute.spark.lowering.fallback import from_spark
 from services.compute.spark.lowering.scalars import Lowered, ScalarLowering, to_decimal, to_float
-from services.compute.spark.lowering.types import DIFF, Rel, name, spark_schema
+from services.compute.spark.lowering.types import (
+    DIFF,
+    Rel,
+    checked,
+    diff_sum,
+    name,
+    spark_schema,
+    spark_type,
+)
 from tidemark.columnar import ColumnType, RelationSchema
 from tidemark.errors import InvalidArgument
 from tidemark.plan import aggregate_type
@@ -77,8 +85,9 @@ class RelationLowering:
                 f"input {get.collection_id!r} has columns {df.columns}; expected the "
                 f"collection's {len(types)} columns and then {DIFF!r}"
             )
-        columns = [F.col(f"`{c}`") for c in df.columns[:-1]]
-        return Rel(_layout(df, columns, F.col(DIFF).cast("long")), types)
+        # Renamed by position: plan names may repeat or need quoting.
+        renamed = df.toDF(*(name(i) for i in range(len(types))), DIFF)
+        return Rel(renamed.withColumn(DIFF, F.col(DIFF).cast("long")), types)
 
     def _constant(self, constant: plan_pb2.Constant) -> Rel:
         types = _types(RelationSchema.from_proto(constant.schema))
@@ -95,14 +104,18 @@ class RelationLowering:
         if not predicates:
             return rel
         # A NULL predicate drops the row, as FALSE does.
-        return rel.with_df(rel.df.where(fold(lambda a, b: a & b, predicates)))
+        kept = rel.df.where(fold(lambda a, b: a & b, predicates))
+        return rel.with_df(kept, consolidated=rel.consolidated_already)
 
     def _map(self, node: plan_pb2.Map) -> Rel:
         rel = self.lower(node.input)
         for expr in node.expressions:  # each sees the columns appended before it
             lowered = self.scalars(rel).lower(expr)
-            df = rel.df.select(*rel.columns(), lowered.column.alias(name(rel.width)), DIFF)
-            rel = Rel(df, [*rel.types, lowered.type])
+            # The plan type's Spark type exactly, so unions and later nodes line up.
+            column = lowered.column.cast(spark_type(lowered.type))
+            df = rel.df.select(*rel.columns(), column.alias(name(rel.width)), DIFF)
+            # Distinct rows stay distinct with a column computed from them.
+            rel = Rel(df, [*rel.types, lowered.type], rel.consolidated_already)
         return rel
 
     def _project(self, node: plan_pb2.Project) -> Rel:
@@ -121,15 +134,17 @@ class RelationLowering:
 
     def _negate(self, node: plan_pb2.Negate) -> Rel:
         rel = self.lower(node.input)
-        return rel.with_df(rel.df.withColumn(DIFF, -F.col(DIFF)))
+        negated = rel.df.withColumn(DIFF, -F.col(DIFF))
+        return rel.with_df(negated, consolidated=rel.consolidated_already)
 
     def _threshold(self, node: plan_pb2.Threshold) -> Rel:
         rel = self.lower(node.input).consolidated()
-        return rel.with_df(rel.df.where(F.col(DIFF) > 0))
+        return rel.with_df(rel.df.where(F.col(DIFF) > 0), consolidated=True)
 
     def _distinct(self, node: plan_pb2.Distinct) -> Rel:
         rel = self.lower(node.input).consolidated()
-        return rel.with_df(rel.df.where(F.col(DIFF) > 0).withColumn(DIFF, F.lit(1).cast("long")))
+        df = rel.df.where(F.col(DIFF) > 0).withColumn(DIFF, F.lit(1).cast("long"))
+        return rel.with_df(df, consolidated=True)
 
     # -- join ------------------------------------------------------------------------------
 
@@ -165,7 +180,9 @@ class RelationLowering:
         }[node.kind]
         joined = ldf.join(rdf, condition, how)
         # Padding rows keep the preserved side's diff; the other side's is NULL there.
-        diff = F.coalesce(F.col("ld"), F.lit(1)) * F.coalesce(F.col("rd"), F.lit(1))
+        diff = checked(
+            F.try_multiply(F.coalesce(F.col("ld"), F.lit(1)), F.coalesce(F.col("rd"), F.lit(1)))
+        )
         columns = [F.col(f"l{i}") for i in range(left.width)]
         columns += [F.col(f"r{i}") for i in range(right.width)]
         left_types = [t.with_nullable(True) if keep_right else t for t in left.types]
@@ -175,7 +192,12 @@ class RelationLowering:
     # -- reduce ----------------------------------------------------------------------------
 
     def _reduce(self, node: plan_pb2.Reduce) -> Rel:
-        rel = self.lower(node.input).consolidated()
+        rel = self.lower(node.input)
+        # COUNT, SUM and AVG are sums of diffs and need no consolidated input (rows that
+        # cancel add nothing), nor do DISTINCT aggregates (their values are consolidated on
+        # their own). MIN and MAX must not see a row whose updates cancel out.
+        if any(_extreme(a) and not a.distinct for a in node.aggregates):
+            rel = rel.consolidated()
         lowering = self.scalars(rel)
         keys = [F.col(name(c)).alias(f"g{i}") for i, c in enumerate(node.group_key)]
         key_names = [f"g{i}" for i in range(len(keys))]
@@ -189,7 +211,7 @@ class RelationLowering:
             F.col(DIFF),
         )
         diff = F.col(DIFF)
-        parts: list[Column] = [F.sum(diff).alias("total")]
+        parts: list[Column] = [diff_sum(diff).alias("total")]
         finals: dict[int, Callable[[list[Column]], Column]] = {}
         part_names: dict[int, list[str]] = {}
         distinct_frames: list[tuple[int, DataFrame]] = []
@@ -224,22 +246,29 @@ class RelationLowering:
                 outputs.append(F.col(f"a{i}"))
         types = [rel.types[c] for c in node.group_key]
         types += [aggregate_type(a, rel.types) for a in node.aggregates]
-        return Rel(_layout(grouped, outputs, F.lit(1).cast("long")), types)
+        typed = [c.cast(spark_type(t)) for c, t in zip(outputs, types, strict=True)]
+        # One row per group, and the group key columns come first: consolidated.
+        return Rel(_layout(grouped, typed, F.lit(1).cast("long")), types, True)
 
     def _distinct_aggregate(
         self, index: int, aggregate: plan_pb2.Aggregate, value: Lowered, rel: Rel, key: list[int]
     ) -> DataFrame:
         """``aggregate`` over each group's distinct non-NULL values (multiplicity 1 each): a
-        frame of the group key columns ``g*`` and the result ``a{index}``. Spark's distinct
-        treats NaN as one value and -0.0 as 0.0, as the contract's equality does."""
+        frame of the group key columns ``g*`` and the result ``a{index}``. A value is present
+        when its rows' diffs add up to more than zero; grouping treats NaN as one value and
+        -0.0 as 0.0, as the contract's equality does."""
         key_names = [f"g{i}" for i in range(len(key))]
         values = (
             rel.df.select(
                 *(F.col(name(c)).alias(k) for c, k in zip(key, key_names, strict=True)),
                 value.column.alias("v"),
+                F.col(DIFF),
             )
             .where(F.col("v").isNotNull())
-            .distinct()
+            .groupBy(*key_names, "v")
+            .agg(diff_sum(F.col(DIFF)).alias("n"))
+            .where(F.col("n") > 0)
+            .select(*key_names, "v")
         )
         plain = plan_pb2.Aggregate()
         plain.CopyFrom(aggregate)
@@ -260,7 +289,8 @@ class RelationLowering:
         rel = self.lower(node.input).consolidated()
         order = _order_columns(node.order, rel.width)
         window = Window.partitionBy(*(F.col(name(c)) for c in node.group_key)).orderBy(*order)
-        end = F.sum(DIFF).over(window.rowsBetween(Window.unboundedPreceding, Window.currentRow))
+        running = window.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+        end = checked(F.try_sum(DIFF).over(running))
         start = end - F.col(DIFF)
         low = F.greatest(start, F.lit(node.offset))
         if node.HasField("limit"):
@@ -268,7 +298,7 @@ class RelationLowering:
         else:
             kept = end - low
         df = rel.df.where(F.col(DIFF) > 0).select(*rel.columns(), kept.alias(DIFF))
-        return rel.with_df(df.where(F.col(DIFF) > 0))
+        return rel.with_df(df.where(F.col(DIFF) > 0), consolidated=True)
 
     # -- window ----------------------------------------------------------------------------
 
@@ -308,6 +338,10 @@ class RelationLowering:
         if rel is None:
             raise InvalidArgument(f"no enclosing let binds id {node.id}")
         return rel
+
+
+def _extreme(aggregate: plan_pb2.Aggregate) -> bool:
+    return aggregate.func in (plan_pb2.Aggregate.FUNC_MIN, plan_pb2.Aggregate.FUNC_MAX)
 
 
 def _promoted_pair(left: Lowered, right: Lowered) -> tuple[Column, Column]:

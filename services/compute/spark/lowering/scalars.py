@@ -8,12 +8,14 @@ contract's (checked on the analysed expression, so no rounding can happen), trim
 concat, LIKE with a literal pattern, coalesce and CASE, extracts, days_between,
 date_trunc_day, and the casts that are exact in Spark.
 
-Everything else goes through :mod:`.fallback` (the engine's own implementation in a Python
-UDF), listed in :data:`FALLBACK_FUNCTIONS` and :func:`cast_is_native`:
+substr is native with its bounds clipped first (Spark counts a negative start from the end).
+A fallback call whose arguments are all literals is evaluated once while lowering and becomes
+a literal. Everything else goes through :mod:`.fallback` (the engine's own implementation in
+a Python UDF), listed in :data:`FALLBACK_FUNCTIONS` and ``ScalarLowering._native_cast``:
 
-- lower, upper (Java and Python case mappings differ for some code points), substr (Spark
-  counts a negative start from the end), LIKE with a computed pattern, add_days, add_months,
-  add_microseconds (the contract's years 1..9999 range check).
+- lower, upper (Java and Python case mappings differ for some code points), LIKE with a
+  computed pattern, add_days, add_months, add_microseconds (the contract's years 1..9999
+  range check).
 - DECIMAL div (Spark rounds half up, to another scale), and any decimal arithmetic or
   comparison whose Spark result would need more than 38 digits or another scale.
 - casts that round (float or decimal to INT64, to a decimal of smaller scale, float to
@@ -31,6 +33,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as S
 
+from services.compute.dataflow.scalar import compile_scalar
 from services.compute.spark.lowering.fallback import call_over_arguments, scalar_udf
 from services.compute.spark.lowering.types import spark_type
 from tidemark.columnar import ColumnType
@@ -42,9 +45,7 @@ from tidemark.v1 import plan_pb2
 T = ColumnType
 INT64_MIN = -(2**63)
 
-FALLBACK_FUNCTIONS = frozenset(
-    {"lower", "upper", "substr", "add_days", "add_months", "add_microseconds"}
-)
+FALLBACK_FUNCTIONS = frozenset({"lower", "upper", "add_days", "add_months", "add_microseconds"})
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,14 @@ class ScalarLowering:
         self, node: plan_pb2.Call | plan_pb2.Cast, args: Sequence[Lowered], out: ScalarType
     ) -> Lowered:
         expr = call_over_arguments(node, len(args))
-        column = scalar_udf(expr, [a.type for a in args], out, [a.column for a in args])
+        types = [a.type for a in args]
+        if args and all(a.is_constant for a in args):
+            # Literal arguments (a date plus an interval, say): evaluated once, here.
+            value = compile_scalar(expr, types, "spark lowering").evaluate(
+                tuple(a.constant for a in args)
+            )
+            return Lowered(literal(value, out), out, value, True)
+        column = scalar_udf(expr, types, out, [a.column for a in args])
         return Lowered(column, out)
 
     def convert(self, arg: Lowered, target: ScalarType) -> Column:
@@ -271,6 +279,27 @@ class ScalarLowering:
         # rlike searches; anchors and DOTALL make it a whole match over any code point.
         return text.column.rlike(f"(?s)^{regex}$")
 
+    def substr(self, name: str, args: list[Lowered], out: ScalarType) -> Column | None:
+        """Code points start .. start+len-1 counting from 1, clipped to the string (Spark's
+        own substr counts a negative start from the end, so the bounds are clipped here and
+        kept within int range first)."""
+        text, start = args[0].column, args[1].column
+        size = F.char_length(text).cast(S.LongType())
+        # Spark's greatest and least skip NULLs: a NULL start is handled apart.
+        first = F.least(F.greatest(start, F.lit(1)), size + 1)
+        null = F.lit(None).cast(S.StringType())
+        if len(args) == 2:
+            rest = text.substr(first.cast(S.IntegerType()), (size + 1 - first).cast("int"))
+            return F.when(start.isNull(), null).otherwise(rest)
+        count = args[2].column
+        # start + len, the exclusive end; past the long range only when both are huge.
+        end = F.coalesce(F.try_add(start, count), F.lit(2**63 - 1))
+        # end - first only overflows far below zero, where the piece is empty anyway.
+        span = F.coalesce(F.try_subtract(end, first), F.lit(0))
+        length = F.least(F.greatest(span, F.lit(0)), size + 1)
+        piece = text.substr(first.cast(S.IntegerType()), length.cast(S.IntegerType()))
+        return F.when(start.isNull() | count.isNull() | (count < 0), null).otherwise(piece)
+
     def coalesce(self, name: str, args: list[Lowered], out: ScalarType) -> Column | None:
         # The first non-NULL argument, converted after it is chosen (a value that does not
         # fit the result is NULL; it does not fall through to the next argument).
@@ -317,6 +346,7 @@ _NATIVE: dict[str, Callable[[ScalarLowering, str, list[Lowered], ScalarType], Co
     "trim": _simple(F.trim),  # removes U+0020 only, as the contract says
     "length": _simple(lambda s: F.char_length(s).cast(S.LongType())),  # code points
     "concat": _simple(F.concat),
+    "substr": ScalarLowering.substr,
     "like": ScalarLowering.like,
     "coalesce": ScalarLowering.coalesce,
     "extract_year": _simple(lambda d: F.year(d).cast(S.LongType())),

@@ -19,6 +19,8 @@ from tidemark.columnar import ColumnType
 from tidemark.plan.scalar_types import ScalarType
 
 DIFF = "diff"
+# The text of the error a multiplicity past 64 bits raises (see :mod:`.errors`).
+MULTIPLICITY_OVERFLOW = "tidemark: a multiplicity does not fit in 64 bits"
 
 _SIMPLE: dict[ColumnType, S.DataType] = {
     ColumnType.BOOL: S.BooleanType(),
@@ -41,6 +43,21 @@ def spark_type(scalar: ScalarType) -> S.DataType:
     return _SIMPLE[scalar.kind]
 
 
+def checked(total: Column, overflowed: Column | None = None) -> Column:
+    """``total`` (a ``try_`` sum or product of diffs, NULL on overflow), failing the query on
+    overflow whatever the session's ANSI mode: a wrapped multiplicity would be a wrong
+    answer. ``overflowed`` tells overflow from another NULL when there can be one."""
+    condition = total.isNull() if overflowed is None else overflowed
+    return F.when(condition, F.raise_error(F.lit(MULTIPLICITY_OVERFLOW))).otherwise(total)
+
+
+def diff_sum(diff: Column) -> Column:
+    """The sum of diffs as an aggregate, checked for overflow (a global aggregate over no
+    rows is NULL too, and stays NULL)."""
+    total = F.try_sum(diff)
+    return checked(total, total.isNull() & (F.count(F.lit(1)) > 0))
+
+
 def name(position: int) -> str:
     return f"c{position}"
 
@@ -59,6 +76,8 @@ class Rel:
 
     df: DataFrame
     types: list[ScalarType]
+    # Each row at most once, with a non-zero diff (so consolidating again would be a no-op).
+    consolidated_already: bool = False
 
     @property
     def width(self) -> int:
@@ -67,13 +86,14 @@ class Rel:
     def columns(self) -> list[Column]:
         return [F.col(name(i)) for i in range(self.width)]
 
-    def with_df(self, df: DataFrame) -> Rel:
-        return Rel(df, self.types)
+    def with_df(self, df: DataFrame, consolidated: bool = False) -> Rel:
+        return Rel(df, self.types, consolidated)
 
     def consolidated(self) -> Rel:
         """Each distinct row once, with its total multiplicity; zero totals dropped. Grouping
         treats NULLs as equal and normalises NaN and -0.0, as the contract's equality does."""
-        if not self.types:
+        if self.consolidated_already:
             return self
-        df = self.df.groupBy(*self.columns()).agg(F.sum(DIFF).alias(DIFF)).where(F.col(DIFF) != 0)
-        return self.with_df(df)
+        totals = self.df.groupBy(*self.columns()).agg(diff_sum(F.col(DIFF)).alias(DIFF))
+        df = totals.where(F.col(DIFF) != 0)
+        return self.with_df(df, consolidated=True)

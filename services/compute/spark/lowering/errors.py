@@ -1,0 +1,42 @@
+"""Spark's errors from running a lowered plan, as Tidemark errors.
+
+Values never fail (the lowering makes overflow, division by zero and bad casts NULL, as the
+contract says), so what Spark can still raise is about the query itself: a multiplicity past
+64 bits (checked explicitly, whatever the session's ANSI mode), a cancelled job, memory, or a
+bug in a fallback UDF.
+"""
+
+from __future__ import annotations
+
+from pyspark.errors import PySparkException, PythonException
+from pyspark.sql import DataFrame, Row
+
+from services.compute.spark.lowering.types import MULTIPLICITY_OVERFLOW
+from tidemark.errors import Cancelled, Internal, ResourceExhausted, TidemarkError
+
+
+def translate(error: Exception) -> TidemarkError | None:
+    """The Tidemark error for an exception Spark raised, or None if it is not Spark's."""
+    text = str(error)
+    if MULTIPLICITY_OVERFLOW in text:
+        return Internal(MULTIPLICITY_OVERFLOW.removeprefix("tidemark: "))
+    if isinstance(error, PythonException):
+        return Internal(f"a Python fallback failed in Spark: {text.splitlines()[0]}")
+    if not isinstance(error, PySparkException) and "Py4J" not in type(error).__name__:
+        return None
+    if "cancelled" in text.lower():
+        return Cancelled("the Spark job was cancelled")
+    if "OutOfMemory" in text or "Not enough memory" in text:
+        return ResourceExhausted(f"Spark ran out of memory: {text.splitlines()[0]}")
+    return Internal(f"Spark failed: {text.splitlines()[0] if text else type(error).__name__}")
+
+
+def collect(df: DataFrame) -> list[Row]:
+    """``df.collect()``, raising Tidemark errors for Spark's."""
+    try:
+        return df.collect()
+    except Exception as error:
+        translated = translate(error)
+        if translated is None:
+            raise
+        raise translated from error
