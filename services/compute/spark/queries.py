@@ -24,11 +24,12 @@ from pyspark.sql import SparkSession
 
 from services.compute.spark.jobs import JobProgress, SparkJobs
 from services.compute.spark.lowering import DIFF, lower
+from services.compute.spark.lowering.errors import translate
 from services.compute.spark.parts_source import collection_frame, missing_part
 from tidemark.clients.storage import PartsListing
 from tidemark.columnar import RelationSchema
 from tidemark.columnar.schema import TIME_COLUMN, TIME_TYPE
-from tidemark.errors import Internal, ResourceExhausted
+from tidemark.errors import ResourceExhausted
 from tidemark.logging import get_logger
 from tidemark.v1 import plan_pb2
 
@@ -129,18 +130,10 @@ class SparkQueries:
         )
 
 
-def _translated(exc: BaseException) -> Exception:
+def _translated(exc: Exception) -> Exception:
     """A failed Spark run as the error the caller reports."""
-    text = str(exc)
-    if any(marker in text for marker in _OUT_OF_MEMORY):
+    if any(marker in str(exc) for marker in _OUT_OF_MEMORY):
         return ResourceExhausted(
             "the query ran out of memory in Spark; narrow it, or give the cluster more memory"
         )
-    if isinstance(exc, Exception) and not _is_spark_error(exc):
-        return exc
-    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-    return Internal(f"the Spark job of the query failed: {first[:500]}")
-
-
-def _is_spark_error(exc: BaseException) -> bool:
-    return type(exc).__module__.startswith(("pyspark", "py4j"))
+    return translate(exc) or exc
