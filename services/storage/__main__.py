@@ -37,8 +37,9 @@ class StorageConfig(ServiceConfig):
         metavar="SECONDS",
     )
     retired_blob_grace: float = setting(
-        5.0,
-        help="seconds a batch replaced by compaction is kept for reads still using it",
+        60.0,
+        help="seconds a batch replaced by compaction is kept for reads still using it (Spark "
+        "jobs reading listed parts: a job running longer lists again)",
         metavar="SECONDS",
     )
     orphan_grace: float = setting(

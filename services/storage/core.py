@@ -87,7 +87,7 @@ class StorageSettings:
     """Consensus keys live under ``{prefix}shards/``."""
     lease_ms: int = 60_000
     max_capabilities: int = 2_000
-    retired_grace_ms: int = 5_000
+    retired_grace_ms: int = 60_000
     orphan_grace_ms: int = 600_000
     maintenance_interval_s: float = 2.0
     orphan_sweep_interval_s: float = 60.0

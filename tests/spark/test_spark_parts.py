@@ -14,6 +14,7 @@ import decimal
 import random
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -32,6 +33,7 @@ from tests.support.storage import (
 from tidemark.blob import open_blob
 from tidemark.clients.storage import StorageClient, WrittenPart
 from tidemark.columnar import Column, ColumnType, RelationSchema
+from tidemark.columnar.io import ROW_GROUP_ROWS
 from tidemark.errors import FailedPrecondition, InvalidArgument
 from tidemark.frontier import u64_frontier
 from tidemark.part_keys import new_part_key
@@ -65,7 +67,9 @@ def backends(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 def storage(backends: Backends) -> Iterator[ServiceProcess]:
     # Parts wait for their commit while a Spark job on a busy machine finishes: longer than
     # the seconds the fast settings give a blob before the orphan sweep takes it.
-    process = start_storage(backends, extra=(*FAST_SETTINGS, "--orphan-grace", "120"))
+    # Likewise parts compaction replaced stay for the Spark jobs still reading them.
+    extra = (*FAST_SETTINGS, "--orphan-grace", "120", "--retired-blob-grace", "60")
+    process = start_storage(backends, extra=extra)
     yield process
     process.kill()
 
@@ -298,11 +302,20 @@ async def test_a_large_part_is_read_in_slices_of_its_row_groups(
     await client.append(pair.write, [(r, 1, d) for r, d in rows.items()], 2, expected_upper=1)
     listing = await client.list_parts(pair.read, 1)
     (part,) = listing.parts
-    sliced = partitions(listing, target_bytes=max(1, part.bytes // 3))
-    assert len(sliced) >= 3 and all(len(group) == 1 for group in sliced)
     assert partitions(listing) == [[(part.key, 0, 1)]] and part.bytes < PARTITION_BYTES
-    # Storage writes row groups of 2^20 rows: one slice holds them all, the others none.
-    frame = collection_frame(spark, listing, target_bytes=max(1, part.bytes // 3))
+    # One row group (storage writes 2^20 rows to one): never more slices than that.
+    assert partitions(listing, target_bytes=1) == [[(part.key, 0, 1)]]
+    # A part of 3 row groups, as a bulk load writes them, cut in 3 slices.
+    big = replace(part, rows=3 * ROW_GROUP_ROWS, bytes=3 * PARTITION_BYTES)
+    assert partitions(replace(listing, parts=[big, part])) == [
+        [(part.key, 0, 3)],
+        [(part.key, 1, 3)],
+        [(part.key, 2, 3)],
+        [(part.key, 0, 1)],
+    ]
+    # A slice that finds no row group of its own reads nothing; together they read it all.
+    sliced = replace(listing, parts=[replace(part, rows=3 * ROW_GROUP_ROWS)])
+    frame = collection_frame(spark, sliced, target_bytes=max(1, part.bytes // 3))
     found = {
         tuple(bytes(v) if isinstance(v, bytearray) else v for v in r[:-1]): r[-1]
         for r in frame.collect()

@@ -33,10 +33,14 @@ def from_ipc(data: bytes) -> pa.Table:
         raise InvalidArgument(f"not an Arrow IPC stream: {exc}") from None
 
 
+ROW_GROUP_ROWS = 1 << 20
+"""Rows per Parquet row group: a reader can take a part's row groups apart (Spark slices)."""
+
+
 def to_parquet(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     if table.num_rows >= COMPRESS_FROM_ROWS:
-        pq.write_table(table, sink, compression=PARQUET_COMPRESSION, row_group_size=1 << 20)
+        pq.write_table(table, sink, compression=PARQUET_COMPRESSION, row_group_size=ROW_GROUP_ROWS)
     else:
         # A small file is written on the append's path and read back whole: dictionaries and
         # column statistics only cost time there (a fifth of the write) and bytes.
@@ -44,7 +48,7 @@ def to_parquet(table: pa.Table) -> bytes:
             table,
             sink,
             compression="none",
-            row_group_size=1 << 20,
+            row_group_size=ROW_GROUP_ROWS,
             use_dictionary=False,
             write_statistics=False,
         )

@@ -38,6 +38,7 @@ from services.compute.spark.lowering.types import spark_type as scalar_spark_typ
 from tidemark.clients.storage import PartsListing
 from tidemark.columnar import Column as RelationColumn
 from tidemark.columnar import ColumnType, RelationSchema
+from tidemark.columnar.io import ROW_GROUP_ROWS
 from tidemark.columnar.schema import DIFF_COLUMN, TIME_COLUMN
 from tidemark.plan.scalar_types import ScalarType
 from tidemark.v1 import common_pb2
@@ -101,7 +102,9 @@ def partitions(
     groups: list[list[tuple[str, int, int]]] = []
     size = 0
     for part in listing.parts:
-        count = max(1, -(-part.bytes // target_bytes))
+        # No more slices than row groups: a slice without one would read nothing.
+        groups_in_part = max(1, -(-part.rows // ROW_GROUP_ROWS))
+        count = min(groups_in_part, max(1, -(-part.bytes // target_bytes)))
         if count > 1:
             groups.extend([(part.key, index, count)] for index in range(count))
             continue
