@@ -148,7 +148,7 @@ async def measure_tidemark(
             created = await client.execute(create_table_sql(name, tables[name]))
             if created.error is not None:
                 raise RuntimeError(f"CREATE TABLE {name}: {created.error}")
-            rows = duck.execute(f"SELECT * FROM {name}").fetch_arrow_table()
+            rows = duck.execute(f"SELECT * FROM {name}").to_arrow_table()
             await load(
                 storage, oracle, await table_collection(catalog, oracle, name), tables[name], rows
             )

@@ -17,6 +17,10 @@ existing object. Running it again, or after adding a tenant, creates only what i
   ``tenant-acme-compute.tidemark-tenant-acme.svc.cluster.local``: the host names its callers
   dial and verify), issued with ``tidemark certs`` by the CA kept in ``--certs`` (made there on
   first use; keep that directory safe, it signs every identity).
+- ``session-keys``: one random key (``keys``: an ``id:base64key`` line) the adapters sign gRPC
+  sessions with; to rotate, put a new line first, roll the adapters, then drop the old line.
+- ``tidemark-superuser``: a random ``password`` for the bootstrap superuser ``tidemark``
+  (``kubectl get secret tidemark-superuser -o jsonpath='{.data.password}' | base64 -d``).
 - Secrets a pod mounts as ``optional`` (``pgwire-passwords``) are the operator's to create.
 
 A namespace that does not exist yet (a new tenant's) is created first; ``kubectl apply`` then
@@ -26,6 +30,7 @@ adds its labels.
 from __future__ import annotations
 
 import argparse
+import base64
 import secrets
 import shutil
 import subprocess
@@ -46,6 +51,10 @@ TLS_PREFIX = "tidemark-tls-"
 S3_SECRET = "s3-credentials"
 S3_KEYS = ("access-key", "secret-key")
 TLS_KEYS = ("tls.crt", "tls.key", "ca.crt")
+SESSION_SECRET = "session-keys"
+SUPERUSER_SECRET = "tidemark-superuser"
+# Secrets of random bytes: name -> key.
+RANDOM_SECRETS = {SESSION_SECRET: "keys", SUPERUSER_SECRET: "password"}
 # The tenant of the clusters in the shared namespace: the database every catalog starts with.
 SHARED_TENANT = "tidemark"
 WORKLOAD_KINDS = frozenset({"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"})
@@ -152,6 +161,8 @@ def plan(objects: list[Resource]) -> list[PlannedSecret]:
                 entry = PlannedSecret(namespace, name, TLS_KEYS, identity, dns)
             elif name == S3_SECRET and key in (*S3_KEYS, None):
                 entry = PlannedSecret(namespace, name, S3_KEYS)
+            elif name in RANDOM_SECRETS and key in (RANDOM_SECRETS[name], None):
+                entry = PlannedSecret(namespace, name, (RANDOM_SECRETS[name],))
             else:
                 raise ValueError(f"{user} needs Secret {name!r}, which this script cannot make")
             earlier = planned.get((namespace, name))
@@ -235,6 +246,11 @@ def _contents(entry: PlannedSecret, make_certificate: MakeCertificate) -> dict[s
     if entry.identity is not None:
         cert, key, ca = make_certificate(entry.identity, entry.dns_names)
         return {"tls.crt": cert, "tls.key": key, "ca.crt": ca}
+    if entry.name == SESSION_SECRET:
+        line = "k1:" + base64.b64encode(secrets.token_bytes(32)).decode()
+        return {"keys": (line + "\n").encode()}
+    if entry.name == SUPERUSER_SECRET:
+        return {"password": secrets.token_urlsafe(24).encode()}
     return {
         "access-key": ("tidemark-" + secrets.token_hex(6)).encode(),
         "secret-key": secrets.token_urlsafe(32).encode(),

@@ -35,6 +35,7 @@ from tests.support.kustomize import KustomizeError, Resource, all_containers, re
 from tests.support.network_policies import EXTERNAL, Endpoint, allowed, pod
 from tidemark.config import ServiceConfig, env_var
 from tidemark.rpc.server import LIVENESS_SERVICE
+from tidemark.session_keys import parse_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -1118,6 +1119,24 @@ def test_apply_carries_no_secret_and_the_secret_script_makes_each_needed_one(
     assert [key for key in planned if key[1] == "s3-credentials"] == [
         (SHARED_NAMESPACE, "s3-credentials")
     ]
+    # The adapters share their session keys and the bootstrap superuser's password.
+    assert planned[(SHARED_NAMESPACE, "session-keys")].keys == ("keys",)
+    assert planned[(SHARED_NAMESPACE, "tidemark-superuser")].keys == ("password",)
+    made = k8s_secrets._contents(planned[(SHARED_NAMESPACE, "session-keys")], _no_certificates)
+    assert len(parse_keys(made["keys"].decode(), "session-keys")) == 1
+    adapter = next(
+        obj for obj in of_kind(two_tenants, "Deployment") if obj["metadata"]["name"] == "adapter"
+    )
+    env = {
+        e["name"]: e.get("value")
+        for e in adapter["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["TIDEMARK_AUTH"] == "password"
+    assert env["TIDEMARK_SESSION_KEYS_FILE"] == "/etc/tidemark/session-keys/keys"
+
+
+def _no_certificates(identity: str, dns_names: Sequence[str]) -> tuple[bytes, bytes, bytes]:
+    raise AssertionError("no certificate is needed here")
 
 
 def test_secret_script_creates_only_the_missing_secrets() -> None:
