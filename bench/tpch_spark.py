@@ -198,6 +198,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="timed runs per query (after one)")
     parser.add_argument("--spark-master", default="local[6]")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per statement")
+    parser.add_argument(
+        "--spark-one-shot-rows",
+        default="20000",
+        help="compute's threshold: one-shots over fewer input updates run in-process (-1: all)",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
     duck = tpch_duckdb(args.scale_factor)
@@ -207,7 +212,12 @@ def main() -> None:
         parquet.mkdir()
         for name in TABLES:
             duck.execute(f"COPY {name} TO '{parquet / name}.parquet' (FORMAT parquet)")
-        compute = ("--spark-driver-memory", DRIVER_MEMORY)
+        compute = (
+            "--spark-driver-memory",
+            DRIVER_MEMORY,
+            "--spark-one-shot-rows",
+            args.spark_one_shot_rows,
+        )
         with sql_stack(
             Path(directory) / "stack",
             adapters=1,
@@ -220,6 +230,7 @@ def main() -> None:
         "scale_factor": args.scale_factor,
         "spark_master": args.spark_master,
         "runs": args.runs,
+        "spark_one_shot_rows": int(args.spark_one_shot_rows),
         "machine": {"platform": platform.platform(), "load_average": load_average()},
         **{k: v for k, v in tidemark.items() if k != "queries"},
         "queries": {},
