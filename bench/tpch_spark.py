@@ -7,7 +7,7 @@ Spark at ``--spark-master``), creates the eight tables and loads each with one w
 into storage, at a timestamp from the oracle as the adapter writes a table. Then, per query:
 
 - Tidemark: the SELECT through the adapter, a one-shot query, which compute runs as a Spark
-  job over the tables' Parquet parts (``--spark-one-shot-rows``, default 20,000 updates);
+  job over the tables' Parquet parts (``--spark-one-shot-rows``, default 100,000 updates);
 - Spark SQL: the same query text over the DuckDB-written Parquet files, in a Spark session
   of the same master and settings as compute's, in this process;
 - DuckDB: the same query, for the answer (and its time).
@@ -200,7 +200,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per statement")
     parser.add_argument(
         "--spark-one-shot-rows",
-        default="20000",
+        default="100000",
         help="compute's threshold: one-shots over fewer input updates run in-process (-1: all)",
     )
     parser.add_argument("--output", type=Path, default=RESULTS)

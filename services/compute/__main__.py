@@ -86,7 +86,7 @@ class ComputeConfig(ServiceConfig):
         metavar="MIB",
     )
     spark_one_shot_rows: int = setting(
-        20_000,
+        100_000,
         help="with --engine spark, one-shot queries whose inputs hold at least this many "
         "updates run as Spark jobs over storage's Parquet parts; smaller ones run in this "
         "process, where they answer sooner (-1: never on Spark)",

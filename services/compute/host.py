@@ -86,7 +86,7 @@ class HostSettings:
     """One-shot peeks evaluated at once; more wait in line (``oneshot.OneShotPool``)."""
     statement_budget_bytes: int = 1 << 30
     """The memory budget of each one-shot peek (0: none)."""
-    spark_one_shot_rows: int = 20_000
+    spark_one_shot_rows: int = 100_000
     """One-shot peeks over at least this many input updates run as Spark jobs (with a Spark
     engine; -1: never), smaller ones in this process."""
 
