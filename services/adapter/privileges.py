@@ -23,13 +23,12 @@ from services.adapter.authentication import Principal
 from services.adapter.catalog_cache import CatalogState, kind_of
 from services.adapter.catalog_names import KIND_NAMES, catalog_view
 from services.adapter.sql.catalog_view import CatalogView
-from services.adapter.sql.errors import SqlError
+from services.adapter.sql.errors import INSUFFICIENT_PRIVILEGE, SqlError
 from services.adapter.sql.planned import PlannedQuery
 from tidemark.catalog_items import role_named
 from tidemark.plan.catalog_relations import RELATION_KINDS
 from tidemark.v1 import catalog_pb2
 
-INSUFFICIENT_PRIVILEGE = "42501"
 PUBLIC = "PUBLIC"
 MEMBER = "MEMBER"
 RELATION_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.adapter.sql.errors import SqlError
+from services.adapter.sql.errors import INSUFFICIENT_PRIVILEGE, SqlError
 from services.adapter.sql.planned import PlannedQuery
 from services.adapter.sql.types import type_name
 from tidemark.columnar import Column
@@ -35,6 +35,8 @@ from tidemark.v1 import adapter_pb2, common_pb2
 
 # SQLSTATE codes the adapter itself reports (the SQL layer's are in sql/errors.py).
 SERIALIZATION_FAILURE = "40001"
+IDENTITY_PREFIX = "tidemark://"
+"""How a refusal by service identity starts: the caller's identity URI."""
 DEPENDENT_OBJECTS_STILL_EXIST = "2BP01"
 CONNECTION_FAILURE = "08006"
 ADMIN_SHUTDOWN = "57P01"
@@ -165,6 +167,15 @@ def error_from_backend(exc: TidemarkError, what: str = "") -> SqlError:
         return SqlError(OBJECT_NOT_IN_PREREQUISITE_STATE, f"{prefix}{exc.message}")
     if isinstance(exc, InvalidArgument):
         return SqlError(INVALID_PARAMETER, f"{prefix}{exc.message}")
+    if isinstance(exc, PermissionDenied) and exc.message.startswith(IDENTITY_PREFIX):
+        # A service refused another by its mTLS identity: a compute cluster serves the one
+        # database (tenant) its certificate names.
+        return SqlError(
+            INSUFFICIENT_PRIVILEGE,
+            f"{prefix}{exc.message}",
+            hint="with mTLS, each compute cluster serves one database: run this on a cluster "
+            "whose certificate names this database (SET cluster = ...)",
+        )
     if isinstance(exc, PermissionDenied):
         return SqlError(OBJECT_NOT_IN_PREREQUISITE_STATE, f"{prefix}{exc.message}")
     return SqlError(INTERNAL_ERROR, f"{prefix}{exc.message}")

@@ -161,6 +161,7 @@ async def test_each_cluster_keeps_to_its_tenant(stack: TlsStack) -> None:
         await ok(sql, "INSERT INTO mine VALUES (1)")
         denied = await fails(sql, "SELECT sum(x) FROM mine")
         assert "tidemark://compute/tenant_a/c1 may not read tenant tidemark's" in denied.message
+        assert denied.code == "42501" and "each compute cluster serves one database" in denied.hint
         # ... nor the default cluster tenant A's.
         await ok(sql, "SET cluster = default")
         denied = await fails(sql, "SELECT sum(amount) FROM tenant_a.public.bids")
