@@ -61,14 +61,16 @@ def pair_proto(
     )
 
 
-def batch_summary(batch: StoredBatch) -> storage_pb2.BatchSummary:
+def batch_summary(batch: StoredBatch, part: PartRef | None = None) -> storage_pb2.BatchSummary:
+    """The batch (named by its first part, with every part's rows and bytes), or one of its
+    ``part``s with the batch's time range."""
     return storage_pb2.BatchSummary(
-        key=batch.key,
+        key=part.key if part else batch.key,
         lower=frontier_to_proto(batch.lower),
         upper=frontier_to_proto(batch.upper),
         since=frontier_to_proto(batch.since),
-        rows=batch.rows,
-        bytes=batch.size,
+        rows=part.rows if part else batch.rows,
+        bytes=part.size if part else batch.size,
     )
 
 
@@ -100,6 +102,15 @@ def description_proto(versioned: Versioned) -> storage_pb2.CollectionDescription
         tenant=state.tenant,
         writer=state.writer,
     )
+
+
+def _expected_upper(
+    request: storage_pb2.AppendRequest | storage_pb2.AppendPartsRequest,
+) -> Antichain[int] | None:
+    """The upper an append requires (compare-and-append), if it names one."""
+    if not request.HasField("expected_upper"):
+        return None
+    return frontier_from_proto(request.expected_upper)
 
 
 def required_frontier(message: object, field: str) -> Antichain[int]:
@@ -227,11 +238,7 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
             updates = from_ipc(request.arrow_ipc) if request.arrow_ipc else None
         else:
             updates = _concatenated(parts)
-        expected = (
-            frontier_from_proto(request.expected_upper)
-            if request.HasField("expected_upper")
-            else None
-        )
+        expected = _expected_upper(request)
         outcome = await self.core.append(
             ref.collection_id,
             ref.id,
@@ -249,11 +256,7 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
     ) -> storage_pb2.AppendResponse:
         ref = _ref(request)
         await self._check(ref.collection_id, access.check_write)
-        expected = (
-            frontier_from_proto(request.expected_upper)
-            if request.HasField("expected_upper")
-            else None
-        )
+        expected = _expected_upper(request)
         outcome = await self.core.append_parts(
             ref.collection_id,
             ref.id,
@@ -422,18 +425,7 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
             as_of=listing.as_of,
             schema=state.schema.to_proto(),
             blob_url=listing.blob_url,
-            parts=[
-                storage_pb2.BatchSummary(
-                    key=part.key,
-                    lower=frontier_to_proto(b.lower),
-                    upper=frontier_to_proto(b.upper),
-                    since=frontier_to_proto(b.since),
-                    rows=part.rows,
-                    bytes=part.size,
-                )
-                for b in listing.batches
-                for part in b.parts
-            ],
+            parts=[batch_summary(b, part) for b in listing.batches for part in b.parts],
             retired_grace_ms=self.core.settings.retired_grace_ms,
             since=frontier_to_proto(state.since),
             upper=frontier_to_proto(state.upper),

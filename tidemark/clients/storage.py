@@ -22,7 +22,7 @@ import datetime
 import decimal
 import time
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeAlias
@@ -489,21 +489,32 @@ class StorageClient(GrpcClient):
         )
         if expected_upper is not None:
             request.expected_upper.CopyFrom(frontier_to_proto(frontier(expected_upper)))
+
+        async def send(seconds: float) -> storage_pb2.AppendResponse:
+            if self.append_stream:
+                return await self._appends.call(request, seconds)
+            return await self._call(self.stub.Append, request, seconds)
+
+        return await self._until_known(send)
+
+    async def _until_known(
+        self,
+        send: Callable[[float], Awaitable[storage_pb2.AppendResponse]],
+        unknown: tuple[type[Exception], ...] = (Indeterminate, DeadlineExceeded),
+    ) -> AppendResult:
+        """``send(seconds)`` an append, again (under its same token) while its outcome is
+        ``unknown``, within the client's timeout: a second attempt of a landed append is
+        recognised, so it is safe."""
         deadline = time.monotonic() + self.timeout
         backoff = self.retry.backoffs()
         while True:
             try:
-                seconds = max(0.1, deadline - time.monotonic())
-                if self.append_stream:
-                    response = await self._appends.call(request, seconds)
-                else:
-                    response = await self._call(self.stub.Append, request, seconds)
+                response = await send(max(0.1, deadline - time.monotonic()))
                 return AppendResult(frontier_from_proto(response.upper), response.already_committed)
-            except (Indeterminate, DeadlineExceeded) as exc:
-                # Unknown outcome: the same token makes a second attempt safe.
+            except unknown as exc:
                 if backoff.expired() or time.monotonic() >= deadline:
                     raise
-                log.debug("append_retry", error=exc.message)
+                log.debug("append_retry", error=str(exc))
             await backoff.sleep()
 
     async def append_parts(
@@ -529,18 +540,9 @@ class StorageClient(GrpcClient):
             request.least_time, request.greatest_time = times
         if expected_upper is not None:
             request.expected_upper.CopyFrom(frontier_to_proto(frontier(expected_upper)))
-        deadline = time.monotonic() + self.timeout
-        backoff = self.retry.backoffs()
-        while True:
-            try:
-                seconds = max(0.1, deadline - time.monotonic())
-                response = await self._call(self.stub.AppendParts, request, seconds)
-                return AppendResult(frontier_from_proto(response.upper), response.already_committed)
-            except (Indeterminate, DeadlineExceeded) as exc:
-                if backoff.expired() or time.monotonic() >= deadline:
-                    raise
-                log.debug("append_retry", error=exc.message)
-            await backoff.sleep()
+        return await self._until_known(
+            lambda seconds: self._call(self.stub.AppendParts, request, seconds)
+        )
 
     async def append_table(
         self,
@@ -585,22 +587,14 @@ class StorageClient(GrpcClient):
             for chunk in chunks:
                 yield storage_pb2.AppendChunk(arrow_ipc=chunk)
 
-        deadline = time.monotonic() + self.timeout
-        backoff = self.retry.backoffs()
-        while True:
+        async def send(seconds: float) -> storage_pb2.AppendResponse:
             try:
-                seconds = max(0.1, deadline - time.monotonic())
-                try:
-                    response = await self.stub.AppendChunked(messages(), timeout=seconds)
-                except grpc.aio.AioRpcError as exc:
-                    raise error_from_rpc(exc) from exc
-                return AppendResult(frontier_from_proto(response.upper), response.already_committed)
-            except (Indeterminate, DeadlineExceeded, Unavailable) as exc:
-                # Unknown outcome: the same token makes a second attempt safe.
-                if backoff.expired() or time.monotonic() >= deadline:
-                    raise
-                log.debug("append_retry", error=exc.message)
-            await backoff.sleep()
+                return await self.stub.AppendChunked(messages(), timeout=seconds)
+            except grpc.aio.AioRpcError as exc:
+                raise error_from_rpc(exc) from exc
+
+        # A streamed call gets no retries of its own: UNAVAILABLE is retried here too.
+        return await self._until_known(send, (Indeterminate, DeadlineExceeded, Unavailable))
 
     # -- reads ------------------------------------------------------------------------------
 
