@@ -92,6 +92,14 @@ class ComputeConfig(ServiceConfig):
         "process, where they answer sooner (-1: never on Spark)",
         metavar="ROWS",
     )
+    spark_hydration_rows: int = setting(
+        100_000,
+        help="with --engine spark, dataflows whose inputs hold at least this many updates "
+        "hydrate by Spark jobs over storage's Parquet parts (the executors build the "
+        "arrangements and write the initial output); smaller ones hydrate from snapshots "
+        "streamed through this process, which start sooner (-1: never by Spark)",
+        metavar="ROWS",
+    )
     dataflow_memory_mb: int = setting(
         4096,
         help="memory budget of one dataflow, estimated from the rows it holds in this process "
@@ -115,6 +123,7 @@ class ComputeConfig(ServiceConfig):
             one_shot_workers=self.one_shot_workers,
             statement_budget_bytes=self.statement_memory_mb << 20,
             spark_one_shot_rows=self.spark_one_shot_rows,
+            spark_hydration_rows=self.spark_hydration_rows,
         )
 
     def make_engine(self) -> Engine:

@@ -10,10 +10,12 @@ made one at a time by its runner (peeks may overlap with steps).
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
-from collections.abc import Coroutine, Sequence
-from typing import Protocol
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from pyspark.sql import SparkSession
 
@@ -21,7 +23,11 @@ from services.compute.dataflow import Dataflow, Index, Row, Update
 from services.compute.dataflow.dataflow import Batches
 from services.compute.dataflow.guard import Guard
 from services.compute.spark import ResidentCluster, SparkDataflow, spark_session
-from services.compute.spark.queries import SparkQueries
+from services.compute.spark.hydration import OutputTarget, stage
+from services.compute.spark.jobs import SparkJobs
+from services.compute.spark.queries import SparkQueries, translated_job_error
+from services.compute.spark.staging import delete_prefix, run_prefix
+from tidemark.clients.storage import PartsListing, WrittenPart
 from tidemark.errors import FailedPrecondition, Unavailable
 from tidemark.logging import get_logger
 from tidemark.tasks import cancel_and_wait
@@ -30,6 +36,22 @@ from tidemark.v1 import plan_pb2
 log = get_logger("compute.engines")
 
 SESSION_ATTEMPTS = 3
+PROGRESS_INTERVAL_S = 1.0
+"""How often a hydration by Spark reports how far its jobs have come."""
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class BulkHydrated:
+    """A hydration from storage's parts: the output's upper (``as_of + 1``), the output parts
+    written for the caller to commit, the output's rows at ``as_of`` (with multiplicity) and
+    the input updates loaded into the operators' state."""
+
+    upper: int
+    output_parts: list[WrittenPart]
+    output_rows: int
+    loaded: int
 
 
 class EngineDataflow(Protocol):
@@ -38,7 +60,23 @@ class EngineDataflow(Protocol):
         """Why the engine can no longer run this dataflow (a lost Spark task), if so."""
         ...
 
+    @property
+    def hydrates_from_parts(self) -> bool:
+        """Whether :meth:`hydrate_from_parts` works (the bulk path)."""
+        ...
+
     async def hydrate(self, snapshots: Batches) -> tuple[list[Update], int]: ...
+
+    async def hydrate_from_parts(
+        self,
+        listings: Mapping[str, PartsListing],
+        output: OutputTarget | None,
+        on_progress: Callable[[float], None],
+    ) -> BulkHydrated:
+        """Hydrates at ``as_of`` from the inputs' parts listed at ``as_of``, with the output
+        at ``as_of`` written as parts to ``output`` (not committed); ``on_progress`` hears
+        the fraction of the work done now and then."""
+        ...
 
     async def step(self, batches: Batches, input_upper: int) -> tuple[list[Update], int]: ...
 
@@ -105,6 +143,18 @@ class LocalDataflow:
     @property
     def failure(self) -> str | None:
         return None
+
+    @property
+    def hydrates_from_parts(self) -> bool:
+        return False
+
+    async def hydrate_from_parts(
+        self,
+        listings: Mapping[str, PartsListing],
+        output: OutputTarget | None,
+        on_progress: Callable[[float], None],
+    ) -> BulkHydrated:
+        raise FailedPrecondition("the in-process engine hydrates from snapshots")
 
     def _apply(self, output: list[Update], upper: int) -> None:
         if self._index is not None:
@@ -205,12 +255,82 @@ class SparkEngineDataflow:
     passes between nodes to the dataflow's memory budget, and stops the driver's walk of a
     hydration or step whose runner was stopped."""
 
-    def __init__(self, dataflow: SparkDataflow) -> None:
+    def __init__(self, dataflow: SparkDataflow, jobs: SparkJobs) -> None:
         self._dataflow = dataflow
+        self._jobs = jobs
 
     @property
     def failure(self) -> str | None:
         return self._dataflow.cluster.failure
+
+    @property
+    def hydrates_from_parts(self) -> bool:
+        return True
+
+    async def hydrate_from_parts(
+        self,
+        listings: Mapping[str, PartsListing],
+        output: OutputTarget | None,
+        on_progress: Callable[[float], None],
+    ) -> BulkHydrated:
+        dataflow = self._dataflow
+        urls = [listing.blob_url for listing in listings.values()]
+        if output is not None:
+            urls.append(output.blob_url)
+        if not urls:
+            raise FailedPrecondition("a dataflow that reads no collection hydrates in-process")
+        staging_url = urls[0]
+        prefix = run_prefix(dataflow.dataflow_id)
+        group = self._jobs.new_group()
+        action = functools.partial(
+            stage,
+            self._jobs.spark,
+            dataflow.plan,
+            dataflow.graph,
+            dataflow_id=dataflow.dataflow_id,
+            as_of=dataflow.as_of,
+            shards=dataflow.shards,
+            index_key_columns=dataflow.index_key_columns,
+            listings=listings,
+            staging_url=staging_url,
+            prefix=prefix,
+            output=output,
+            count_output=False,
+        )
+
+        async def watch() -> None:
+            while True:
+                await asyncio.sleep(PROGRESS_INTERVAL_S)
+                progress = self._jobs.progress(group)
+                if progress is not None:
+                    on_progress(progress.fraction)
+
+        watcher = asyncio.create_task(watch())
+        try:
+            staged = await self._guarded_any(
+                self._jobs.run(action, f"hydrate {dataflow.dataflow_id}", group=group)
+            )
+            loaded, index_rows = await self._guarded_any(
+                asyncio.to_thread(dataflow.load_staged, staged.loads)
+            )
+        except Exception as exc:
+            raise translated_job_error(exc) from exc
+        finally:
+            await cancel_and_wait(watcher)
+            try:
+                await delete_prefix(staging_url, prefix)
+            except Exception as exc:  # left for a later sweep of the staging prefix
+                log.warning("hydration_staging_cleanup_failed", prefix=prefix, error=str(exc))
+        on_progress(1.0)
+        rows = staged.output_rows if staged.output_rows is not None else index_rows
+        return BulkHydrated(dataflow.as_of + 1, staged.output_parts, rows, loaded)
+
+    async def _guarded_any(self, work: Coroutine[object, object, T]) -> T:
+        try:
+            return await work
+        except asyncio.CancelledError:
+            self._dataflow.guard.cancel("the dataflow was stopped")
+            raise
 
     async def hydrate(self, snapshots: Batches) -> tuple[list[Update], int]:
         return await self._guarded(self._dataflow.ahydrate(snapshots))
@@ -275,6 +395,7 @@ class SparkEngine:
         self._cluster_lock = asyncio.Lock()
         self._warming: asyncio.Task[None] | None = None
         self._queries: SparkQueries | None = None
+        self._hydrations: SparkJobs | None = None
 
     def start(self) -> None:
         """Begins starting the session and the resident cluster (idempotent), so the first
@@ -362,7 +483,9 @@ class SparkEngine:
                 guard=Guard(self.budget_bytes, f"dataflow {dataflow_id}"),
             )
 
-        return SparkEngineDataflow(await asyncio.to_thread(make))
+        if self._hydrations is None:
+            self._hydrations = SparkJobs(await self.session(), prefix="hydration")
+        return SparkEngineDataflow(await asyncio.to_thread(make), self._hydrations)
 
     async def queries(self) -> SparkQueries | None:
         if self._queries is None:

@@ -87,6 +87,10 @@ class HostSettings:
     statement_budget_bytes: int = 1 << 30
     """The memory budget of each one-shot peek (0: none)."""
     spark_one_shot_rows: int = 100_000
+    spark_hydration_rows: int = 100_000
+    """Dataflows whose inputs hold at least this many updates hydrate by Spark from the
+    inputs' parts (the Spark engine only; negative: never); smaller ones from snapshots
+    streamed through this process, which start sooner."""
     """One-shot peeks over at least this many input updates run as Spark jobs (with a Spark
     engine; -1: never), smaller ones in this process."""
 
@@ -338,6 +342,7 @@ class DataflowManager:
             self._run_settings,
             estimate,
             on_failed=self._failed.set,
+            hydrate_from_parts=0 <= self.settings.spark_hydration_rows <= estimate,
         )
 
     async def _rebuild_if_lost(self, collection_id: str) -> None:

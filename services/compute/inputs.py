@@ -41,8 +41,13 @@ class InputFollower:
         capability: Capability,
         as_of: int,
         on_change: Callable[[], None],
+        *,
+        snapshot: bool = True,
     ) -> None:
+        """``snapshot``: whether the stream starts with the contents at ``as_of`` (a dataflow
+        hydrated from storage's parts instead wants only the updates after it)."""
         self.collection_id = capability.collection_id
+        self.snapshot = snapshot
         self.capability = capability
         self.storage = storage
         self.as_of = as_of
@@ -80,7 +85,7 @@ class InputFollower:
         backoff = RESUBSCRIBE.backoffs()
         while True:
             if self.upper is None:
-                options = {"as_of": self.as_of}
+                options = {"as_of": self.as_of, "snapshot": self.snapshot}
             else:
                 options = {"as_of": self.upper - 1, "snapshot": False}
             # Batches count only once the statement closing their interval has come: a

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from services.compute.dataflow import Row, Update
 from services.compute.dataflow.ordering import canonical_float
-from tidemark.clients.storage import Capability, StorageClient
+from tidemark.clients.storage import Capability, PartsListing, StorageClient, WrittenPart
 from tidemark.columnar import RelationSchema, frontier_bound, table_from_updates
 from tidemark.errors import DeadlineExceeded, FailedPrecondition, Unavailable
 from tidemark.logging import get_logger
@@ -92,6 +92,67 @@ class OutputWriter:
             except (Unavailable, DeadlineExceeded) as exc:
                 log.warning("output_append_retry", dataflow=self.dataflow_id, error=exc.message)
                 await backoff.sleep()
+
+    async def write_parts(self, parts: Sequence[WrittenPart], time: int, upper: int) -> None:
+        """``write`` for updates at ``time`` already written as Parquet parts (by Spark's
+        executors): commits them as one batch through ``AppendParts``."""
+        if not parts:
+            await self.write([], upper)
+            return
+        backoff = APPEND_RETRY.backoffs()
+        while upper > self.upper:
+            lower = self.upper
+            if time < lower:
+                raise FailedPrecondition(
+                    f"output {self.collection_id!r} is already written up to {lower}, past "
+                    f"the parts' time {time}"
+                )
+            try:
+                await self.storage.append_parts(
+                    self.capability,
+                    parts,
+                    upper,
+                    times=(time, time),
+                    token=append_token(self.dataflow_id, lower, upper),
+                    expected_upper=lower,
+                )
+                self.upper = upper
+                self.appends += 1
+                return
+            except FailedPrecondition as exc:
+                actual = await self._current_upper()
+                if actual <= lower:
+                    raise
+                log.info(
+                    "output_upper_moved",
+                    dataflow=self.dataflow_id,
+                    expected=lower,
+                    actual=actual,
+                    error=exc.message,
+                )
+                self.upper = actual
+            except (Unavailable, DeadlineExceeded) as exc:
+                log.warning("output_append_retry", dataflow=self.dataflow_id, error=exc.message)
+                await backoff.sleep()
+
+    async def existing_parts(self, holder: str) -> tuple[PartsListing, Capability] | None:
+        """The parts holding the collection at ``upper - 1`` (``None`` when empty), with the
+        read capability that holds them readable; the caller drops it when done."""
+        if self.upper == 0:
+            return None
+        pair = await self.storage.acquire(self.collection_id, holder)
+        await self.storage.drop(pair.write)
+        try:
+            since = frontier_bound(pair.read.frontier)
+            if since is None or since > self.upper - 1:
+                raise FailedPrecondition(
+                    f"output {self.collection_id!r} cannot be read at {self.upper - 1}: its "
+                    f"since is {since}"
+                )
+            return await self.storage.list_parts(pair.read, self.upper - 1), pair.read
+        except BaseException:
+            await self.storage.drop(pair.read)
+            raise
 
     async def _current_upper(self) -> int:
         bound = frontier_bound((await self.storage.describe(self.collection_id)).upper)

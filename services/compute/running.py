@@ -28,6 +28,7 @@ from services.compute.engines import EngineDataflow
 from services.compute.inputs import MAX_TIME, InputFollower
 from services.compute.metrics import STEP_SECONDS
 from services.compute.output import OutputWriter
+from services.compute.spark.hydration import OutputTarget
 from services.compute.spec import DataflowSpec
 from tidemark.clients.storage import Capability, StorageClient
 from tidemark.columnar import RelationSchema, frontier_bound
@@ -74,7 +75,11 @@ class RunningDataflow:
         settings: RunSettings,
         hydration_rows_estimate: int = 0,
         on_failed: Callable[[], None] | None = None,
+        *,
+        hydrate_from_parts: bool = False,
     ) -> None:
+        """``hydrate_from_parts``: hydrate by the engine's bulk path from the inputs' parts
+        (the engine must support it) rather than from snapshots streamed through here."""
         self.spec = spec
         self.on_failed = on_failed
         """Called once the dataflow has failed (the host restarts it)."""
@@ -102,12 +107,25 @@ class RunningDataflow:
         """Rows in the output at ``upper - 1``, counted with multiplicity."""
         self.hydration_rows_total = hydration_rows_estimate
         self.hydrated_rows = 0
+        self.hydration_parts_total = 0
+        self.hydration_parts_done = 0
+        # A plan of constants reads no parts: it hydrates in-process, instantly.
+        self.hydrates_from_parts = (
+            hydrate_from_parts and engine.hydrates_from_parts and bool(inputs)
+        )
         self.started_ms = int(time.time() * 1000)
         self.feed = ChangeFeed()
         self._wake = asyncio.Event()
         self._moved = asyncio.Event()
         self.followers = [
-            InputFollower(storage, capability, as_of, self._wake.set) for capability in inputs
+            InputFollower(
+                storage,
+                capability,
+                as_of,
+                self._wake.set,
+                snapshot=not self.hydrates_from_parts,
+            )
+            for capability in inputs
         ]
         self._task: asyncio.Task[None] | None = None
 
@@ -230,11 +248,15 @@ class RunningDataflow:
     async def _hydrate(self) -> None:
         as_of = self.as_of
         while True:
-            self.hydrated_rows = sum(f.rows_received for f in self.followers)
+            if not self.hydrates_from_parts:
+                self.hydrated_rows = sum(f.rows_received for f in self.followers)
             ready = self.input_upper
             if ready is not None and ready > as_of:
                 break
             await self._wait_inputs()
+        if self.hydrates_from_parts:
+            await self._hydrate_from_parts()
+            return
         snapshots = {f.collection_id: f.take(as_of + 1) for f in self.followers}
         loaded = sum(len(updates) for updates in snapshots.values())
         started = time.perf_counter()
@@ -257,6 +279,74 @@ class RunningDataflow:
             as_of=as_of,
             rows=loaded,
             output_rows=self.output_rows,
+        )
+
+    async def _hydrate_from_parts(self) -> None:
+        """Hydration by the engine's bulk path: the inputs' parts at ``as_of`` are listed
+        here, read and processed by Spark's executors, and the output at ``as_of`` comes back
+        as parts this commits (see ``services/compute/spark/hydration.py``)."""
+        as_of = self.as_of
+        started = time.perf_counter()
+        listed = await asyncio.gather(
+            *(self.storage.list_parts(capability, as_of) for capability in self.inputs)
+        )
+        listings = {
+            capability.collection_id: listing
+            for capability, listing in zip(self.inputs, listed, strict=True)
+        }
+        parts_total = sum(len(listing.parts) for listing in listed)
+        rows_total = sum(part.rows for listing in listed for part in listing.parts)
+        self.hydration_parts_total = parts_total
+        self.hydration_rows_total = rows_total
+
+        def on_progress(fraction: float) -> None:
+            self.hydration_parts_done = round(parts_total * fraction)
+            self.hydrated_rows = round(rows_total * fraction)
+
+        target: OutputTarget | None = None
+        existing: Capability | None = None
+        writer = self.writer
+        try:
+            if writer is not None and as_of >= writer.upper:
+                previous = None
+                if self.output_has_data:
+                    found = await writer.existing_parts(self.settings.holder)
+                    if found is not None:
+                        previous, existing = found
+                blob_url = listed[0].blob_url if listed else ""
+                target = OutputTarget(writer.collection_id, self.schema, blob_url, previous)
+            log.info(
+                "dataflow_hydrating_from_parts",
+                dataflow=self.dataflow_id,
+                as_of=as_of,
+                parts=parts_total,
+                rows=rows_total,
+            )
+            done = await self.engine.hydrate_from_parts(listings, target, on_progress)
+            if writer is not None and target is not None:
+                await writer.write_parts(done.output_parts, as_of, done.upper)
+        finally:
+            if existing is not None:
+                with contextlib.suppress(TidemarkError):
+                    await self.storage.drop(existing)
+        STEP_SECONDS.labels("hydrate").observe(time.perf_counter() - started)
+        self.output_rows = done.output_rows
+        self.hydrated_rows = rows_total
+        self.hydration_parts_done = parts_total
+        self.feed.start(done.upper)
+        self.state = RUNNING
+        self._advance(done.upper)
+        log.info(
+            "dataflow_hydrated",
+            dataflow=self.dataflow_id,
+            as_of=as_of,
+            rows=rows_total,
+            loaded=done.loaded,
+            parts=parts_total,
+            output_rows=self.output_rows,
+            output_parts=len(done.output_parts),
+            seconds=round(time.perf_counter() - started, 3),
+            by="spark",
         )
 
     async def _follow(self) -> None:

@@ -9,6 +9,7 @@ from services.compute.dataflow.operators.base import LinearOperator, StatefulOpe
 from services.compute.dataflow.operators.linear import Normalize
 from tidemark.columnar.schema import RelationSchema
 from tidemark.plan.scalar_types import ScalarType
+from tidemark.v1 import plan_pb2
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,8 @@ class Node:
     types: tuple[ScalarType, ...]
     operator: Operator
     consumers: int = 0
+    relation: plan_pb2.Relation | None = None
+    """The plan relation this node computes (what a bulk engine computes it from)."""
 
     @property
     def is_stateful(self) -> bool:

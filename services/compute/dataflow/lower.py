@@ -118,7 +118,10 @@ class _Lowering:
         if kind is None:
             raise InvalidArgument(f"empty relation (node {len(self.graph.nodes)})")
         lower_kind: Callable[[Any], Node] = getattr(self, f"lower_{kind}")
-        return lower_kind(getattr(relation, kind))
+        node = lower_kind(getattr(relation, kind))
+        if node.relation is None:  # a shared node keeps the relation that made it
+            node.relation = relation
+        return node
 
     def where(self, kind: str) -> str:
         return f"{kind} (node {len(self.graph.nodes)})"

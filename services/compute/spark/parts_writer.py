@@ -16,6 +16,7 @@ import os
 from collections.abc import Iterator, Mapping
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
@@ -29,6 +30,7 @@ _WRITTEN = StructType(
         StructField("key", StringType(), False),
         StructField("rows", LongType(), False),
         StructField("bytes", LongType(), False),
+        StructField("diffs", LongType(), False),
     ]
 )
 
@@ -45,6 +47,22 @@ def write_parts(
     """Store ``frame`` (``schema``'s columns, then ``diff``) as Parquet parts of
     ``collection_id`` with every update at ``time``, one part per non-empty Spark partition,
     written by the executors; returns the parts, for ``append_parts``."""
+    return write_parts_counted(
+        frame, schema, collection_id, blob_url, time, environment=environment
+    )[0]
+
+
+def write_parts_counted(
+    frame: DataFrame,
+    schema: RelationSchema,
+    collection_id: str,
+    blob_url: str,
+    time: int,
+    *,
+    environment: Mapping[str, str] | None = None,
+) -> tuple[list[WrittenPart], int]:
+    """:func:`write_parts`, and the sum of the diffs written (the rows of the collection the
+    parts add up to, counted with multiplicity), counted by the same job."""
     update_schema = schema.update_schema()
     credentials = s3_credentials(environment)
     columns = [c.name for c in schema.columns]
@@ -61,9 +79,15 @@ def write_parts(
             [*data, times, table.column(len(columns))], names=[*columns, TIME_COLUMN, DIFF]
         ).cast(update_schema)
         written = asyncio.run(_store(blob_url, collection_id, updates))
+        diffs = pc.sum(table.column(len(columns))).as_py() or 0
         yield pa.record_batch(
-            [pa.array([written.key]), pa.array([written.rows]), pa.array([written.bytes])],
-            names=["key", "rows", "bytes"],
+            [
+                pa.array([written.key]),
+                pa.array([written.rows]),
+                pa.array([written.bytes]),
+                pa.array([diffs], pa.int64()),
+            ],
+            names=["key", "rows", "bytes", "diffs"],
         )
 
     # Plain positional names: mapInArrow does not quote the names it passes on, so a column
@@ -72,7 +96,8 @@ def write_parts(
         *[column(name).alias(f"c{i}") for i, name in enumerate([*columns, DIFF])]
     )
     rows = ordered.mapInArrow(write, _WRITTEN).collect()
-    return [WrittenPart(row["key"], row["rows"], row["bytes"]) for row in rows]
+    parts = [WrittenPart(row["key"], row["rows"], row["bytes"]) for row in rows]
+    return parts, sum(row["diffs"] for row in rows)
 
 
 async def _store(blob_url: str, collection_id: str, updates: pa.Table) -> WrittenPart:

@@ -29,7 +29,7 @@ from services.compute.spark.parts_source import collection_frame, missing_part
 from tidemark.clients.storage import PartsListing
 from tidemark.columnar import RelationSchema
 from tidemark.columnar.schema import TIME_COLUMN, TIME_TYPE
-from tidemark.errors import ResourceExhausted
+from tidemark.errors import ResourceExhausted, TidemarkError
 from tidemark.logging import get_logger
 from tidemark.v1 import plan_pb2
 
@@ -95,7 +95,7 @@ class SparkQueries:
                     log.info("one_shot_relisting", group=group, attempt=attempt)
                     inputs = [replace(i, listing=await relist(i.collection_id)) for i in inputs]
                     continue
-                raise _translated(exc) from exc
+                raise translated_job_error(exc) from exc
             log.info(
                 "spark_one_shot_done",
                 group=group,
@@ -130,8 +130,10 @@ class SparkQueries:
         )
 
 
-def _translated(exc: Exception) -> Exception:
-    """A failed Spark run as the error the caller reports."""
+def translated_job_error(exc: Exception) -> Exception:
+    """A failed Spark run as the error the caller reports (a Tidemark error is kept)."""
+    if isinstance(exc, TidemarkError):
+        return exc
     if any(marker in str(exc) for marker in _OUT_OF_MEMORY):
         return ResourceExhausted(
             "the query ran out of memory in Spark; narrow it, or give the cluster more memory"

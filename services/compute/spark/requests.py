@@ -74,11 +74,28 @@ class Stats:
 
 
 @dataclass(frozen=True)
+class Hydrate:
+    """Build this shard's state of a hydrating dataflow from what a Spark job staged in the
+    blob store at ``blob_url`` (``hydration.py``): ``nodes[node_id]`` names, per input of
+    that stateful node, the object holding this shard's share of the input at ``as_of``
+    (``None``: nothing); ``index`` the object of this shard's share of the output, for the
+    index. ``environment``: the S3 credentials to open the store with. The task answers
+    ``(updates loaded, sum of the diffs loaded into the index)``."""
+
+    dataflow_id: str
+    blob_url: str
+    environment: dict[str, str]
+    as_of: int
+    nodes: dict[int, tuple[str | None, ...]]
+    index: str | None
+
+
+@dataclass(frozen=True)
 class Stop:
     """Finish the task (its Spark slot is freed once every task of the job has finished)."""
 
 
-Request = Install | Drop | Process | ApplyIndex | CompactIndex | Peek | Stats | Stop
+Request = Install | Drop | Process | Hydrate | ApplyIndex | CompactIndex | Peek | Stats | Stop
 
 
 @dataclass(frozen=True)

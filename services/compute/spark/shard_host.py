@@ -13,11 +13,13 @@ from services.compute.dataflow.batch import Update
 from services.compute.dataflow.graph import Graph
 from services.compute.dataflow.index import Index
 from services.compute.dataflow.lower import lower
+from services.compute.dataflow.operators.linear import Normalize
 from services.compute.dataflow.worker import ShardWorker
 from services.compute.spark.requests import (
     ApplyIndex,
     CompactIndex,
     Drop,
+    Hydrate,
     Install,
     Peek,
     Process,
@@ -26,6 +28,7 @@ from services.compute.spark.requests import (
     Stats,
     Stop,
 )
+from services.compute.spark.staging import decode, get_all, rows_and_diffs
 from services.compute.spark.transport import normalizer
 from services.compute.spark.wire import receive_message, send_message
 from tidemark.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
@@ -68,6 +71,8 @@ class ShardHost:
             return None
         if isinstance(request, Process):
             return self._process(request)
+        if isinstance(request, Hydrate):
+            return self._hydrate(request)
         if isinstance(request, ApplyIndex):
             self._index(request.dataflow_id).apply(request.updates, request.upper)
             return None
@@ -107,6 +112,41 @@ class ShardHost:
             for input_id, updates in zip(node.inputs, request.inputs, strict=True)
         ]
         return hosted.worker.process(node.id, inputs)
+
+    def _hydrate(self, request: Hydrate) -> tuple[int, int]:
+        """Feeds each stateful node its staged input at ``as_of``, in topological order; the
+        nodes' outputs are dropped (Spark staged what every later node reads)."""
+        hosted = self._hosted(request.dataflow_id)
+        keys = [key for keys in request.nodes.values() for key in keys if key is not None]
+        if request.index is not None:
+            keys.append(request.index)
+        fetched = dict(zip(keys, get_all(request.blob_url, keys, request.environment), strict=True))
+        graph, as_of = hosted.graph, request.as_of
+        loaded = 0
+
+        def staged(key: str | None, normalize: Normalize) -> list[Update]:
+            nonlocal loaded
+            if key is None:
+                return []
+            rows, diffs = rows_and_diffs(decode(fetched.pop(key)), normalize)
+            loaded += len(rows)
+            return [(row, as_of, diff) for row, diff in zip(rows, diffs, strict=True)]
+
+        for node_id in sorted(request.nodes):
+            node = graph.nodes[node_id]
+            inputs = [
+                staged(key, normalizer(graph.nodes[input_id].types))
+                for key, input_id in zip(request.nodes[node_id], node.inputs, strict=True)
+            ]
+            hosted.worker.process(node_id, inputs)
+        index_rows = 0
+        if request.index is not None:
+            updates = staged(request.index, normalizer(graph.output_types))
+            index_rows = sum(diff for _, _, diff in updates)
+            self._index(request.dataflow_id).apply(updates, as_of + 1)
+        elif hosted.index is not None:
+            hosted.index.apply([], as_of + 1)
+        return loaded, index_rows
 
     def _hosted(self, dataflow_id: str) -> HostedDataflow:
         hosted = self.dataflows.get(dataflow_id)

@@ -25,6 +25,7 @@ from services.compute.dataflow.guard import UNGUARDED, Guard, row_bytes
 from services.compute.dataflow.keys import shard_of
 from services.compute.dataflow.operators.base import LinearOperator, StatefulOperator
 from services.compute.dataflow.work import Work
+from services.compute.spark.requests import Hydrate
 from services.compute.spark.resident import ResidentCluster
 from services.compute.spark.transport import normalizer
 from tidemark.errors import FailedPrecondition
@@ -43,6 +44,7 @@ class SparkDataflow(Dataflow):
         guard: Guard = UNGUARDED,
     ) -> None:
         super().__init__(plan, as_of=as_of, shards=cluster.shards, guard=guard)
+        self.plan = plan
         self.workers = []  # the shards' state is in the cluster's tasks
         self.cluster = cluster
         self.dataflow_id = dataflow_id or f"dataflow-{secrets.token_hex(8)}"
@@ -67,6 +69,23 @@ class SparkDataflow(Dataflow):
         output, upper = super().step(batches, input_upper)
         self._index(output, upper)
         return output, upper
+
+    def load_staged(self, loads: Sequence[Hydrate]) -> tuple[int, int]:
+        """Ends a hydration by Spark (``hydration.py``): every task loads its shard's staged
+        inputs (``loads[p]`` is shard ``p``'s request), and the dataflow is hydrated at
+        ``as_of`` from then on. Returns the updates loaded and the index's rows."""
+        if self.upper is not None:
+            raise FailedPrecondition("the dataflow is already hydrated")
+        if self._dropped:
+            raise FailedPrecondition(f"dataflow {self.dataflow_id!r} was dropped")
+        results = self.cluster.call(loads)
+        self._upper = self.as_of + 1
+        loaded = index_rows = 0
+        for result in results:
+            assert isinstance(result, tuple)
+            loaded += result[0]
+            index_rows += result[1]
+        return loaded, index_rows
 
     async def ahydrate(self, snapshots: Batches) -> tuple[list[Update], int]:
         return await asyncio.to_thread(self.hydrate, snapshots)

@@ -14,16 +14,17 @@ differ; each module's docstring lists its fallbacks).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 
 from services.compute.spark.lowering.relations import RelationLowering
 from services.compute.spark.lowering.types import DIFF, name, spark_schema, spark_type
+from tidemark.errors import InvalidArgument
 from tidemark.plan import derive_schema
 from tidemark.v1 import plan_pb2
 
-__all__ = ["DIFF", "lower", "spark_schema", "spark_type"]
+__all__ = ["DIFF", "lower", "lower_with", "spark_schema", "spark_type"]
 
 
 def lower(
@@ -44,3 +45,29 @@ def lower(
         raise RuntimeError("lower needs a SparkSession")
     rel = RelationLowering(session, inputs).lower(root).consolidated()
     return rel.df.select(*(rel.df[name(i)].alias(n) for i, n in enumerate(names)), rel.df[DIFF])
+
+
+def lower_with(
+    plan: plan_pb2.Plan | plan_pb2.Relation,
+    inputs: Mapping[str, DataFrame],
+    relations: Sequence[plan_pb2.Relation],
+    spark: SparkSession,
+) -> tuple[DataFrame, list[DataFrame]]:
+    """``lower(plan, inputs)``, and the consolidated DataFrame of each of ``relations`` (parts
+    of ``plan``, met while lowering it) in the positional layout ``c0 .. cN, diff``.
+    Raises ``InvalidArgument`` when one of them is not part of the plan."""
+    root = plan.root if isinstance(plan, plan_pb2.Plan) else plan
+    keys = [r.SerializeToString(deterministic=True) for r in relations]
+    lowering = RelationLowering(spark, inputs, capture=set(keys))
+    rel = lowering.lower(root).consolidated()
+    names = [c.name for c in derive_schema(root).columns]
+    if isinstance(plan, plan_pb2.Plan) and plan.output_schema.columns:
+        names = [c.name for c in plan.output_schema.columns]
+    output = rel.df.select(*(rel.df[name(i)].alias(n) for i, n in enumerate(names)), rel.df[DIFF])
+    parts = []
+    for key in keys:
+        captured = lowering.captured.get(key)
+        if captured is None:
+            raise InvalidArgument("a relation to capture is not part of the plan")
+        parts.append(captured.consolidated().df)
+    return output, parts

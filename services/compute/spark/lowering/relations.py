@@ -20,7 +20,7 @@ row of non-zero multiplicity matches it).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from functools import reduce as fold
 from typing import Any
 
@@ -60,15 +60,31 @@ def _layout(df: DataFrame, columns: Iterable[Column], diff: Column) -> DataFrame
 
 
 class RelationLowering:
-    def __init__(self, spark: SparkSession, inputs: Mapping[str, DataFrame]) -> None:
+    """``capture``: serialized (deterministic) relations of the plan whose lowered form to
+    keep in ``captured`` as they are met (bulk hydration reads a dataflow's intermediate
+    relations from one lowering of its plan)."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        inputs: Mapping[str, DataFrame],
+        capture: Collection[bytes] = (),
+    ) -> None:
         self.spark = spark
         self.inputs = inputs
         self.lets: dict[int, Rel] = {}
+        self.capture = capture
+        self.captured: dict[bytes, Rel] = {}
 
     def lower(self, relation: plan_pb2.Relation) -> Rel:
         kind = relation.WhichOneof("kind")
         method: Callable[[Any], Rel] = getattr(self, f"_{kind}")
-        return method(getattr(relation, str(kind)))
+        rel = method(getattr(relation, str(kind)))
+        if self.capture:
+            key = relation.SerializeToString(deterministic=True)
+            if key in self.capture:
+                self.captured[key] = rel
+        return rel
 
     def scalars(self, rel: Rel) -> ScalarLowering:
         return ScalarLowering(rel.df, rel.columns(), rel.types)

@@ -1,0 +1,353 @@
+"""Hydration by Spark: a dataflow's initial state and output computed from storage's parts.
+
+A dataflow that starts (or restarts) at ``as_of`` needs, in every resident task, the state of
+each stateful operator for the keys the task's shard owns, and, in its output, the contents
+at ``as_of``. Streaming the inputs' snapshots through the driver did both one row at a time
+in one process; here Spark does the bulk of it:
+
+1. The inputs are read at ``as_of`` straight from their Parquet parts by the executors
+   (:mod:`.parts_source`), and the plan is lowered to DataFrames once (:mod:`.lowering`),
+   keeping the relation that feeds each input of each stateful operator: the linear
+   operators before it are applied by Spark, and its input is consolidated.
+2. One job routes those rows by the operator's key with the resident tasks' own hash
+   (``keys.shard_of`` of the operator's route, computed in the executors), shuffles them with
+   Spark's shuffle so that each shard's rows meet in one partition, and has the executor of
+   that partition stage them in the blob store (:mod:`.staging`).
+3. Each resident task loads its shard's objects and feeds every stateful operator its
+   input at ``as_of`` in topological order (``ShardHost``). An operator's own output is not
+   passed on: Spark computed what the next operator reads from the same plan.
+4. The output at ``as_of`` is computed by Spark too, and written by the executors as Parquet
+   parts of the output collection (:mod:`.parts_writer`); the caller commits them with
+   ``Storage.AppendParts``. With an index, the output is also routed to the tasks by the
+   index key, as in step 2.
+
+Only part lists, object keys and counts pass through the driver.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import reduce as fold
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
+
+from services.compute.dataflow.graph import Graph
+from services.compute.spark import requests as rq
+from services.compute.spark.lowering import DIFF, lower_with
+from services.compute.spark.parts_source import collection_frame, s3_credentials
+from services.compute.spark.parts_writer import write_parts_counted
+from services.compute.spark.staging import encode, object_key, put_all
+from tidemark.clients.storage import PartsListing, WrittenPart
+from tidemark.columnar import RelationSchema
+from tidemark.errors import Internal
+from tidemark.v1 import plan_pb2
+
+INDEX_TAG = 0
+"""The tag of the output routed by the index key; stateful inputs are tagged from 1."""
+
+FLUSH_ROWS = 100_000
+"""Rows an executor buffers per shard before handing them to the shuffle."""
+
+_ROUTED = StructType(
+    [
+        StructField("tag", IntegerType(), False),
+        StructField("shard", IntegerType(), False),
+        StructField("rows", LongType(), False),
+        StructField("payload", BinaryType(), False),
+    ]
+)
+_STAGED = StructType(
+    [
+        StructField("tag", IntegerType(), False),
+        StructField("shard", IntegerType(), False),
+        StructField("key", StringType(), False),
+        StructField("rows", LongType(), False),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class OutputTarget:
+    """Where the output at ``as_of`` goes: parts of ``collection_id`` in ``blob_url``.
+    ``existing``: the collection's contents so far, when it already holds some (a restart
+    whose inputs moved on); only the difference is written."""
+
+    collection_id: str
+    schema: RelationSchema
+    blob_url: str
+    existing: PartsListing | None = None
+
+
+@dataclass
+class Staged:
+    """What one run computed: each shard's load request, and the output's parts."""
+
+    loads: list[rq.Hydrate]
+    output_parts: list[WrittenPart] = field(default_factory=list)
+    output_rows: int | None = None
+    """The output's rows at ``as_of`` with multiplicity (``None``: the index load counts)."""
+    staged_rows: int = 0
+
+
+@dataclass(frozen=True)
+class _Target:
+    tag: int
+    node_id: int | None  # None: the output, for the index
+    input_index: int
+    frame: DataFrame
+
+
+def stage(
+    spark: SparkSession,
+    plan: plan_pb2.Plan | plan_pb2.Relation,
+    graph: Graph,
+    *,
+    dataflow_id: str,
+    as_of: int,
+    shards: int,
+    index_key_columns: Sequence[int] | None,
+    listings: Mapping[str, PartsListing],
+    staging_url: str,
+    prefix: str,
+    output: OutputTarget | None,
+    count_output: bool,
+    environment: Mapping[str, str] | None = None,
+) -> Staged:
+    """Runs steps 1, 2 and 4 of the module docstring (Spark jobs on this thread) and returns
+    the per-shard requests for step 3. ``count_output``: also count the output's rows when
+    no part write or index load counts them."""
+    credentials = s3_credentials(environment)
+    frames = {
+        cid: collection_frame(spark, listing, consolidate=False, environment=environment)
+        for cid, listing in listings.items()
+    }
+    wanted: list[tuple[int, int, plan_pb2.Relation]] = []
+    for node in graph.stateful_nodes():
+        for position, input_id in enumerate(node.inputs):
+            relation = graph.nodes[input_id].relation
+            if relation is None:
+                raise Internal(f"{node.label}: input {position} has no plan relation")
+            wanted.append((node.id, position, relation))
+    root, captured = lower_with(plan, frames, [r for _, _, r in wanted], spark)
+    targets = [
+        _Target(tag, node_id, position, frame)
+        for tag, ((node_id, position, _), frame) in enumerate(
+            zip(wanted, captured, strict=True), start=1
+        )
+    ]
+    width = len(root.columns) - 1
+    positional = root.toDF(*(f"c{i}" for i in range(width)), DIFF)
+    if index_key_columns is not None:
+        targets.append(_Target(INDEX_TAG, None, 0, positional))
+
+    plan_bytes = plan.SerializeToString()
+    is_relation = isinstance(plan, plan_pb2.Relation)
+    routed = [
+        target.frame.mapInArrow(
+            _router(plan_bytes, is_relation, target, index_key_columns, shards),
+            _ROUTED,
+        )
+        for target in targets
+    ]
+    staged: list[Any] = []
+    if routed:
+        union = fold(lambda a, b: a.unionByName(b), routed)
+        shuffled = union.repartition(shards, F.col("shard"))
+        staged = shuffled.mapInArrow(_stager(staging_url, prefix, credentials), _STAGED).collect()
+
+    objects: dict[tuple[int, int], str] = {}
+    staged_rows = 0
+    for row in staged:
+        objects[(row["tag"], row["shard"])] = row["key"]
+        staged_rows += row["rows"]
+    loads = []
+    for shard in range(shards):
+        nodes: dict[int, list[str | None]] = {}
+        for target in targets:
+            if target.node_id is None:
+                continue
+            arity = len(graph.nodes[target.node_id].inputs)
+            slots = nodes.setdefault(target.node_id, [None] * arity)
+            slots[target.input_index] = objects.get((target.tag, shard))
+        loads.append(
+            rq.Hydrate(
+                dataflow_id,
+                staging_url,
+                credentials,
+                as_of,
+                {node_id: tuple(keys) for node_id, keys in nodes.items()},
+                objects.get((INDEX_TAG, shard)) if index_key_columns is not None else None,
+            )
+        )
+    result = Staged(loads, staged_rows=staged_rows)
+
+    if output is not None:
+        written = positional
+        if output.existing is not None:
+            previous = collection_frame(
+                spark, output.existing, consolidate=False, environment=environment
+            )
+            negated = previous.toDF(*positional.columns).withColumn(DIFF, -F.col(DIFF))
+            keys = [F.col(f"c{i}") for i in range(width)]
+            union = positional.unionByName(negated)
+            summed = union.groupBy(*keys).agg(F.sum(DIFF).alias(DIFF))
+            written = summed.where(F.col(DIFF) != 0)
+        named = written.toDF(*(c.name for c in output.schema.columns), DIFF)
+        parts, total = write_parts_counted(
+            named,
+            output.schema,
+            output.collection_id,
+            output.blob_url,
+            as_of,
+            environment=environment,
+        )
+        result.output_parts = parts
+        if output.existing is None:
+            result.output_rows = total
+    if result.output_rows is None and (count_output or index_key_columns is None):
+        counted = positional.agg(F.sum(DIFF)).collect()[0][0]
+        result.output_rows = int(counted or 0)
+    return result
+
+
+# -- executors --------------------------------------------------------------------------------
+
+_graphs: dict[bytes, Graph] = {}
+
+
+def _graph(plan_bytes: bytes, is_relation: bool) -> Graph:
+    """The plan's operator graph, lowered once per executor process (node ids are the same
+    in every process that lowers the same plan)."""
+    digest = hashlib.sha256(plan_bytes).digest()
+    graph = _graphs.get(digest)
+    if graph is None:
+        from services.compute.dataflow.lower import lower
+
+        plan: plan_pb2.Plan | plan_pb2.Relation = (
+            plan_pb2.Relation() if is_relation else plan_pb2.Plan()
+        )
+        plan.ParseFromString(plan_bytes)
+        graph = lower(plan)
+        if len(_graphs) > 64:
+            _graphs.clear()
+        _graphs[digest] = graph
+    return graph
+
+
+def _router(
+    plan_bytes: bytes,
+    is_relation: bool,
+    target: _Target,
+    index_key_columns: Sequence[int] | None,
+    shards: int,
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The executor function sorting a relation's rows by the shard owning their key."""
+    tag, node_id, position = target.tag, target.node_id, target.input_index
+    index_columns = None if index_key_columns is None else tuple(index_key_columns)
+
+    def route(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from services.compute.dataflow.keys import shard_of
+        from services.compute.dataflow.lower import columns_key
+        from services.compute.spark.transport import normalizer
+
+        graph = _graph(plan_bytes, is_relation)
+        if node_id is None:
+            assert index_columns is not None
+            key = columns_key(index_columns)
+            types = graph.output_types
+        else:
+            node = graph.nodes[node_id]
+            key = node.operator.routes[position]  # type: ignore[union-attr]
+            types = graph.nodes[node.inputs[position]].types
+        normalize = normalizer(types)
+        buffered: dict[int, list[pa.RecordBatch]] = {}
+        held = 0
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            if shards == 1:
+                buffered.setdefault(0, []).append(batch)
+            else:
+                width = batch.num_columns - 1
+                columns = [batch.column(i).to_pylist() for i in range(width)]
+                rows: Iterable[tuple[Any, ...]] = (
+                    zip(*columns, strict=True) if columns else [()] * batch.num_rows
+                )
+                if normalize.float_columns:
+                    rows = (normalize.row(row) for row in rows)
+                owners = [shard_of(key(row), shards) for row in rows]
+                owner_array = pa.array(owners, pa.int32())
+                for shard in set(owners):
+                    buffered.setdefault(shard, []).append(
+                        batch.filter(pc.equal(owner_array, shard))
+                    )
+            held += batch.num_rows
+            if held >= FLUSH_ROWS:
+                yield from _flush(tag, buffered)
+                buffered, held = {}, 0
+        yield from _flush(tag, buffered)
+
+    return route
+
+
+def _flush(tag: int, buffered: Mapping[int, list[pa.RecordBatch]]) -> Iterator[pa.RecordBatch]:
+    for shard, batches in buffered.items():
+        rows = sum(b.num_rows for b in batches)
+        payload = encode([pa.Table.from_batches(batches)])
+        yield pa.record_batch(
+            [
+                pa.array([tag], pa.int32()),
+                pa.array([shard], pa.int32()),
+                pa.array([rows], pa.int64()),
+                pa.array([payload], pa.binary()),
+            ],
+            names=["tag", "shard", "rows", "payload"],
+        )
+
+
+def _stager(
+    staging_url: str, prefix: str, credentials: Mapping[str, str]
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The executor function storing each (tag, shard)'s rows, gathered by the shuffle into
+    its partition, as one object."""
+
+    def store(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from services.compute.spark.staging import decode
+
+        pieces: dict[tuple[int, int], list[pa.Table]] = {}
+        counts: dict[tuple[int, int], int] = {}
+        for batch in batches:
+            tags = batch.column(0).to_pylist()
+            shards = batch.column(1).to_pylist()
+            rows = batch.column(2).to_pylist()
+            payloads = batch.column(3)
+            for i, (tag, shard) in enumerate(zip(tags, shards, strict=True)):
+                slot = (tag, shard)
+                pieces.setdefault(slot, []).append(decode(payloads[i].as_py()))
+                counts[slot] = counts.get(slot, 0) + rows[i]
+        if not pieces:
+            return
+        objects = {
+            object_key(prefix, tag, shard): encode(tables)
+            for (tag, shard), tables in pieces.items()
+        }
+        put_all(staging_url, objects, credentials)
+        slots = list(pieces)
+        yield pa.record_batch(
+            [
+                pa.array([tag for tag, _ in slots], pa.int32()),
+                pa.array([shard for _, shard in slots], pa.int32()),
+                pa.array([object_key(prefix, tag, shard) for tag, shard in slots]),
+                pa.array([counts[slot] for slot in slots], pa.int64()),
+            ],
+            names=["tag", "shard", "key", "rows"],
+        )
+
+    return store

@@ -1,0 +1,97 @@
+"""Key-partitioned updates staged in the blob store, from a Spark job to the resident tasks.
+
+Bulk hydration computes each stateful operator's input with Spark and shuffles it by the
+operator's key; the executors store each shard's share as one Arrow IPC object here, and the
+resident task of that shard reads it back. Only the objects' keys pass through the driver.
+
+Objects live under ``hydration/<dataflow digest>/<run>/``, a prefix no part of any collection
+uses; the driver deletes a run's prefix once its tasks have loaded it (or the run failed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+
+import pyarrow as pa
+
+from services.compute.dataflow.batch import Row
+from services.compute.dataflow.operators.linear import Normalize
+
+PREFIX = "hydration/"
+
+
+def run_prefix(dataflow_id: str) -> str:
+    """A fresh prefix for one hydration of ``dataflow_id`` (dataflow ids may hold characters
+    keys may not, so a digest names it)."""
+    digest = hashlib.sha256(dataflow_id.encode()).hexdigest()[:24]
+    return f"{PREFIX}{digest}/{secrets.token_hex(8)}/"
+
+
+def object_key(prefix: str, tag: int, shard: int) -> str:
+    return f"{prefix}t{tag}/s{shard}.arrows"
+
+
+def encode(tables: Sequence[pa.Table]) -> bytes:
+    """One IPC stream holding ``tables`` (of one schema) in order."""
+    sink = pa.BufferOutputStream()
+    schema = tables[0].schema
+    options = pa.ipc.IpcWriteOptions(compression="lz4")
+    with pa.ipc.new_stream(sink, schema, options=options) as writer:
+        for table in tables:
+            writer.write_table(table)
+    return bytes(sink.getvalue())
+
+
+def decode(data: bytes) -> pa.Table:
+    with pa.ipc.open_stream(pa.BufferReader(data)) as reader:
+        return reader.read_all()
+
+
+def rows_and_diffs(table: pa.Table, normalize: Normalize) -> tuple[list[Row], list[int]]:
+    """The rows (every column but the last, as the engine holds values) and the diffs (the
+    last column) of a staged table."""
+    width = table.num_columns - 1
+    columns = [table.column(i).to_pylist() for i in range(width)]
+    rows: list[Row] = list(zip(*columns, strict=True)) if columns else [()] * table.num_rows
+    if normalize.float_columns:
+        rows = [normalize.row(row) for row in rows]
+    return rows, table.column(width).to_pylist()
+
+
+def put_all(blob_url: str, objects: Mapping[str, bytes], environment: Mapping[str, str]) -> None:
+    os.environ.update(environment)
+    asyncio.run(_put_all(blob_url, objects))
+
+
+def get_all(blob_url: str, keys: Sequence[str], environment: Mapping[str, str]) -> list[bytes]:
+    os.environ.update(environment)
+    return asyncio.run(_get_all(blob_url, keys))
+
+
+async def delete_prefix(blob_url: str, prefix: str) -> int:
+    """Deletes every object under ``prefix``; how many there were."""
+    from tidemark.blob import open_blob
+
+    async with await open_blob(blob_url) as blob:
+        keys = await blob.list(prefix)
+        await asyncio.gather(*(blob.delete(key) for key in keys))
+    return len(keys)
+
+
+async def _put_all(blob_url: str, objects: Mapping[str, bytes]) -> None:
+    from tidemark.blob import open_blob
+
+    async with await open_blob(blob_url) as blob:
+        await asyncio.gather(*(blob.put(key, data) for key, data in objects.items()))
+
+
+async def _get_all(blob_url: str, keys: Iterable[str]) -> list[bytes]:
+    from tidemark.blob import open_blob
+
+    chosen = list(keys)
+    async with await open_blob(blob_url) as blob:
+        return list(await asyncio.gather(*(blob.get_existing(key) for key in chosen)))
