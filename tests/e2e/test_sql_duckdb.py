@@ -1,6 +1,7 @@
 """Randomized data and changes: every query answers the same from the tables directly (a Spark
 job over the tables' Parquet parts), from a view, from a materialized view and from an indexed
-view, on either adapter, as DuckDB does on the same statements."""
+view, on either adapter, as DuckDB does on the same statements. Every materialized view and
+index is hydrated by Spark from the tables' parts, then maintained through the changes."""
 
 from __future__ import annotations
 
@@ -44,8 +45,11 @@ QUERIES = [
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SqlStack]:
     # Every one-shot query runs as a Spark job over the tables' Parquet parts (however small
-    # its input), so the direct answers check the Spark lowering against DuckDB.
-    spark_always = {"default": ("--spark-one-shot-rows", "0")}
+    # its input), so the direct answers check the Spark lowering against DuckDB; every
+    # dataflow hydrates by Spark likewise.
+    spark_always = {
+        "default": ("--spark-one-shot-rows", "0", "--spark-hydration-rows", "0"),
+    }
     with sql_stack(
         tmp_path_factory.mktemp("duckdb"), adapters=2, compute_extra=spark_always
     ) as running:

@@ -1,7 +1,8 @@
 """kill -9 of a compute process in the middle of a stream of appends, then a restart with the
 same flags: the view is installed again over the same output collection (with fresh
 capabilities), continues at the output's upper - 1, and the output ends up with no missing
-and no doubled updates: at every time it equals the plan evaluated over the inputs."""
+and no doubled updates: at every time it equals the plan evaluated over the inputs. The
+restart rebuilds the state from snapshots, or by Spark from the inputs' parts."""
 
 from __future__ import annotations
 
@@ -111,7 +112,12 @@ class Feed:
         return 1 + BATCHES * TIMES_PER_BATCH
 
 
-async def test_kill_and_restart_mid_stream_writes_every_update_once(stack: Stack) -> None:
+@pytest.mark.parametrize("hydration", ["snapshots", "spark"])
+async def test_kill_and_restart_mid_stream_writes_every_update_once(
+    stack: Stack, hydration: str
+) -> None:
+    """``hydration``: how the restarted process rebuilds the view's state: from snapshots
+    streamed through it, or by Spark from the inputs' parts."""
     storage = StorageClient(stack.storage.address)
     collections = Collections(storage)
     orders = await collections.create(ORDERS)
@@ -142,7 +148,8 @@ async def test_kill_and_restart_mid_stream_writes_every_update_once(stack: Stack
     killed_at = (await storage.describe(output)).upper.elements[0]
     assert feed.batches_done < BATCHES, "the appends should still be going on"
 
-    await asyncio.to_thread(stack.start_compute)
+    threshold = "0" if hydration == "spark" else "-1"
+    await asyncio.to_thread(stack.start_compute, "default", ("--spark-hydration-rows", threshold))
     second = ComputeClient(stack.compute().address, timeout=180.0)
     resumed_at = (await storage.describe(output)).upper.elements[0]
     assert resumed_at == killed_at  # nothing wrote to the output while compute was down
