@@ -27,6 +27,7 @@ Only part lists, object keys and counts pass through the driver.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import reduce as fold
@@ -47,7 +48,10 @@ from services.compute.spark.staging import encode, object_key, put_all
 from tidemark.clients.storage import PartsListing, WrittenPart
 from tidemark.columnar import RelationSchema
 from tidemark.errors import Internal
+from tidemark.logging import get_logger
 from tidemark.v1 import plan_pb2
+
+log = get_logger("compute.spark.hydration")
 
 INDEX_TAG = 0
 """The tag of the output routed by the index key; stateful inputs are tagged from 1."""
@@ -156,6 +160,7 @@ def stage(
         )
         for target in targets
     ]
+    started = time.perf_counter()
     staged: list[Any] = []
     if routed:
         union = fold(lambda a, b: a.unionByName(b), routed)
@@ -187,6 +192,14 @@ def stage(
             )
         )
     result = Staged(loads, staged_rows=staged_rows)
+    log.info(
+        "hydration_staged",
+        dataflow=dataflow_id,
+        objects=len(staged),
+        rows=staged_rows,
+        seconds=round(time.perf_counter() - started, 3),
+    )
+    started = time.perf_counter()
 
     if output is not None:
         written = positional
@@ -211,6 +224,13 @@ def stage(
         result.output_parts = parts
         if output.existing is None:
             result.output_rows = total
+    if output is not None:
+        log.info(
+            "hydration_output_written",
+            dataflow=dataflow_id,
+            parts=len(result.output_parts),
+            seconds=round(time.perf_counter() - started, 3),
+        )
     if result.output_rows is None and (count_output or index_key_columns is None):
         counted = positional.agg(F.sum(DIFF)).collect()[0][0]
         result.output_rows = int(counted or 0)

@@ -1,0 +1,273 @@
+"""Benchmark (f): hydrating the compute benchmark's join + aggregate view from storage.
+
+The view (``bench/compute_view.py``): ``orders ⋈ customers`` grouped by region, count and
+sum. The inputs are stored in a real storage process (on a local directory) as Parquet parts;
+then, in one run on one Spark session:
+
+- **Spark SQL**: Spark recomputing the view from the same rows as Parquet files (median).
+- **by Spark** (the bulk path, ``services/compute/spark/hydration.py``): from creating the
+  dataflow to its output at ``as_of`` committed in storage and read back (its first answered
+  read): ListParts, the Spark jobs that build the resident tasks' state and write the output's
+  parts, the tasks' loads, AppendParts, a snapshot of the output.
+- **through the driver** (the path before it): the inputs' snapshots read by the driver, and
+  every row sent through it to the tasks (``SparkDataflow.hydrate``), then the output
+  appended.
+
+For both hydrations it prints the driver's CPU seconds per hydrated row: this Python process's
+own CPU time (the Spark JVM and the executors' Python workers are other processes).
+Both outputs are checked against Spark SQL's answer. Figures go to
+``bench/results/hydration.json``.
+
+    python bench/hydration.py --orders 10000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Coroutine, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from bench.common import load_average
+from bench.compute_view import (
+    CUSTOMERS,
+    ORDERS,
+    Workload,
+    time_recompute,
+    view_plan,
+    view_row,
+)
+from services.compute.spark import ResidentCluster, SparkDataflow, spark_session
+from services.compute.spark.hydration import OutputTarget, stage
+from services.compute.spark.parts_writer import write_parts
+from services.compute.spark.staging import delete_prefix, run_prefix
+from tests.support.storage import FAST_SETTINGS, embedded_backends, start_storage
+from tidemark.clients.storage import Capability, PartsListing, StorageClient
+from tidemark.columnar import RelationSchema, table_from_updates
+from tidemark.plan import check_plan
+
+T = TypeVar("T")
+_loop = asyncio.new_event_loop()  # one loop: the storage client's channel belongs to it
+asyncio.set_event_loop(_loop)
+
+
+def run(work: Coroutine[Any, Any, T]) -> T:
+    return _loop.run_until_complete(work)
+
+
+RESULTS = Path(__file__).resolve().parent / "results" / "hydration.json"
+AS_OF = 0
+
+
+def store_inputs(
+    spark: SparkSession, client: StorageClient, blob_url: str, work: Workload, directory: Path
+) -> tuple[dict[str, Capability], Path, Path]:
+    """Both inputs as new collections holding the workload at time 0 (parts written by Spark
+    from Parquet files, committed with AppendParts); their read capabilities, and the files."""
+    orders_path, customers_path = work.write_parquet(directory)
+    reads = {}
+    for schema, path in ((ORDERS, orders_path), (CUSTOMERS, customers_path)):
+        cid = _new_id()
+        pair = run(client.create(cid, schema, holder="bench"))
+        frame = spark.read.parquet(str(path)).withColumn("diff", F.lit(1).cast("long"))
+        parts = write_parts(frame.repartition(8), schema, cid, blob_url, AS_OF)
+        run(client.append_parts(pair.write, parts, AS_OF + 1, times=(AS_OF, AS_OF)))
+        reads[cid] = pair.read
+    return reads, orders_path, customers_path
+
+
+_ids = iter(range(1, 10**6))
+
+
+def _new_id() -> str:
+    return f"u{next(_ids)}"
+
+
+def _contents(rows: Iterable[tuple[tuple[Any, ...], int]]) -> dict[tuple[str, int, int], int]:
+    found: dict[tuple[str, int, int], int] = {}
+    for row, n in rows:
+        key = view_row(row)
+        found[key] = found.get(key, 0) + n
+    return found
+
+
+def hydrate_by_spark(
+    spark: SparkSession, cluster: ResidentCluster, client: StorageClient, reads: dict[str, Any]
+) -> dict[str, Any]:
+    orders, customers = reads
+    plan = view_plan(orders, customers)
+    schema = check_plan(plan)
+    cpu, wall = time.process_time(), time.perf_counter()
+    output = run(client.create(_new_id(), schema, holder="bench"))
+    listings: dict[str, PartsListing] = {
+        cid: run(client.list_parts(read, AS_OF)) for cid, read in reads.items()
+    }
+    blob_url = next(iter(listings.values())).blob_url
+    dataflow = SparkDataflow(plan, as_of=AS_OF, cluster=cluster)
+    prefix = run_prefix(dataflow.dataflow_id)
+    try:
+        staged = stage(
+            spark,
+            plan,
+            dataflow.graph,
+            dataflow_id=dataflow.dataflow_id,
+            as_of=AS_OF,
+            shards=dataflow.shards,
+            index_key_columns=None,
+            listings=listings,
+            staging_url=blob_url,
+            prefix=prefix,
+            output=OutputTarget(output.write.collection_id, schema, blob_url),
+            count_output=False,
+        )
+        staged_s = time.perf_counter() - wall
+        loaded, _ = dataflow.load_staged(staged.loads)
+        run(delete_prefix(blob_url, prefix))
+        run(client.append_parts(output.write, staged.output_parts, AS_OF + 1, times=(AS_OF, AS_OF)))
+        answer = run(client.snapshot(output.read, AS_OF)).version()
+        seconds = time.perf_counter() - wall
+        driver_cpu = time.process_time() - cpu
+    finally:
+        dataflow.drop()
+    rows = sum(part.rows for listing in listings.values() for part in listing.parts)
+    return {
+        "seconds": round(seconds, 2),
+        "spark_jobs_seconds": round(staged_s, 2),
+        "rows": rows,
+        "loaded": loaded,
+        "driver_cpu_seconds": round(driver_cpu, 3),
+        "driver_cpu_us_per_row": round(driver_cpu / rows * 1e6, 4),
+        "contents": _contents(answer.items()),
+    }
+
+
+def hydrate_through_driver(
+    cluster: ResidentCluster, client: StorageClient, reads: dict[str, Any]
+) -> dict[str, Any]:
+    orders, customers = reads
+    plan = view_plan(orders, customers)
+    schema: RelationSchema = check_plan(plan)
+    cpu, wall = time.process_time(), time.perf_counter()
+    output = run(client.create(_new_id(), schema, holder="bench"))
+    snapshots = {}
+    for cid, read in reads.items():
+        version = run(client.snapshot(read, AS_OF)).version()
+        snapshots[cid] = [(row, AS_OF, n) for row, n in version.items()]
+    dataflow = SparkDataflow(plan, as_of=AS_OF, cluster=cluster)
+    try:
+        out, upper = dataflow.hydrate(snapshots)
+        run(client.append(output.write, table_from_updates(schema, out), upper))
+        answer = run(client.snapshot(output.read, AS_OF)).version()
+        seconds = time.perf_counter() - wall
+        driver_cpu = time.process_time() - cpu
+    finally:
+        dataflow.drop()
+    rows = sum(len(u) for u in snapshots.values())
+    return {
+        "seconds": round(seconds, 2),
+        "rows": rows,
+        "driver_cpu_seconds": round(driver_cpu, 3),
+        "driver_cpu_us_per_row": round(driver_cpu / rows * 1e6, 4),
+        "contents": _contents(answer.items()),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--orders", type=int, default=10_000_000)
+    parser.add_argument(
+        "--driver-orders",
+        type=int,
+        default=None,
+        help="orders for the through-the-driver hydration (default: --orders)",
+    )
+    parser.add_argument("--shards", type=int, default=2)
+    parser.add_argument("--spark-master", default="local[6]")
+    parser.add_argument("--runs", type=int, default=3, help="Spark SQL recomputes")
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    load_before = load_average()
+    spark = spark_session(args.spark_master, min_slots=args.shards + 4)
+    with tempfile.TemporaryDirectory(prefix="tidemark-hydration-") as scratch:
+        root = Path(scratch)
+        backends = embedded_backends(root / "storage")
+        storage = start_storage(backends, extra=(*FAST_SETTINGS, "--orphan-grace", "600"))
+        client = StorageClient(storage.address, timeout=600.0)
+        cluster = ResidentCluster(spark, args.shards)
+        cluster.start()
+        try:
+            started = time.perf_counter()
+            work = Workload(args.orders)
+            reads, orders_path, customers_path = store_inputs(
+                spark, client, backends.blob_url, work, root / "parquet"
+            )
+            print(f"stored {args.orders:,} orders in {time.perf_counter() - started:.1f} s")
+            recomputed = time_recompute(spark, orders_path, customers_path, runs=args.runs)
+            print(f"Spark SQL recompute p50 {recomputed.p50_ms / 1000:.2f} s")
+            by_spark = hydrate_by_spark(spark, cluster, client, reads)
+            print(
+                f"hydration by Spark {by_spark['seconds']:.2f} s, driver CPU "
+                f"{by_spark['driver_cpu_us_per_row']:.3f} µs/row"
+            )
+            driver_orders = args.driver_orders or args.orders
+            expected_driver = recomputed.contents
+            driver_reads = reads
+            if driver_orders != args.orders:
+                smaller = Workload(driver_orders)
+                driver_reads, small_orders, small_customers = store_inputs(
+                    spark, client, backends.blob_url, smaller, root / "parquet-small"
+                )
+                expected_driver = time_recompute(
+                    spark, small_orders, small_customers, runs=1
+                ).contents
+            through_driver = hydrate_through_driver(cluster, client, driver_reads)
+            print(
+                f"hydration through the driver ({driver_orders:,} orders) "
+                f"{through_driver['seconds']:.2f} s, driver CPU "
+                f"{through_driver['driver_cpu_us_per_row']:.3f} µs/row"
+            )
+        finally:
+            cluster.stop()
+            run(client.close())
+            storage.kill()
+    ok_spark = by_spark.pop("contents") == recomputed.contents
+    ok_driver = through_driver.pop("contents") == expected_driver
+    recompute_s = recomputed.p50_ms / 1000
+    document = {
+        "orders": args.orders,
+        "shards": args.shards,
+        "spark_master": args.spark_master,
+        "machine": {"platform": platform.platform(), "load_average": load_before},
+        "spark_sql_recompute_seconds": round(recompute_s, 3),
+        "by_spark": {**by_spark, "ok": ok_spark},
+        "through_driver": {
+            **through_driver,
+            "orders": driver_orders,
+            "ok": ok_driver,
+        },
+        "ratio_by_spark_to_spark_sql": round(by_spark["seconds"] / recompute_s, 2),
+        "driver_cpu_per_row_before_after": round(
+            through_driver["driver_cpu_us_per_row"] / max(by_spark["driver_cpu_us_per_row"], 1e-9),
+            1,
+        ),
+    }
+    print(json.dumps(document, indent=2))
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(document, indent=2) + "\n")
+    if not (ok_spark and ok_driver):
+        sys.exit("a hydrated output differs from Spark SQL's answer")
+
+
+if __name__ == "__main__":
+    main()
