@@ -8,7 +8,8 @@ in one process; here Spark does the bulk of it:
 1. The inputs are read at ``as_of`` straight from their Parquet parts by the executors
    (:mod:`.parts_source`), and the plan is lowered to DataFrames once (:mod:`.lowering`),
    keeping the relation that feeds each input of each stateful operator: the linear
-   operators before it are applied by Spark, and its input is consolidated.
+   operators before it are applied by Spark. It is not consolidated (that would cost a
+   shuffle of its own): an operator takes any batch of updates at one time, and sums them.
 2. One job routes those rows by the operator's key with the resident tasks' own hash
    (``keys.shard_of`` of the operator's route, computed in the executors), shuffles them with
    Spark's shuffle so that each shard's rows meet in one partition, and has the executor of

@@ -53,9 +53,10 @@ def lower_with(
     relations: Sequence[plan_pb2.Relation],
     spark: SparkSession,
 ) -> tuple[DataFrame, list[DataFrame]]:
-    """``lower(plan, inputs)``, and the consolidated DataFrame of each of ``relations`` (parts
-    of ``plan``, met while lowering it) in the positional layout ``c0 .. cN, diff``.
-    Raises ``InvalidArgument`` when one of them is not part of the plan."""
+    """``lower(plan, inputs)``, and a DataFrame of each of ``relations`` (parts of ``plan``,
+    met while lowering it) in the positional layout ``c0 .. cN, diff``, not consolidated: a
+    row may come several times, and its diffs add up (a reader that sums anyway saves the
+    shuffle). Raises ``InvalidArgument`` when one of them is not part of the plan."""
     root = plan.root if isinstance(plan, plan_pb2.Plan) else plan
     keys = [r.SerializeToString(deterministic=True) for r in relations]
     lowering = RelationLowering(spark, inputs, capture=set(keys))
@@ -69,5 +70,5 @@ def lower_with(
         captured = lowering.captured.get(key)
         if captured is None:
             raise InvalidArgument("a relation to capture is not part of the plan")
-        parts.append(captured.consolidated().df)
+        parts.append(captured.df)
     return output, parts
