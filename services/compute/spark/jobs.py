@@ -7,7 +7,9 @@ the group is cancelled in Spark, which interrupts its running tasks and frees th
 the thread returns with Spark's cancellation error shortly after.
 
 :meth:`SparkJobs.progress` reads Spark's status tracker: the tasks done and in total over the
-group's stages, which for a scan stage are the parts read.
+group's stages, which for a scan stage are the parts read. Whoever starts work that may run
+Spark jobs deep down (a peek, through :mod:`.queries`) learns their group by setting
+:data:`run_observer` around it (``services/compute/progress.py`` does).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -29,6 +32,12 @@ log = get_logger("compute.spark.jobs")
 T = TypeVar("T")
 
 _numbers = itertools.count(1)
+
+run_observer: ContextVar[Callable[[SparkJobs, str], None] | None] = ContextVar(
+    "spark_run_observer", default=None
+)
+"""Told ``(jobs, group)`` when a run starts in the current context, so the work that led to it
+can report its progress without the layers in between passing the group up."""
 _GROUP_PROPERTIES = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
 
 
@@ -88,6 +97,9 @@ class SparkJobs:
 
         with self._lock:
             self._runs[group] = run
+        observer = run_observer.get()
+        if observer is not None:
+            observer(self, group)
         try:
             return await asyncio.to_thread(in_group)
         except asyncio.CancelledError:
