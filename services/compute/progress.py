@@ -7,14 +7,18 @@ or one the process makes up. A peek is in one of two states:
 - ``waiting``: for dataflows of this process that are still hydrating (an index peek on a
   fresh index, a one-shot read of a fresh materialized view's collection): its progress is
   theirs, their hydration parts and rows summed; or for a frontier, with no counts;
-- ``running``: being evaluated. On Spark its progress is its inputs' listed parts and rows
-  scaled by the fraction of its job group's tasks done (:func:`scaled`); in process there
-  are no counts.
+- ``running``: being evaluated. On Spark its progress is measured against its inputs' listed
+  parts and rows (:func:`scaled`); in process there are no counts.
 
-Spark's tasks stand in for parts: a scan task reads a group of small parts or a slice of a
-large one (``parts_source.partitions``), and the tasks of the later stages (the shuffles, the
-final aggregation) count as much as the scan's. The total grows as Spark submits later stages,
-so the fraction can fall; a peek's reported counts never go back (:meth:`QueryWatch.status`).
+On Spark, rows done are the rows the job group's stages have read from the inputs (Spark's
+input metrics, which both the Parquet reader and the parts data source report: counted as
+scan tasks finish, and from the executors' heartbeats while they run), at most the listed
+rows; parts done are the listed parts in that proportion (a scan task reads a group of small
+parts or a slice of a large one, so parts are not counted one by one). Rows read, not tasks
+done: the group's jobs and stages appear one after the other (a broadcast, a schema lookup,
+adaptive execution's stages), so a fraction of the tasks known so far can read "all done"
+before the scan has started. A peek's reported counts never go back
+(:meth:`QueryWatch.status`).
 
 :func:`log_progress` writes a log line every few seconds for each peek that has run that long
 and for each hydrating dataflow.
@@ -69,12 +73,11 @@ class WorkDone:
 
 def scaled(job: JobProgress, parts_total: int, rows_total: int) -> WorkDone:
     """A Spark run over ``parts_total`` listed parts holding ``rows_total`` rows, as parts
-    and rows done: the totals times the fraction of the run's tasks done (whole parts and
-    rows, rounded down; all of them only once every task is done)."""
-    fraction = min(1.0, job.fraction)
-    return WorkDone(
-        int(parts_total * fraction), parts_total, int(rows_total * fraction), rows_total
-    )
+    and rows done: the rows it has read (at most the total; an input read twice counts
+    once), and the parts in proportion (whole parts, rounded down)."""
+    rows_done = min(job.rows_read, rows_total)
+    parts_done = parts_total * rows_done // rows_total if rows_total else 0
+    return WorkDone(parts_done, parts_total, rows_done, rows_total)
 
 
 class Hydrating(Protocol):

@@ -1,11 +1,15 @@
-"""A running peek's Spark job, as compute's Status reports it: parts and rows done move while
-the job's tasks finish, never back, and the peek leaves Status when it ends."""
+"""A running peek's Spark job, as compute's Status reports it: the rows its scan has read and
+the parts in proportion move while the job's tasks finish, never back, and the peek leaves
+Status when it ends."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
 from services.compute.engines import LocalEngine
@@ -15,19 +19,39 @@ from services.compute.spark.jobs import SparkJobs
 from tidemark.clients.storage import StorageClient
 from tidemark.v1 import compute_pb2
 
-TASKS = 40
-ROWS = 4_000_000
+PARTS = 40
+ROWS_PER_PART = 100
+ROWS = PARTS * ROWS_PER_PART
 
 
-def _slow_scan(spark: SparkSession) -> int:
-    # One task per "part", each a fraction of a second of JVM time (no Python workers).
-    frame = spark.range(0, TASKS, 1, TASKS).selectExpr(
-        "reflect('java.lang.Thread', 'sleep', cast(150 as bigint)) AS slept"
-    )
-    return len(frame.collect())
+def _write_parts(directory: Path) -> None:
+    for part in range(PARTS):
+        first = part * ROWS_PER_PART
+        rows = pa.table({"x": pa.array(range(first, first + ROWS_PER_PART), pa.int64())})
+        pq.write_table(rows, directory / f"part-{part:02}.parquet")
 
 
-async def test_a_running_spark_peek_moves_in_compute_status(spark: SparkSession) -> None:
+OPEN_COST = "spark.sql.files.openCostInBytes"
+
+
+def _slow_scan(spark: SparkSession, directory: Path) -> int:
+    # Each file costs as much to open as a whole partition may hold: a task per file, so the
+    # tasks finish one after the other. A millisecond of JVM time per row (no Python workers).
+    before = spark.conf.get(OPEN_COST)
+    spark.conf.set(OPEN_COST, spark.conf.get("spark.sql.files.maxPartitionBytes"))
+    try:
+        frame = spark.read.parquet(str(directory)).selectExpr(
+            "x", "reflect('java.lang.Thread', 'sleep', cast(1 as bigint)) AS slept"
+        )
+        return len(frame.collect())
+    finally:
+        spark.conf.set(OPEN_COST, before)
+
+
+async def test_a_running_spark_peek_moves_in_compute_status(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    _write_parts(tmp_path)
     # Nothing here calls storage: the peek is tracked as the host tracks one on Spark.
     storage = StorageClient("127.0.0.1:1")
     host = DataflowManager(storage, LocalEngine(), HostSettings(cluster="progress"))
@@ -40,8 +64,8 @@ async def test_a_running_spark_peek_moves_in_compute_status(spark: SparkSession)
 
     async def peek() -> int:
         with host.queries.track("stmt-1") as watch:
-            watch.evaluating(parts_total=TASKS, rows_total=ROWS)
-            return await jobs.run(lambda: _slow_scan(spark), "one-shot over 40 parts")
+            watch.evaluating(parts_total=PARTS, rows_total=ROWS)
+            return await jobs.run(lambda: _slow_scan(spark, tmp_path), "one-shot over 40 parts")
 
     running = asyncio.create_task(peek())
     seen: list[tuple[int, int]] = []
@@ -53,18 +77,18 @@ async def test_a_running_spark_peek_moves_in_compute_status(spark: SparkSession)
         if answer.queries:
             (query,) = answer.queries
             assert query.query_id == "stmt-1" and query.state == "running"
-            assert (query.parts_total, query.rows_total) == (TASKS, ROWS)
+            assert (query.parts_total, query.rows_total) == (PARTS, ROWS)
             if query.spark_job_group:
                 assert query.spark_job_group.startswith("test-progress-")
-                # Parts and rows move together: rows are the listed rows, scaled alike.
-                assert abs(query.rows_done - ROWS * query.parts_done // TASKS) <= 1
+                # The rows read, and the parts in proportion.
+                assert query.parts_done == query.rows_done // ROWS_PER_PART
                 seen.append((query.parts_done, query.rows_done))
         await asyncio.sleep(0.05)
-    assert await running == TASKS
-    parts_seen = [parts for parts, _ in seen]
-    assert parts_seen == sorted(parts_seen), "progress went back"
-    assert len(set(parts_seen)) >= 2, f"progress never moved: {seen}"
-    assert any(0 < parts < TASKS for parts in parts_seen), seen
+    assert await running == ROWS
+    rows_seen = [rows for _, rows in seen]
+    assert rows_seen == sorted(rows_seen), "progress went back"
+    assert len(set(rows_seen)) >= 2, f"progress never moved: {seen}"
+    assert any(0 < rows < ROWS for rows in rows_seen), f"never part way: {seen}"
     # Over: the peek is gone from Status, asked for by name or not.
     assert list((await status("stmt-1")).queries) == []
     assert list((await status()).queries) == []

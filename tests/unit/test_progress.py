@@ -34,11 +34,13 @@ class FakeJob:
 
 @dataclass
 class FakeTracker:
-    """Spark's status tracker, as ``SparkJobs`` reads it: jobs by group, stages by job."""
+    """Spark's status tracker, as ``SparkJobs`` reads it: jobs by group, stages by job; and
+    the input rows by stage, which the JVM's status store holds (absent: it cannot tell)."""
 
     groups: dict[str, list[int]] = field(default_factory=dict)
     jobs: dict[int, FakeJob] = field(default_factory=dict)
     stages: dict[int, FakeStage] = field(default_factory=dict)
+    rows_read: dict[int, int] | None = None
 
     def getJobIdsForGroup(self, group: str) -> list[int]:
         return list(self.groups.get(group, []))
@@ -50,10 +52,42 @@ class FakeTracker:
         return self.stages.get(stage_id)
 
 
+class FakeStageData:
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+
+    def inputRecords(self) -> int:
+        return self.rows
+
+
+class FakeStatusStore:
+    def __init__(self, tracker: FakeTracker) -> None:
+        self.tracker = tracker
+
+    def lastStageAttempt(self, stage_id: int) -> FakeStageData:
+        if self.tracker.rows_read is None:
+            raise AttributeError("no status store")
+        if stage_id not in self.tracker.rows_read:
+            raise LookupError(f"no stage {stage_id}")  # py4j's NoSuchElementException
+        return FakeStageData(self.tracker.rows_read[stage_id])
+
+
+class FakeJvmContext:
+    def __init__(self, tracker: FakeTracker) -> None:
+        self.store = FakeStatusStore(tracker)
+
+    def sc(self) -> FakeJvmContext:
+        return self
+
+    def statusStore(self) -> FakeStatusStore:
+        return self.store
+
+
 class FakeContext:
     def __init__(self, tracker: FakeTracker) -> None:
         self.tracker = tracker
         self.groups: list[str] = []
+        self._jsc = FakeJvmContext(tracker)
 
     def statusTracker(self) -> FakeTracker:
         return self.tracker
@@ -97,21 +131,29 @@ async def test_progress_counts_the_tasks_of_every_stage_of_the_group() -> None:
     assert progress is not None
     assert (progress.jobs, progress.tasks_done, progress.tasks_total) == (2, 5, 10)
     assert progress.description == "scan and sum" and progress.fraction == 0.5
+    assert progress.rows_read == 0  # no status store to tell
+    # The rows read: the scan's, from the status store (the pending stage 12 is unknown).
+    tracker.rows_read = {10: 5000, 11: 0, 13: 99}
+    progress = jobs.progress(group)
+    assert progress is not None and progress.rows_read == 5000
     assert [p.group for p in jobs.running()] == [group]
     release.set()
     await running
     assert jobs.progress(group) is None and jobs.running() == []
 
 
-def test_tasks_done_scale_the_listed_parts_and_rows() -> None:
-    def job(done: int, total: int) -> JobProgress:
-        return JobProgress("g", "", 1, done, total, 1.0)
+def test_rows_read_count_the_rows_and_parts_done() -> None:
+    def job(rows_read: int) -> JobProgress:
+        return JobProgress("g", "", 2, 1, 3, 1.0, rows_read)
 
-    assert scaled(job(0, 0), 40, 3_000_000) == WorkDone(0, 40, 0, 3_000_000)
-    assert scaled(job(3, 10), 40, 3_000_000) == WorkDone(12, 40, 900_000, 3_000_000)
-    # Rounded down: the last part counts only once every task is done.
-    assert scaled(job(9, 10), 3, 100) == WorkDone(2, 3, 90, 100)
-    assert scaled(job(10, 10), 3, 100) == WorkDone(3, 3, 100, 100)
+    # A broadcast of one input done, the other's scan running: half the rows, half the parts.
+    assert scaled(job(100_000), 2, 200_000) == WorkDone(1, 2, 100_000, 200_000)
+    assert scaled(job(150_000), 40, 200_000) == WorkDone(30, 40, 150_000, 200_000)
+    # An input read twice (a self-join) counts once.
+    assert scaled(job(400_000), 40, 200_000) == WorkDone(40, 40, 200_000, 200_000)
+    # Helper jobs done and nothing read yet: nothing done, however many tasks are.
+    assert scaled(JobProgress("g", "", 1, 1, 1, 1.0), 40, 200_000) == WorkDone(0, 40, 0, 200_000)
+    assert scaled(job(0), 0, 0) == WorkDone()
 
 
 # -- a peek's progress ----------------------------------------------------------------------
@@ -165,16 +207,24 @@ async def test_a_peek_on_spark_reports_its_job_and_never_goes_back() -> None:
         tracker.groups = {group: [1]}
         tracker.jobs = {1: FakeJob([10])}
         tracker.stages = {10: FakeStage(10, 5)}
+        tracker.rows_read = {10: 1_000_000}
         (status,) = queries.statuses(["q2"])
         assert status.state == "running" and status.spark_job_group == group
-        assert (status.parts_done, status.parts_total) == (20, 40)
-        assert (status.rows_done, status.rows_total) == (2_000_000, 4_000_000)
-        # Spark submits a later stage: the fraction falls, the report does not.
-        tracker.jobs = {1: FakeJob([10, 11])}
-        tracker.stages = {10: FakeStage(10, 10), 11: FakeStage(30, 0)}
+        assert (status.parts_done, status.parts_total) == (10, 40)
+        assert (status.rows_done, status.rows_total) == (1_000_000, 4_000_000)
+        # A job that reads nothing (a schema lookup) and is done adds nothing.
+        tracker.groups = {group: [1, 2]}
+        tracker.jobs = {1: FakeJob([10]), 2: FakeJob([11])}
+        tracker.stages = {10: FakeStage(10, 5), 11: FakeStage(1, 1)}
+        tracker.rows_read = {10: 2_000_000, 11: 0}
         (status,) = queries.statuses(["q2"])
         assert (status.parts_done, status.rows_done) == (20, 2_000_000)
-        tracker.stages = {10: FakeStage(10, 10), 11: FakeStage(30, 30)}
+        # A status store that cannot tell (a stage retried, the store gone): the report
+        # stands, it does not go back.
+        tracker.rows_read = None
+        (status,) = queries.statuses(["q2"])
+        assert (status.parts_done, status.rows_done) == (20, 2_000_000)
+        tracker.rows_read = {10: 4_000_000, 11: 0}
         (status,) = queries.statuses(["q2"])
         assert (status.parts_done, status.rows_done) == (40, 4_000_000)
         release.set()

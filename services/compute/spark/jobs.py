@@ -7,7 +7,9 @@ the group is cancelled in Spark, which interrupts its running tasks and frees th
 the thread returns with Spark's cancellation error shortly after.
 
 :meth:`SparkJobs.progress` reads Spark's status tracker: the tasks done and in total over the
-group's stages, which for a scan stage are the parts read. Whoever starts work that may run
+group's stages, which for a scan stage are the parts read, and the input rows the stages have
+read (Spark's input metrics, from its status store: counted as tasks finish, and from the
+executors' heartbeats while they run). Whoever starts work that may run
 Spark jobs deep down (a peek, through :mod:`.queries`) learns their group by setting
 :data:`run_observer` around it (``services/compute/progress.py`` does).
 """
@@ -51,6 +53,9 @@ class JobProgress:
     tasks_done: int
     tasks_total: int
     seconds: float
+    rows_read: int = 0
+    """Rows the group's stages have read from their inputs so far (0 where a source reports
+    none)."""
 
     @property
     def fraction(self) -> float:
@@ -130,7 +135,7 @@ class SparkJobs:
     def _progress(self, run: _Run) -> JobProgress:
         tracker = self.spark.sparkContext.statusTracker()
         job_ids = tracker.getJobIdsForGroup(run.group)
-        done = total = 0
+        done = total = rows = 0
         for job_id in job_ids:
             job = tracker.getJobInfo(job_id)
             if job is None:
@@ -140,6 +145,23 @@ class SparkJobs:
                 if stage is not None:
                     done += stage.numCompletedTasks
                     total += stage.numTasks
+                    rows += self._rows_read(stage_id)
         return JobProgress(
-            run.group, run.description, len(job_ids), done, total, time.monotonic() - run.started
+            run.group,
+            run.description,
+            len(job_ids),
+            done,
+            total,
+            time.monotonic() - run.started,
+            rows,
         )
+
+    def _rows_read(self, stage_id: int) -> int:
+        """The input records of the stage's latest attempt. PySpark's tracker leaves the
+        metrics out, so they come from the JVM's status store; 0 when it does not know the
+        stage (not submitted yet) or cannot tell."""
+        try:
+            store = self.spark.sparkContext._jsc.sc().statusStore()
+            return int(store.lastStageAttempt(stage_id).inputRecords())
+        except Exception:  # NoSuchElementException through py4j, or a store without it
+            return 0
