@@ -20,8 +20,9 @@ adaptive execution's stages), so a fraction of the tasks known so far can read "
 before the scan has started. A peek's reported counts never go back
 (:meth:`QueryWatch.status`).
 
-:func:`log_progress` writes a log line every few seconds for each peek that has run that long
-and for each hydrating dataflow.
+:func:`log_progress` writes a log line every few seconds for each peek that has run that long,
+and for each hydrating dataflow whose progress moved since its last line (a hydration that
+waits for an input that does not move gets one line, not one every few seconds).
 """
 
 from __future__ import annotations
@@ -206,9 +207,15 @@ def _counts(done: compute_pb2.QueryStatus | WorkDone) -> dict[str, int]:
     }
 
 
-def log_once(queries: RunningQueries, dataflows: Iterable[Hydrating], longer_than_s: float) -> None:
-    """One log line per peek running longer than ``longer_than_s`` and per hydrating
-    dataflow."""
+def log_once(
+    queries: RunningQueries,
+    dataflows: Iterable[Hydrating],
+    longer_than_s: float,
+    logged: dict[str, WorkDone] | None = None,
+) -> None:
+    """One log line per peek running longer than ``longer_than_s``, and per hydrating
+    dataflow whose progress differs from what ``logged`` (updated here) last logged."""
+    logged = {} if logged is None else logged
     for watch in queries.watches():
         if watch.seconds < longer_than_s:
             continue
@@ -222,13 +229,15 @@ def log_once(queries: RunningQueries, dataflows: Iterable[Hydrating], longer_tha
             seconds=round(watch.seconds, 1),
             **_counts(status),
         )
-    for dataflow in dataflows:
-        if dataflow.state == "hydrating":
-            log.info(
-                "dataflow_hydration_progress",
-                dataflow=dataflow.dataflow_id,
-                **_counts(hydration(dataflow)),
-            )
+    hydrating = [d for d in dataflows if d.state == "hydrating"]
+    for dataflow in hydrating:
+        done = hydration(dataflow)
+        if logged.get(dataflow.dataflow_id) == done:
+            continue
+        logged[dataflow.dataflow_id] = done
+        log.info("dataflow_hydration_progress", dataflow=dataflow.dataflow_id, **_counts(done))
+    for gone in logged.keys() - {d.dataflow_id for d in hydrating}:
+        del logged[gone]
 
 
 async def log_progress(
@@ -238,9 +247,10 @@ async def log_progress(
 ) -> None:
     """Logs the progress of long peeks and of hydrations every ``interval_s``, until
     cancelled."""
+    logged: dict[str, WorkDone] = {}
     while True:
         await asyncio.sleep(interval_s)
         try:
-            log_once(queries, dataflows(), interval_s)
+            log_once(queries, dataflows(), interval_s, logged)
         except Exception:  # a log line must not take the process down; the log has the bug
             log.exception("progress_log_failed")

@@ -274,6 +274,21 @@ def test_long_peeks_and_hydrating_dataflows_are_logged() -> None:
     ]
 
 
+def test_a_hydration_is_logged_again_only_once_it_moves() -> None:
+    queries = RunningQueries()
+    hydrating = FakeDataflow("u7", hydrated_rows=10, hydration_rows_total=40)
+    logged: dict[str, WorkDone] = {}
+    with structlog.testing.capture_logs() as logs:
+        log_once(queries, [hydrating], 3.0, logged)
+        log_once(queries, [hydrating], 3.0, logged)  # stalled: no second line
+        hydrating.hydrated_rows = 30
+        log_once(queries, [hydrating], 3.0, logged)
+        hydrating.state = "running"
+        log_once(queries, [hydrating], 3.0, logged)
+    assert [r["rows_done"] for r in logs] == [10, 30]
+    assert logged == {}
+
+
 # -- the adapter's StatementProgress --------------------------------------------------------
 
 
