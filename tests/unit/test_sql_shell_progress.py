@@ -65,6 +65,9 @@ def test_on_a_terminal_the_line_is_overwritten_and_erased() -> None:
     line.show("… 2/4 parts")
     line.clear()
     assert stream.getvalue() == "\r\x1b[K… 1/4 parts\r\x1b[K… 2/4 parts\r\x1b[K"
+    narrow = io.StringIO()
+    ProgressLine(narrow, tty=True, width=8).show("… 12/40 parts")
+    assert narrow.getvalue() == "\r\x1b[K… 12/40"
     piped = io.StringIO()
     line = ProgressLine(piped, tty=False)
     for text in ("… 1/4 parts", "… 1/4 parts", "… 2/4 parts"):

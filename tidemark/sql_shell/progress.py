@@ -15,6 +15,7 @@ polling, never the statement.
 
 from __future__ import annotations
 
+import shutil
 import threading
 from collections.abc import Callable
 from typing import TextIO
@@ -61,9 +62,13 @@ def render_progress(progress: StatementProgress) -> str:
 class ProgressLine:
     """Where the progress goes: ``stream``, overwritten in place when it is a terminal."""
 
-    def __init__(self, stream: TextIO, *, tty: bool | None = None) -> None:
+    def __init__(
+        self, stream: TextIO, *, tty: bool | None = None, width: int | None = None
+    ) -> None:
         self.stream = stream
         self.tty = stream.isatty() if tty is None else tty
+        self.width = width
+        """Columns of the terminal (``None``: asked when a line is shown)."""
         self._last = ""
 
     def show(self, text: str) -> None:
@@ -71,7 +76,10 @@ class ProgressLine:
             return
         self._last = text
         if self.tty:
-            self.stream.write(f"{_ERASE_LINE}{text}")
+            # A line wider than the terminal would wrap, and the next one would be written
+            # below it instead of over it.
+            width = self.width or shutil.get_terminal_size().columns
+            self.stream.write(f"{_ERASE_LINE}{text[: max(1, width - 1)]}")
         else:
             self.stream.write(f"{text}\n")
         self.stream.flush()
