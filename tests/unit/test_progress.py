@@ -136,6 +136,8 @@ async def test_progress_counts_the_tasks_of_every_stage_of_the_group() -> None:
     tracker.rows_read = {10: 5000, 11: 0, 13: 99}
     progress = jobs.progress(group)
     assert progress is not None and progress.rows_read == 5000
+    assert progress.read_fraction(20_000) == 0.25 and progress.read_fraction(0) == 0.0
+    assert progress.read_fraction(4000) == 1.0
     assert [p.group for p in jobs.running()] == [group]
     release.set()
     await running

@@ -59,7 +59,15 @@ class JobProgress:
 
     @property
     def fraction(self) -> float:
+        """Tasks done over the tasks of the stages Spark has submitted so far: a group's
+        jobs come one after the other (a schema lookup, a broadcast, adaptive execution's
+        stages), so this can read 1.0 before the main work has begun."""
         return self.tasks_done / self.tasks_total if self.tasks_total else 0.0
+
+    def read_fraction(self, rows_total: int) -> float:
+        """The rows read over ``rows_total``, the rows of the inputs (at most 1.0): how far
+        a run that reads its inputs once has come."""
+        return min(1.0, self.rows_read / rows_total) if rows_total else 0.0
 
 
 @dataclass
