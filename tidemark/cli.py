@@ -134,6 +134,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SQL",
         help="run SQL (or one backslash command) and exit; may be given several times",
     )
+    sql_parser.add_argument(
+        "--progress-after",
+        type=float,
+        default=float(os.environ.get("TIDEMARK_PROGRESS_AFTER", "2")),
+        metavar="SECONDS",
+        help="show a progress line on stderr (parts and rows done) for a statement running "
+        "longer than this (negative: never) [env TIDEMARK_PROGRESS_AFTER; default: 2]",
+    )
     _add_client_tls(sql_parser)
 
     certs_parser = commands.add_parser(
@@ -192,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with BlockingAdapterClient(
             args.address, user=args.user, password=password, tls=client_tls(args)
         ) as connection:
-            return run(connection, args.commands)
+            return run(connection, args.commands, progress_after=args.progress_after)
     if args.command == "certs":
         return _certs(args.directory, args.identities or [], args.dns_names or [])
     if args.command == "status":

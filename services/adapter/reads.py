@@ -22,6 +22,7 @@ from services.adapter.catalog_cache import CatalogState, kind_of
 from services.adapter.catalog_names import full_name, kind_name
 from services.adapter.holds import CollectionGone, CollectionHolds, HistoryLost
 from services.adapter.index_match import IndexPeek, indexed_relations, match_indexes
+from services.adapter.progress import peek_name
 from services.adapter.sql.errors import SqlError
 from services.adapter.timestamps import Timestamps
 from tidemark.clients.compute import ComputeClient, PeekResult, one_shot
@@ -174,15 +175,18 @@ class QueryReader:
         chosen = self.choose_index(match or plan, state, cluster)
         if chosen is not None:
             name, peek = chosen
+            compute = self.backends.compute[name]
             try:
-                result = await self.backends.compute[name].peek(
-                    peek.dataflow_id,
-                    timestamp,
-                    catalog_ts=state.time,
-                    finishing=peek.finishing,
-                    wait_ms=self.wait_ms,
-                    memory_budget_bytes=memory_budget_bytes,
-                )
+                with peek_name(compute) as query_id:
+                    result = await compute.peek(
+                        peek.dataflow_id,
+                        timestamp,
+                        catalog_ts=state.time,
+                        finishing=peek.finishing,
+                        wait_ms=self.wait_ms,
+                        memory_budget_bytes=memory_budget_bytes,
+                        query_id=query_id,
+                    )
                 return ReadResult(result.rows, timestamp, f"index {peek.dataflow_id}")
             except (NotFound, FailedPrecondition) as exc:
                 log.info("index_peek_fell_back", index=peek.dataflow_id, error=exc.message)
@@ -221,13 +225,15 @@ class QueryReader:
             # nothing of the cluster's catalog state is involved, so it need not wait for the
             # controller.
             try:
-                return await compute.peek(
-                    one_shot(plan, capabilities),
-                    timestamp,
-                    catalog_ts=0,
-                    wait_ms=self.wait_ms,
-                    memory_budget_bytes=memory_budget_bytes,
-                )
+                with peek_name(compute) as query_id:
+                    return await compute.peek(
+                        one_shot(plan, capabilities),
+                        timestamp,
+                        catalog_ts=0,
+                        wait_ms=self.wait_ms,
+                        memory_budget_bytes=memory_budget_bytes,
+                        query_id=query_id,
+                    )
             except PermissionDenied:
                 if attempt == 2:
                     raise

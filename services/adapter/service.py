@@ -38,6 +38,7 @@ from services.adapter.executor import SessionState, StatementExecutor
 from services.adapter.holds import CollectionHolds
 from services.adapter.planning import Planner
 from services.adapter.privileges import check_query
+from services.adapter.progress import STATEMENT_TEXT_CHARS, RunningStatements
 from services.adapter.reads import QueryReader
 from services.adapter.results import (
     INTERNAL_ERROR,
@@ -143,6 +144,8 @@ class Adapter:
             settings.auth, self.cache.latest, settings.bootstrap_superuser
         )
         self._background: set[asyncio.Task[None]] = set()
+        self.statements = RunningStatements()
+        """Execute calls that named themselves, for StatementProgress."""
 
     async def _data_read_ts(self) -> int:
         return await self.timestamps.read_ts()
@@ -216,12 +219,27 @@ class Adapter:
             statements = []
             results.append(adapter_pb2.StatementResult(error=sql_error(exc)))
             _mark_failed(session)
-        for statement in statements:
-            result = await self.run_statement(statement, session)
-            results.append(result)
-            if result.HasField("error"):
-                break
+        with self.statements.running(request.statement_id, principal.name) as activity:
+            for statement in statements:
+                if activity is not None:
+                    activity.statement = statement.text[:STATEMENT_TEXT_CHARS]
+                result = await self.run_statement(statement, session)
+                results.append(result)
+                if result.HasField("error"):
+                    break
         return adapter_pb2.ExecuteResponse(results=results, session=_session_proto(session))
+
+    async def statement_progress(
+        self, request: adapter_pb2.StatementProgressRequest, metadata: Metadata | None = None
+    ) -> adapter_pb2.StatementProgressResponse:
+        """How far the caller's Execute named ``statement_id`` has come (``running`` false
+        for an id none of the caller's calls is running here, or a caller who does not
+        authenticate)."""
+        try:
+            principal = self.authenticate(metadata)
+        except SqlError:
+            return adapter_pb2.StatementProgressResponse(running=False)
+        return await self.statements.progress(request.statement_id, principal.name)
 
     async def run_statement(
         self, statement: ast.AnyStatement, session: SessionState
@@ -512,6 +530,11 @@ class AdapterServicer(adapter_pb2_grpc.AdapterServicer):
         self._accept(request.session, context)
         async for message in self.adapter.copy_out(request, context.invocation_metadata()):
             yield message
+
+    async def StatementProgress(
+        self, request: adapter_pb2.StatementProgressRequest, context: Context
+    ) -> adapter_pb2.StatementProgressResponse:
+        return await self.adapter.statement_progress(request, context.invocation_metadata())
 
 
 def adapter_service(adapter: Adapter, signer: SessionSigner) -> Service[AdapterServicer]:

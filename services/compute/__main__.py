@@ -15,6 +15,7 @@ from services.compute.controller import CatalogController
 from services.compute.engines import Engine, LocalEngine, SparkEngine
 from services.compute.host import DataflowManager, HostSettings
 from services.compute.metrics import publish_dataflows
+from services.compute.progress import log_progress
 from services.compute.readiness import ComputeReadiness
 from services.compute.service import compute_service
 from tidemark import timelines
@@ -112,6 +113,12 @@ class ComputeConfig(ServiceConfig):
         help="how long a peek waits for a frontier when it names no wait of its own",
         metavar="SECONDS",
     )
+    progress_log_interval: float = setting(
+        3.0,
+        help="log the progress of each peek running longer than this, and of each hydrating "
+        "dataflow, this often",
+        metavar="SECONDS",
+    )
 
     def host_settings(self) -> HostSettings:
         return HostSettings(
@@ -193,6 +200,10 @@ async def main(config: ComputeConfig) -> None:
     )
     supervising = asyncio.create_task(host.supervise(), name="dataflow-supervisor")
     publishing = asyncio.create_task(publish_dataflows(host), name="dataflow-metrics")
+    logging_progress = asyncio.create_task(
+        log_progress(host.queries, host.running, config.progress_log_interval),
+        name="progress-log",
+    )
     tasks = [task for task in (serving, following, supervising) if task is not None]
     try:
         # A controller or supervisor that stops (neither ever should) takes the process down
@@ -206,7 +217,7 @@ async def main(config: ComputeConfig) -> None:
         if supervising in done:
             raise RuntimeError("the dataflow supervisor stopped")
     finally:
-        await cancel_and_wait(*tasks, publishing)
+        await cancel_and_wait(*tasks, publishing, logging_progress)
         await host.close()
         await engine.close()
         if catalog is not None:

@@ -38,6 +38,7 @@ from services.compute.engines import Engine
 from services.compute.oneshot import OneShotPool, result_table
 from services.compute.output import OutputWriter
 from services.compute.planning import checked_plan
+from services.compute.progress import QueryWatch, RunningQueries
 from services.compute.running import FAILED, RUNNING, RunningDataflow, RunSettings
 from services.compute.spark.queries import QueryInput
 from services.compute.spec import DataflowInputSpec, DataflowSpec
@@ -146,6 +147,8 @@ class DataflowManager:
         self._failed = asyncio.Event()  # set when a dataflow fails: the supervisor looks
         self._restarts: dict[str, tuple[int, float]] = {}  # id: attempts, next attempt due
         self.one_shots = OneShotPool(settings.one_shot_workers, settings.statement_budget_bytes)
+        self.queries = RunningQueries()
+        """The peeks running, and how far they have come (Status, the progress log)."""
         self._run_settings = RunSettings(
             settings.holder,
             settings.renew_interval_s,
@@ -471,9 +474,26 @@ class DataflowManager:
         finishing: plan_pb2.Plan | None,
         deadline: float,
         budget_bytes: int = 0,
+        query_id: str = "",
     ) -> PeekAnswer:
-        """``budget_bytes``: the finishing plan's memory budget (0: the cluster's)."""
+        """``budget_bytes``: the finishing plan's memory budget (0: the cluster's);
+        ``query_id``: the peek's name in Status while it runs."""
+        with self.queries.track(query_id) as watch:
+            return await self._peek_index(
+                watch, dataflow_id, timestamp, finishing, deadline, budget_bytes
+            )
+
+    async def _peek_index(
+        self,
+        watch: QueryWatch,
+        dataflow_id: str,
+        timestamp: int,
+        finishing: plan_pb2.Plan | None,
+        deadline: float,
+        budget_bytes: int,
+    ) -> PeekAnswer:
         target = self._get(dataflow_id)
+        watch.waiting_for = [target]
         if finishing is None:
             contents = await target.peek(timestamp, deadline)
             return PeekAnswer(
@@ -490,9 +510,11 @@ class DataflowManager:
                 )
             indexes[index_id] = running
         plan, schema = checked_plan(finishing, {i: r.schema for i, r in indexes.items()})
+        watch.waiting_for = list(indexes.values())
         contents_by_index = {}
         for index_id, running in indexes.items():
             contents_by_index[index_id] = await running.peek(timestamp, deadline)
+        watch.evaluating()
         read = collections_read(plan)
         result = await self.one_shots.evaluate_finishing(
             plan,
@@ -509,8 +531,30 @@ class DataflowManager:
         timestamp: int,
         deadline: float,
         budget_bytes: int = 0,
+        query_id: str = "",
     ) -> PeekAnswer:
-        """``budget_bytes``: the evaluation's memory budget (0: the cluster's)."""
+        """``budget_bytes``: the evaluation's memory budget (0: the cluster's);
+        ``query_id``: the peek's name in Status while it runs."""
+        with self.queries.track(query_id) as watch:
+            # Reading a collection this process is still writing for the first time (a fresh
+            # materialized view) waits for that dataflow's hydration.
+            watch.waiting_for = [
+                running
+                for running in self._dataflows.values()
+                if running.writer is not None
+                and running.writer.collection_id in {i.collection_id for i in inputs}
+            ]
+            return await self._peek_one_shot(watch, plan, inputs, timestamp, deadline, budget_bytes)
+
+    async def _peek_one_shot(
+        self,
+        watch: QueryWatch,
+        plan: plan_pb2.Plan,
+        inputs: Sequence[DataflowInputSpec],
+        timestamp: int,
+        deadline: float,
+        budget_bytes: int,
+    ) -> PeekAnswer:
         input_ids = [i.collection_id for i in inputs]
         read = collections_read(plan)
         if set(input_ids) != read or len(set(input_ids)) != len(input_ids):
@@ -546,10 +590,13 @@ class DataflowManager:
                 return snapshot.version  # decoded into rows on the evaluation's thread
             return functools.partial(_widened, snapshot, positions, width)
 
-        on_spark = await self._on_spark(checked, schema, inputs, timestamp, deadline, read_columns)
+        on_spark = await self._on_spark(
+            watch, checked, schema, inputs, timestamp, deadline, read_columns
+        )
         if on_spark is not None:
             return PeekAnswer(on_spark, schema, timestamp)
         loaded = await asyncio.gather(*(contents(spec) for spec in inputs))
+        watch.evaluating()
         result = await self.one_shots.evaluate(
             checked, timestamp, dict(zip(input_ids, loaded, strict=True)), budget_bytes
         )
@@ -557,6 +604,7 @@ class DataflowManager:
 
     async def _on_spark(
         self,
+        watch: QueryWatch,
         plan: plan_pb2.Plan,
         schema: RelationSchema,
         inputs: Sequence[DataflowInputSpec],
@@ -594,6 +642,7 @@ class DataflowManager:
         ]
         if sum(i.rows for i in chosen) < threshold:
             return None
+        watch.evaluating(sum(len(i.listing.parts) for i in chosen), sum(i.rows for i in chosen))
         return await queries.evaluate(plan, schema, chosen, timestamp, listing)
 
     async def subscribe(
@@ -608,6 +657,10 @@ class DataflowManager:
             yield message
 
     # -- status -----------------------------------------------------------------------------------
+
+    def query_statuses(self, query_ids: Sequence[str] = ()) -> list[compute_pb2.QueryStatus]:
+        """The running peeks named (every one when none are)."""
+        return self.queries.statuses(query_ids)
 
     async def status(self) -> list[compute_pb2.DataflowStatus]:
         described = []
@@ -643,6 +696,8 @@ async def _status(running: RunningDataflow) -> compute_pb2.DataflowStatus:
         has_index=running.has_index,
         hydrated_rows=running.hydrated_rows,
         hydration_rows_total=running.hydration_rows_total,
+        hydration_parts_done=running.hydration_parts_done,
+        hydration_parts_total=running.hydration_parts_total,
         lag_ms=lag,
         arrangement_keys=await running.arrangement_keys(),
         index_rows=running.output_rows if running.has_index else 0,

@@ -48,6 +48,16 @@ HYDRATION_ROWS_TOTAL = Gauge(
     "input rows a dataflow's hydration reads in all (an estimate until it is done)",
     _LABELS,
 )
+HYDRATION_PARTS = Gauge(
+    "tidemark_compute_hydration_parts",
+    "storage parts of its inputs a dataflow's hydration has read (where it goes by parts)",
+    _LABELS,
+)
+HYDRATION_PARTS_TOTAL = Gauge(
+    "tidemark_compute_hydration_parts_expected",
+    "storage parts of its inputs a dataflow's hydration reads in all",
+    _LABELS,
+)
 HYDRATED = Gauge(
     "tidemark_compute_dataflow_hydrated", "1 once a dataflow has hydrated, else 0", _LABELS
 )
@@ -74,6 +84,8 @@ LAG_SECONDS = Gauge(
 _GAUGES = (
     HYDRATED_ROWS,
     HYDRATION_ROWS_TOTAL,
+    HYDRATION_PARTS,
+    HYDRATION_PARTS_TOTAL,
     HYDRATED,
     FAILED,
     RESTARTS,
@@ -93,6 +105,8 @@ async def publish_once(host: DataflowManager, shown: set[str]) -> set[str]:
         dataflow_id = status.dataflow_id
         HYDRATED_ROWS.labels(dataflow_id).set(status.hydrated_rows)
         HYDRATION_ROWS_TOTAL.labels(dataflow_id).set(status.hydration_rows_total)
+        HYDRATION_PARTS.labels(dataflow_id).set(status.hydration_parts_done)
+        HYDRATION_PARTS_TOTAL.labels(dataflow_id).set(status.hydration_parts_total)
         HYDRATED.labels(dataflow_id).set(1 if status.state == "running" else 0)
         FAILED.labels(dataflow_id).set(1 if status.state == "failed" else 0)
         RESTARTS.labels(dataflow_id).set(status.restarts)

@@ -109,6 +109,8 @@ class RunningDataflow:
         self.hydrated_rows = 0
         self.hydration_parts_total = 0
         self.hydration_parts_done = 0
+        """Hydration's progress in the inputs' storage parts at ``as_of`` (0 and 0 where it does
+        not go by parts), as Status and the progress log lines report it."""
         # A plan of constants reads no parts: it hydrates in-process, instantly.
         self.hydrates_from_parts = (
             hydrate_from_parts and engine.hydrates_from_parts and bool(inputs)

@@ -103,6 +103,7 @@ class ComputeServicer(compute_pb2_grpc.ComputeServicer):
                 finishing,
                 deadline,
                 request.memory_budget_bytes,
+                request.query_id,
             )
         elif target == "one_shot":
             if request.HasField("finishing"):
@@ -113,6 +114,7 @@ class ComputeServicer(compute_pb2_grpc.ComputeServicer):
                 request.timestamp,
                 deadline,
                 request.memory_budget_bytes,
+                request.query_id,
             )
         else:
             raise InvalidArgument("a peek names an index or a one-shot plan")
@@ -151,13 +153,17 @@ class ComputeServicer(compute_pb2_grpc.ComputeServicer):
     ) -> compute_pb2.StatusResponse:
         master, application = self.engine.describe()
         controller = self.host.controller
+        queries = self.host.query_statuses(list(request.query_ids))
         return compute_pb2.StatusResponse(
             cluster=self.cluster,
             cluster_id=str(getattr(controller, "cluster_id", "") or ""),
-            dataflows=await self.host.status(),
+            # A poll of some peeks' progress skips the dataflows (their arrangement sizes cost
+            # a call to every resident task).
+            dataflows=[] if request.query_ids else await self.host.status(),
             catalog_applied_upper=controller.applied_upper if controller is not None else 0,
             spark_master=master,
             spark_application_id=application,
+            queries=queries,
         )
 
 

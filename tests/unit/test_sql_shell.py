@@ -20,6 +20,7 @@ from tidemark.clients.adapter import (
     ExecuteResult,
     Progress,
     StatementError,
+    StatementProgress,
     StatementResult,
     SubscribeError,
     SubscribeEvent,
@@ -197,9 +198,12 @@ class FakeConnection:
         self.copied_out: list[str] = []
         self.closed = False
 
-    def execute(self, sql: str) -> ExecuteResult:
+    def execute(self, sql: str, *, statement_id: str = "") -> ExecuteResult:
         self.executed.append(sql)
         return ExecuteResult(self.answers(sql), adapter_pb2.Session())
+
+    def statement_progress(self, statement_id: str) -> StatementProgress | None:
+        return None
 
     def subscribe(self, sql: str) -> Iterator[SubscribeEvent]:
         self.subscribed.append(sql)

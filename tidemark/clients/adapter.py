@@ -173,6 +173,35 @@ class ExecuteResult:
         return next((r.error for r in self.results if r.error is not None), None)
 
 
+@dataclass(frozen=True)
+class StatementProgress:
+    """How far a running Execute has come (adapter.proto ``StatementProgressResponse``)."""
+
+    statement: str
+    elapsed_ms: int
+    state: str
+    """``""`` (not reading from compute), ``"waiting"`` (for ``waiting_for`` to hydrate, or a
+    frontier) or ``"running"``."""
+    waiting_for: list[str]
+    parts_done: int
+    parts_total: int
+    rows_done: int
+    rows_total: int
+
+    @classmethod
+    def from_proto(cls, proto: adapter_pb2.StatementProgressResponse) -> StatementProgress:
+        return cls(
+            proto.statement,
+            proto.elapsed_ms,
+            proto.state,
+            list(proto.waiting_for),
+            proto.parts_done,
+            proto.parts_total,
+            proto.rows_done,
+            proto.rows_total,
+        )
+
+
 # -- subscriptions ----------------------------------------------------------------------------
 
 
@@ -274,11 +303,16 @@ class AdapterClient(GrpcClient):
             credentials.append((PASSWORD_METADATA, password))
         self.credentials: tuple[tuple[str, str], ...] = tuple(credentials)
 
-    async def execute(self, sql: str, session: adapter_pb2.Session | None = None) -> ExecuteResult:
+    async def execute(
+        self, sql: str, session: adapter_pb2.Session | None = None, *, statement_id: str = ""
+    ) -> ExecuteResult:
         """Runs the statements of ``sql`` in ``session`` (default: this client's). The session
-        the adapter returns becomes this client's session."""
+        the adapter returns becomes this client's session. ``statement_id`` names the call
+        for :meth:`statement_progress` while it runs."""
         request = adapter_pb2.ExecuteRequest(
-            session=self.session if session is None else session, sql=sql
+            session=self.session if session is None else session,
+            sql=sql,
+            statement_id=statement_id,
         )
         response = await call(
             self.stub.Execute,
@@ -291,6 +325,24 @@ class AdapterClient(GrpcClient):
         return ExecuteResult(
             [StatementResult.from_proto(r) for r in response.results], response.session
         )
+
+    async def statement_progress(
+        self,
+        statement_id: str,
+        *,
+        timeout: float = 5.0,  # noqa: ASYNC109 (the gRPC deadline)
+    ) -> StatementProgress | None:
+        """How far the Execute call named ``statement_id`` (made by this client's user) has
+        come, or ``None`` when no such call is running on the adapter."""
+        response = await call(
+            self.stub.StatementProgress,
+            adapter_pb2.StatementProgressRequest(statement_id=statement_id),
+            timeout=timeout,
+            retry=self.retry,
+            metadata=self.credentials,
+            repeatable=True,
+        )
+        return StatementProgress.from_proto(response) if response.running else None
 
     async def subscribe(
         self, sql: str, session: adapter_pb2.Session | None = None
@@ -387,8 +439,12 @@ class BlockingAdapterClient:
     def session(self) -> adapter_pb2.Session:
         return self._client.session
 
-    def execute(self, sql: str) -> ExecuteResult:
-        return self._run(self._client.execute(sql))
+    def execute(self, sql: str, *, statement_id: str = "") -> ExecuteResult:
+        return self._run(self._client.execute(sql, statement_id=statement_id))
+
+    def statement_progress(self, statement_id: str) -> StatementProgress | None:
+        """May be called from another thread while :meth:`execute` runs."""
+        return self._run(self._client.statement_progress(statement_id))
 
     def copy_in(self, sql: str, data: Iterable[bytes]) -> StatementResult:
         return self._run(self._client.copy_in(sql, data))

@@ -20,7 +20,7 @@ dataflow's frontier; the call's own deadline is that wait plus the client timeou
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeAlias
 
 import pyarrow as pa
@@ -117,6 +117,8 @@ class DataflowInfo:
     """Times the process restarted it after a failure; ``last_failure`` says why, the last
     time."""
     last_failure: str = ""
+    hydration_parts_done: int = 0
+    hydration_parts_total: int = 0
 
     @classmethod
     def from_proto(cls, proto: compute_pb2.DataflowStatus) -> DataflowInfo:
@@ -138,6 +140,38 @@ class DataflowInfo:
             error=proto.error,
             restarts=proto.restarts,
             last_failure=proto.last_failure,
+            hydration_parts_done=proto.hydration_parts_done,
+            hydration_parts_total=proto.hydration_parts_total,
+        )
+
+
+@dataclass(frozen=True)
+class QueryInfo:
+    """One running peek as ``Status`` reports it (compute.proto ``QueryStatus``)."""
+
+    query_id: str
+    state: str
+    """``"waiting"`` (for ``waiting_for`` to hydrate, or a frontier) or ``"running"``."""
+    waiting_for: list[str]
+    parts_done: int
+    parts_total: int
+    rows_done: int
+    rows_total: int
+    elapsed_ms: int
+    spark_job_group: str
+
+    @classmethod
+    def from_proto(cls, proto: compute_pb2.QueryStatus) -> QueryInfo:
+        return cls(
+            query_id=proto.query_id,
+            state=proto.state,
+            waiting_for=list(proto.waiting_for),
+            parts_done=proto.parts_done,
+            parts_total=proto.parts_total,
+            rows_done=proto.rows_done,
+            rows_total=proto.rows_total,
+            elapsed_ms=proto.elapsed_ms,
+            spark_job_group=proto.spark_job_group,
         )
 
 
@@ -149,6 +183,8 @@ class ComputeStatus:
     catalog_applied_upper: int
     spark_master: str
     spark_application_id: str
+    queries: list[QueryInfo] = field(default_factory=list)
+    """The peeks running when it was asked."""
 
     def dataflow(self, dataflow_id: str) -> DataflowInfo | None:
         return next((d for d in self.dataflows if d.dataflow_id == dataflow_id), None)
@@ -217,15 +253,18 @@ class ComputeClient(GrpcClient):
         finishing: plan_pb2.Plan | None = None,
         wait_ms: int = 0,
         memory_budget_bytes: int = 0,
+        query_id: str = "",
     ) -> PeekArrowResult:
         """The contents of an index (through ``finishing`` if given) or of a one-shot plan at
         ``timestamp``, as an Arrow table. ``memory_budget_bytes``: the evaluation's budget
-        (0: the cluster's; never above it)."""
+        (0: the cluster's; never above it). ``query_id``: the peek's name while it runs, for
+        :meth:`query_progress`."""
         request = compute_pb2.PeekRequest(
             timestamp=timestamp,
             catalog_ts=catalog_ts,
             wait_ms=wait_ms,
             memory_budget_bytes=memory_budget_bytes,
+            query_id=query_id,
         )
         if isinstance(target, str):
             request.dataflow_id = target
@@ -251,6 +290,7 @@ class ComputeClient(GrpcClient):
         finishing: plan_pb2.Plan | None = None,
         wait_ms: int = 0,
         memory_budget_bytes: int = 0,
+        query_id: str = "",
     ) -> PeekResult:
         """:meth:`peek_arrow` with the rows as ``(row tuple, multiplicity)``."""
         result = await self.peek_arrow(
@@ -260,6 +300,7 @@ class ComputeClient(GrpcClient):
             finishing=finishing,
             wait_ms=wait_ms,
             memory_budget_bytes=memory_budget_bytes,
+            query_id=query_id,
         )
         rows = [(row, diff) for row, _, diff in updates_from_table(result.table)]
         return PeekResult(rows, result.schema, result.timestamp)
@@ -315,7 +356,23 @@ class ComputeClient(GrpcClient):
             response.catalog_applied_upper,
             response.spark_master,
             response.spark_application_id,
+            [QueryInfo.from_proto(q) for q in response.queries],
         )
+
+    async def query_progress(
+        self,
+        query_id: str,
+        *,
+        timeout: float = 2.0,  # noqa: ASYNC109 (the gRPC deadline of the call)
+    ) -> QueryInfo | None:
+        """How far the peek named ``query_id`` has come, or ``None`` when it is not running
+        (any more). A cheap call: Status of that peek alone."""
+        request = compute_pb2.StatusRequest(query_ids=[query_id])
+        response = await self._call(self.stub.Status, request, timeout, repeatable=True)
+        for query in response.queries:
+            if query.query_id == query_id:
+                return QueryInfo.from_proto(query)
+        return None
 
 
 def _decode_rows(data: bytes) -> list[RowUpdate]:

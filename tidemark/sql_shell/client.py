@@ -5,14 +5,23 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Protocol
 
-from tidemark.clients.adapter import ExecuteResult, StatementResult, SubscribeEvent
+from tidemark.clients.adapter import (
+    ExecuteResult,
+    StatementProgress,
+    StatementResult,
+    SubscribeEvent,
+)
 
 
 class SqlConnection(Protocol):
     @property
     def address(self) -> str: ...
 
-    def execute(self, sql: str) -> ExecuteResult: ...
+    def execute(self, sql: str, *, statement_id: str = "") -> ExecuteResult: ...
+
+    def statement_progress(self, statement_id: str) -> StatementProgress | None:
+        """Called from another thread while ``execute`` runs."""
+        ...
 
     def subscribe(self, sql: str) -> Iterator[SubscribeEvent]: ...
 

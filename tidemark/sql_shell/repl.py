@@ -3,7 +3,8 @@
 Input is collected line by line until a statement ends with ``;`` (psql's rule), then sent.
 Consecutive ordinary statements go to the adapter in one ``Execute`` call; a ``SUBSCRIBE``
 goes to the ``Subscribe`` stream, whose changes are printed as they arrive until it ends or
-the user presses Ctrl-C, which stops the subscription, not the shell.
+the user presses Ctrl-C, which stops the subscription, not the shell. A call that runs past
+``progress_after`` seconds shows a progress line on stderr meanwhile (:mod:`.progress`).
 """
 
 from __future__ import annotations
@@ -11,14 +12,26 @@ from __future__ import annotations
 import os
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from tidemark.clients.adapter import Changes, Progress, SubscribeError, SubscribeHeader
+from tidemark.clients.adapter import (
+    Changes,
+    ExecuteResult,
+    Progress,
+    SubscribeError,
+    SubscribeHeader,
+)
 from tidemark.errors import TidemarkError
 from tidemark.sql_shell.client import SqlConnection
 from tidemark.sql_shell.meta import Outcome, run_meta
+from tidemark.sql_shell.progress import (
+    DEFAULT_PROGRESS_AFTER_S,
+    ProgressLine,
+    ProgressWatcher,
+)
 from tidemark.sql_shell.render import (
     render_change,
     render_change_header,
@@ -45,12 +58,19 @@ class Shell:
         err: TextIO | None = None,
         timing: bool = False,
         null: str = "",
+        progress_after: float = DEFAULT_PROGRESS_AFTER_S,
+        progress_tty: bool | None = None,
     ) -> None:
         self.connection = connection
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self.timing = timing
         self.null = null
+        self.progress_after = progress_after
+        """Seconds a call runs before its progress line shows (negative: never)."""
+        self.progress_tty = progress_tty
+        """Whether the progress line is overwritten in place (``None``: when stderr is a
+        terminal)."""
 
     def write(self, text: str) -> None:
         # Flushed at once: a subscription's reader may be another program on a pipe.
@@ -78,7 +98,7 @@ class Shell:
     def execute(self, sql: str) -> bool:
         started = time.perf_counter()
         try:
-            result = self.connection.execute(sql)
+            result = self._execute_watched(sql)
         except TidemarkError as exc:
             self.write_error(f"error: {exc.message} (adapter at {self.connection.address})")
             return False
@@ -96,6 +116,19 @@ class Shell:
         if self.timing:
             self.write(render_timing(elapsed))
         return True
+
+    def _execute_watched(self, sql: str) -> ExecuteResult:
+        """``execute``, with a progress line once it has run ``progress_after`` seconds."""
+        if self.progress_after < 0:
+            return self.connection.execute(sql)
+        statement_id = uuid.uuid4().hex
+        watcher = ProgressWatcher(
+            lambda: self.connection.statement_progress(statement_id),
+            ProgressLine(self.err, tty=self.progress_tty),
+            after_s=self.progress_after,
+        )
+        with watcher:
+            return self.connection.execute(sql, statement_id=statement_id)
 
     def subscribe(self, sql: str) -> bool:
         """Prints the subscription's changes until it completes, fails, or Ctrl-C (which
@@ -188,10 +221,15 @@ def enable_history(path: Path) -> Callable[[], None]:
     return save
 
 
-def run(connection: SqlConnection, command: list[str] | None) -> int:
+def run(
+    connection: SqlConnection,
+    command: list[str] | None,
+    *,
+    progress_after: float = DEFAULT_PROGRESS_AFTER_S,
+) -> int:
     """``tidemark sql``: each ``-c`` command in turn (exit 1 at the first failure), or the
     interactive shell."""
-    shell = Shell(connection)
+    shell = Shell(connection, progress_after=progress_after)
     if command:
         for text in command:
             if not shell.run_command(text):

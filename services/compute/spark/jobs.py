@@ -7,7 +7,11 @@ the group is cancelled in Spark, which interrupts its running tasks and frees th
 the thread returns with Spark's cancellation error shortly after.
 
 :meth:`SparkJobs.progress` reads Spark's status tracker: the tasks done and in total over the
-group's stages, which for a scan stage are the parts read.
+group's stages, which for a scan stage are the parts read, and the input rows the stages have
+read (Spark's input metrics, from its status store: counted as tasks finish, and from the
+executors' heartbeats while they run). Whoever starts work that may run
+Spark jobs deep down (a peek, through :mod:`.queries`) learns their group by setting
+:data:`run_observer` around it (``services/compute/progress.py`` does).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -29,6 +34,12 @@ log = get_logger("compute.spark.jobs")
 T = TypeVar("T")
 
 _numbers = itertools.count(1)
+
+run_observer: ContextVar[Callable[[SparkJobs, str], None] | None] = ContextVar(
+    "spark_run_observer", default=None
+)
+"""Told ``(jobs, group)`` when a run starts in the current context, so the work that led to it
+can report its progress without the layers in between passing the group up."""
 _GROUP_PROPERTIES = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
 
 
@@ -42,10 +53,21 @@ class JobProgress:
     tasks_done: int
     tasks_total: int
     seconds: float
+    rows_read: int = 0
+    """Rows the group's stages have read from their inputs so far (0 where a source reports
+    none)."""
 
     @property
     def fraction(self) -> float:
+        """Tasks done over the tasks of the stages Spark has submitted so far: a group's
+        jobs come one after the other (a schema lookup, a broadcast, adaptive execution's
+        stages), so this can read 1.0 before the main work has begun."""
         return self.tasks_done / self.tasks_total if self.tasks_total else 0.0
+
+    def read_fraction(self, rows_total: int) -> float:
+        """The rows read over ``rows_total``, the rows of the inputs (at most 1.0): how far
+        a run that reads its inputs once has come."""
+        return min(1.0, self.rows_read / rows_total) if rows_total else 0.0
 
 
 @dataclass
@@ -88,6 +110,9 @@ class SparkJobs:
 
         with self._lock:
             self._runs[group] = run
+        observer = run_observer.get()
+        if observer is not None:
+            observer(self, group)
         try:
             return await asyncio.to_thread(in_group)
         except asyncio.CancelledError:
@@ -118,7 +143,7 @@ class SparkJobs:
     def _progress(self, run: _Run) -> JobProgress:
         tracker = self.spark.sparkContext.statusTracker()
         job_ids = tracker.getJobIdsForGroup(run.group)
-        done = total = 0
+        done = total = rows = 0
         for job_id in job_ids:
             job = tracker.getJobInfo(job_id)
             if job is None:
@@ -128,6 +153,23 @@ class SparkJobs:
                 if stage is not None:
                     done += stage.numCompletedTasks
                     total += stage.numTasks
+                    rows += self._rows_read(stage_id)
         return JobProgress(
-            run.group, run.description, len(job_ids), done, total, time.monotonic() - run.started
+            run.group,
+            run.description,
+            len(job_ids),
+            done,
+            total,
+            time.monotonic() - run.started,
+            rows,
         )
+
+    def _rows_read(self, stage_id: int) -> int:
+        """The input records of the stage's latest attempt. PySpark's tracker leaves the
+        metrics out, so they come from the JVM's status store; 0 when it does not know the
+        stage (not submitted yet) or cannot tell."""
+        try:
+            store = self.spark.sparkContext._jsc.sc().statusStore()
+            return int(store.lastStageAttempt(stage_id).inputRecords())
+        except Exception:  # NoSuchElementException through py4j, or a store without it
+            return 0
