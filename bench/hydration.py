@@ -202,7 +202,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tidemark-hydration-") as scratch:
         root = Path(scratch)
         backends = embedded_backends(root / "storage")
-        storage = start_storage(backends, extra=(*FAST_SETTINGS, "--orphan-grace", "600"))
+        storage = start_storage(
+            backends, extra=(*FAST_SETTINGS, "--orphan-grace", "3600", "--lease-seconds", "3600")
+        )
         client = StorageClient(storage.address, timeout=600.0)
         cluster = ResidentCluster(spark, args.shards)
         cluster.start()

@@ -298,12 +298,17 @@ class SparkEngineDataflow:
             count_output=False,
         )
 
+        # The Spark jobs read every input about twice (the operators' inputs, then the
+        # output), and the tasks' loads come after them: rows read over twice the inputs'
+        # rows, held below 1 until the loads are done.
+        rows_total = 2 * sum(part.rows for listing in listings.values() for part in listing.parts)
+
         async def watch() -> None:
             while True:
                 await asyncio.sleep(PROGRESS_INTERVAL_S)
                 progress = self._jobs.progress(group)
                 if progress is not None:
-                    on_progress(progress.fraction)
+                    on_progress(min(0.95, progress.read_fraction(rows_total)))
 
         watcher = asyncio.create_task(watch())
         try:

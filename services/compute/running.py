@@ -301,9 +301,11 @@ class RunningDataflow:
         self.hydration_parts_total = parts_total
         self.hydration_rows_total = rows_total
 
-        def on_progress(fraction: float) -> None:
-            self.hydration_parts_done = round(parts_total * fraction)
-            self.hydrated_rows = round(rows_total * fraction)
+        def on_progress(fraction: float) -> None:  # never moves back
+            self.hydration_parts_done = max(
+                self.hydration_parts_done, round(parts_total * fraction)
+            )
+            self.hydrated_rows = max(self.hydrated_rows, round(rows_total * fraction))
 
         target: OutputTarget | None = None
         existing: Capability | None = None
