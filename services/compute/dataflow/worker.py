@@ -29,6 +29,10 @@ class ShardWorker:
         """Runs stateful node ``node_id`` on this shard's share of the step's input."""
         return self.states[node_id].process(inputs)
 
+    def load(self, node_id: int, inputs: Sequence[list[Update]]) -> None:
+        """``process`` into the empty state of ``node_id``, its output not wanted."""
+        self.states[node_id].load(inputs)
+
     def work(self) -> Work:
         total = Work()
         for state in self.states.values():

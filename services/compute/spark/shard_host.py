@@ -138,7 +138,7 @@ class ShardHost:
                 staged(key, normalizer(graph.nodes[input_id].types))
                 for key, input_id in zip(request.nodes[node_id], node.inputs, strict=True)
             ]
-            hosted.worker.process(node_id, inputs)
+            hosted.worker.load(node_id, inputs)
         index_rows = 0
         if request.index is not None:
             updates = staged(request.index, normalizer(graph.output_types))

@@ -38,6 +38,11 @@ class OperatorState(ABC):
     @abstractmethod
     def process(self, inputs: Sequence[list[Update]]) -> list[Update]: ...
 
+    def load(self, inputs: Sequence[list[Update]]) -> None:
+        """``process`` into an empty state, where the output is not wanted (a hydration whose
+        output Spark computes): an operator that keeps no output may skip computing it."""
+        self.process(inputs)
+
     @abstractmethod
     def key_count(self) -> int:
         """How many keys the arrangements hold (for diagnostics)."""

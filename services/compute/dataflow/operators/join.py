@@ -79,6 +79,19 @@ class JoinState(OperatorState):
             self._step(time, left_changes, right_changes, out)
         return out
 
+    def load(self, inputs: Sequence[list[Update]]) -> None:
+        """Only the arrangements: a join's state is its two inputs, arranged by key (rows
+        whose key holds a NULL never match, and are not kept)."""
+        spec = self.spec
+        for updates, key_of, arrangement in (
+            (inputs[0], spec.left_key, self.left),
+            (inputs[1], spec.right_key, self.right),
+        ):
+            for changes_by_key in keyed_by_time(updates, key_of).values():
+                for key, changes in changes_by_key.items():
+                    if None not in key:
+                        arrangement.apply(key, changes)
+
     def _pad_null_keys(self, left: Changes, right: Changes, time: int, out: list[Update]) -> None:
         """Takes the rows whose key holds a NULL out of the changes; outer joins pad them."""
         for changes, keep, pad_left in (
