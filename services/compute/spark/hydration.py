@@ -126,8 +126,8 @@ def stage(
     environment: Mapping[str, str] | None = None,
 ) -> Staged:
     """Runs steps 1, 2 and 4 of the module docstring (Spark jobs on this thread) and returns
-    the per-shard requests for step 3. ``count_output``: also count the output's rows when
-    no part write or index load counts them."""
+    the per-shard requests for step 3. ``count_output``: count the output's rows by a job of
+    their own when no part write counts them (an index load counts them too)."""
     credentials = s3_credentials(environment)
     frames = {
         cid: collection_frame(spark, listing, consolidate=False, environment=environment)
@@ -232,7 +232,7 @@ def stage(
             parts=len(result.output_parts),
             seconds=round(time.perf_counter() - started, 3),
         )
-    if result.output_rows is None and (count_output or index_key_columns is None):
+    if result.output_rows is None and count_output:
         counted = positional.agg(F.sum(DIFF)).collect()[0][0]
         result.output_rows = int(counted or 0)
     return result
