@@ -7,7 +7,7 @@ INSTALLED := $(VENV)/.installed
 PROTOS    := $(wildcard protos/tidemark/v1/*.proto)
 GENERATED := tidemark/v1/.generated
 
-.PHONY: setup system-deps protos run test chaos lint format bench bench-oracle bench-storage bench-catalog bench-compute bench-tpch bench-tpch-spark bench-loading bench-pg-source bench-pgwire clean
+.PHONY: setup system-deps protos run test chaos lint format bench bench-oracle bench-storage bench-catalog bench-compute bench-tpch bench-tpch-spark bench-hydration bench-loading bench-pg-source bench-pgwire clean
 
 setup: $(INSTALLED) $(GENERATED)
 
@@ -51,7 +51,7 @@ format: setup
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-bench: bench-oracle bench-storage bench-catalog bench-compute bench-tpch bench-tpch-spark bench-loading bench-pg-source bench-pgwire
+bench: bench-oracle bench-storage bench-catalog bench-compute bench-tpch bench-tpch-spark bench-hydration bench-loading bench-pg-source bench-pgwire
 
 bench-oracle: setup system-deps
 	$(BIN)/python bench/oracle.py
@@ -72,6 +72,12 @@ bench-tpch: setup system-deps
 # same Parquet; writes bench/results/tpch_spark.json.
 bench-tpch-spark: setup system-deps
 	$(BIN)/python bench/tpch_spark.py
+
+# Benchmark (f): hydrating the join + aggregate view over 10^7 orders by Spark from storage's
+# parts, next to Spark SQL recomputing it and to hydration through the driver (10^6 orders);
+# writes bench/results/hydration.json.
+bench-hydration: setup system-deps
+	$(BIN)/python bench/hydration.py --orders 10000000 --driver-orders 1000000
 
 bench-loading: setup system-deps
 	$(BIN)/python bench/loading.py

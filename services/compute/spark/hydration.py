@@ -340,9 +340,9 @@ def _stager(
     its partition, as one object."""
 
     def store(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from services.compute.spark.staging import decode
+        from services.compute.spark.staging import concatenated
 
-        pieces: dict[tuple[int, int], list[pa.Table]] = {}
+        pieces: dict[tuple[int, int], list[bytes]] = {}
         counts: dict[tuple[int, int], int] = {}
         for batch in batches:
             tags = batch.column(0).to_pylist()
@@ -351,13 +351,13 @@ def _stager(
             payloads = batch.column(3)
             for i, (tag, shard) in enumerate(zip(tags, shards, strict=True)):
                 slot = (tag, shard)
-                pieces.setdefault(slot, []).append(decode(payloads[i].as_py()))
+                pieces.setdefault(slot, []).append(payloads[i].as_py())
                 counts[slot] = counts.get(slot, 0) + rows[i]
         if not pieces:
             return
         objects = {
-            object_key(prefix, tag, shard): encode(tables)
-            for (tag, shard), tables in pieces.items()
+            object_key(prefix, tag, shard): concatenated(streams)
+            for (tag, shard), streams in pieces.items()
         }
         put_all(staging_url, objects, credentials)
         slots = list(pieces)

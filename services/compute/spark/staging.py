@@ -36,19 +36,34 @@ def object_key(prefix: str, tag: int, shard: int) -> str:
 
 
 def encode(tables: Sequence[pa.Table]) -> bytes:
-    """One IPC stream holding ``tables`` (of one schema) in order."""
+    """One IPC stream holding ``tables`` (of one schema) in order. Not compressed: the
+    staged rows are read once, soon, and Spark's shuffle compresses what it moves."""
     sink = pa.BufferOutputStream()
-    schema = tables[0].schema
-    options = pa.ipc.IpcWriteOptions(compression="lz4")
-    with pa.ipc.new_stream(sink, schema, options=options) as writer:
+    with pa.ipc.new_stream(sink, tables[0].schema) as writer:
         for table in tables:
             writer.write_table(table)
     return bytes(sink.getvalue())
 
 
+def concatenated(streams: Sequence[bytes]) -> bytes:
+    """Several encoded streams as one object, without decoding them: each behind its
+    length."""
+    return b"".join(len(stream).to_bytes(8, "little") + stream for stream in streams)
+
+
 def decode(data: bytes) -> pa.Table:
-    with pa.ipc.open_stream(pa.BufferReader(data)) as reader:
-        return reader.read_all()
+    """The rows of a :func:`concatenated` object, as one table."""
+    tables = []
+    view = memoryview(data)
+    position = 0
+    while position < len(view):
+        length = int.from_bytes(view[position : position + 8], "little")
+        position += 8
+        piece = pa.py_buffer(view[position : position + length])
+        with pa.ipc.open_stream(pa.BufferReader(piece)) as reader:
+            tables.append(reader.read_all())
+        position += length
+    return pa.concat_tables(tables) if len(tables) != 1 else tables[0]
 
 
 def rows_and_diffs(table: pa.Table, normalize: Normalize) -> tuple[list[Row], list[int]]:
