@@ -74,10 +74,10 @@ bench-tpch-spark: setup system-deps
 	$(BIN)/python bench/tpch_spark.py
 
 # Benchmark (f): hydrating the join + aggregate view over 10^7 orders by Spark from storage's
-# parts, next to Spark SQL recomputing it and to hydration through the driver (10^6 orders);
-# writes bench/results/hydration.json.
+# parts, next to Spark SQL recomputing it and to hydration through the driver; writes
+# bench/results/hydration.json.
 bench-hydration: setup system-deps
-	$(BIN)/python bench/hydration.py --orders 10000000 --driver-orders 1000000
+	$(BIN)/python bench/hydration.py --orders 10000000
 
 bench-loading: setup system-deps
 	$(BIN)/python bench/loading.py

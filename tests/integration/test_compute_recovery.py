@@ -167,6 +167,13 @@ async def test_kill_and_restart_mid_stream_writes_every_update_once(
     await appending
     final = feed.final_upper
     await second.peek(dataflow_id, final - 1, wait_ms=PATIENT_MS)
+    (info,) = [d for d in (await second.status()).dataflows if d.dataflow_id == dataflow_id]
+    assert info.state == "running"
+    assert info.hydrated_rows == info.hydration_rows_total > 0
+    assert info.index_rows == sum(n for _, n in (await second.peek(dataflow_id, final - 1)).rows)
+    if hydration == "spark":
+        # Progress in parts too, all of them done: the parts storage listed at as_of.
+        assert info.hydration_parts_done == info.hydration_parts_total > 0
 
     written = await collections.history(output, final)
     histories = {
