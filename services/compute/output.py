@@ -13,7 +13,7 @@ append whose outcome was unknown is recognised by storage and not applied twice.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from services.compute.dataflow import Row, Update
 from services.compute.dataflow.ordering import canonical_float
@@ -59,19 +59,52 @@ class OutputWriter:
     async def write(self, updates: Sequence[Update], upper: int) -> None:
         """Appends the updates at times in ``[self.upper, upper)`` and moves the upper to
         ``upper``; a no-op when the collection is already there."""
+
+        async def append(lower: int) -> None:
+            kept = [update for update in updates if update[1] >= lower]
+            await self.storage.append(
+                self.capability,
+                table_from_updates(self.schema, kept),
+                upper,
+                token=append_token(self.dataflow_id, lower, upper),
+                expected_upper=lower,
+            )
+
+        await self._append_until(upper, append)
+
+    async def write_parts(self, parts: Sequence[WrittenPart], time: int, upper: int) -> None:
+        """``write`` for updates at ``time`` already written as Parquet parts (by Spark's
+        executors): commits them as one batch through ``AppendParts``."""
+        if not parts:
+            await self.write([], upper)
+            return
+
+        async def append(lower: int) -> None:
+            if time < lower:
+                raise FailedPrecondition(
+                    f"output {self.collection_id!r} is already written up to {lower}, past "
+                    f"the parts' time {time}"
+                )
+            await self.storage.append_parts(
+                self.capability,
+                parts,
+                upper,
+                times=(time, time),
+                token=append_token(self.dataflow_id, lower, upper),
+                expected_upper=lower,
+            )
+
+        await self._append_until(upper, append)
+
+    async def _append_until(self, upper: int, append: Callable[[int], Awaitable[None]]) -> None:
+        """Runs ``append(lower)`` (an append of ``[lower, upper)`` expecting the upper at
+        ``lower``) until the collection's upper is at ``upper``: after storage was
+        unavailable, and from where someone else stopped when the upper moved."""
         backoff = APPEND_RETRY.backoffs()
         while upper > self.upper:
             lower = self.upper
-            kept = [update for update in updates if update[1] >= lower]
-            table = table_from_updates(self.schema, kept)
             try:
-                await self.storage.append(
-                    self.capability,
-                    table,
-                    upper,
-                    token=append_token(self.dataflow_id, lower, upper),
-                    expected_upper=lower,
-                )
+                await append(lower)
                 self.upper = upper
                 self.appends += 1
                 return
@@ -81,48 +114,6 @@ class OutputWriter:
                     raise
                 # Someone (an earlier attempt, a replica) wrote past us: its contents there are
                 # ours too; continue from where it stopped.
-                log.info(
-                    "output_upper_moved",
-                    dataflow=self.dataflow_id,
-                    expected=lower,
-                    actual=actual,
-                    error=exc.message,
-                )
-                self.upper = actual
-            except (Unavailable, DeadlineExceeded) as exc:
-                log.warning("output_append_retry", dataflow=self.dataflow_id, error=exc.message)
-                await backoff.sleep()
-
-    async def write_parts(self, parts: Sequence[WrittenPart], time: int, upper: int) -> None:
-        """``write`` for updates at ``time`` already written as Parquet parts (by Spark's
-        executors): commits them as one batch through ``AppendParts``."""
-        if not parts:
-            await self.write([], upper)
-            return
-        backoff = APPEND_RETRY.backoffs()
-        while upper > self.upper:
-            lower = self.upper
-            if time < lower:
-                raise FailedPrecondition(
-                    f"output {self.collection_id!r} is already written up to {lower}, past "
-                    f"the parts' time {time}"
-                )
-            try:
-                await self.storage.append_parts(
-                    self.capability,
-                    parts,
-                    upper,
-                    times=(time, time),
-                    token=append_token(self.dataflow_id, lower, upper),
-                    expected_upper=lower,
-                )
-                self.upper = upper
-                self.appends += 1
-                return
-            except FailedPrecondition as exc:
-                actual = await self._current_upper()
-                if actual <= lower:
-                    raise
                 log.info(
                     "output_upper_moved",
                     dataflow=self.dataflow_id,
