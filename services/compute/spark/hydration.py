@@ -60,6 +60,10 @@ INDEX_TAG = 0
 FLUSH_ROWS = 100_000
 """Rows an executor buffers per shard before handing them to the shuffle."""
 
+KNOWN_KEYS = 1_000_000
+"""Keys whose shard an executor remembers while routing one partition."""
+"""Rows an executor buffers per shard before handing them to the shuffle."""
+
 _ROUTED = StructType(
     [
         StructField("tag", IntegerType(), False),
@@ -289,6 +293,7 @@ def _router(
             types = graph.nodes[node.inputs[position]].types
         normalize = normalizer(types)
         buffered: dict[int, list[pa.RecordBatch]] = {}
+        known: dict[tuple[Any, ...], int] = {}
         held = 0
         for batch in batches:
             if batch.num_rows == 0:
@@ -303,7 +308,18 @@ def _router(
                 )
                 if normalize.float_columns:
                     rows = (normalize.row(row) for row in rows)
-                owners = [shard_of(key(row), shards) for row in rows]
+                # Keys repeat (a join's foreign keys, a reduce's groups): a dict lookup is
+                # cheaper than encoding and hashing again. A key column holds one type, so
+                # values equal in Python (1 and True) never meet in one route.
+                owners = []
+                for row in rows:
+                    owner_key = key(row)
+                    owner = known.get(owner_key)
+                    if owner is None:
+                        if len(known) >= KNOWN_KEYS:
+                            known.clear()
+                        owner = known[owner_key] = shard_of(owner_key, shards)
+                    owners.append(owner)
                 owner_array = pa.array(owners, pa.int32())
                 for shard in set(owners):
                     buffered.setdefault(shard, []).append(
