@@ -12,8 +12,12 @@ way).
 
 The order: start from the largest input (the fact table of a star), then repeatedly join the
 connected input whose estimated result is smallest; an input with no connection joins last.
-Estimates: each equality between a joined input X and the candidate R keeps
-1 / max(|X|, |R|) of the pairs (a key of the smaller side, as foreign keys are).
+Estimates: the equalities between a joined input X and the candidate R keep 1 / min(D(X),
+D(R)) of the pairs, where D is an input's size before its filters: the key of the smaller
+side, as foreign keys are, whose values the larger side draws from. So joining a fact to an
+unfiltered dimension keeps the fact's size and a filtered dimension shrinks it by the
+filter's selectivity (the fact is probed through the selective dimensions first), and
+several equalities between the same two inputs (a composite key) count once.
 """
 
 from __future__ import annotations
@@ -114,6 +118,7 @@ def _build(cluster: _Cluster, context: Context) -> plan_pb2.Relation:
         pb.filter(leaf, *local[i]) if local[i] else leaf for i, leaf in enumerate(cluster.leaves)
     ]
     sizes = [estimate(leaf, context.stats, context.env) for leaf in leaves]
+    domains = [estimate(leaf, context.stats, context.env, filters=False) for leaf in leaves]
     edges = _equalities(pending, leaves_of)
 
     def connected(joined: set[int], candidate: int) -> list[tuple[int, int]]:
@@ -125,8 +130,8 @@ def _build(cluster: _Cluster, context: Context) -> plan_pb2.Relation:
 
     def result_size(current: float, joined: set[int], candidate: int) -> float:
         size = current * sizes[candidate]
-        for mine, _ in connected(joined, candidate):
-            size /= max(sizes[mine], sizes[candidate])
+        for mine in {mine for mine, _ in connected(joined, candidate)}:
+            size /= min(domains[mine], domains[candidate])
         return size
 
     linked = {leaf for (a, b), _ in edges for leaf in (a, b)}
