@@ -35,7 +35,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as S
 
 from services.compute.spark.lowering.fallback import from_spark
-from services.compute.spark.lowering.types import diff_sum, spark_type
+from services.compute.spark.lowering.types import diff_sum, result_type, spark_type
 from tidemark.columnar import ColumnType
 from tidemark.plan import aggregate_type
 from tidemark.plan.scalar_types import ScalarType
@@ -85,7 +85,8 @@ def plan_aggregate(
     scale = value_type.scale if value_type.kind is T.DECIMAL else 0
     number = value.cast(DEC19) if value_type.kind is T.INT64 else value
     product = F.try_multiply(number, diff.cast(DEC19))
-    product_type = df.select(product.alias("p")).schema.fields[0].dataType
+    number_type = DEC19 if value_type.kind is T.INT64 else spark_type(value_type)
+    product_type = result_type(df.sparkSession, "mul", F.try_multiply, number_type, DEC19)
     if not isinstance(product_type, S.DecimalType) or product_type.scale != scale:
         return _fallback(aggregate, value, diff, input_types, out)
     # A product too wide for Spark is NULL: flag it, so the sum is NULL and not short.

@@ -26,10 +26,17 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
+from pyspark.sql.types import LongType
 
 from services.compute.spark.lowering.aggregates import plan_aggregate
 from services.compute.spark.lowering.fallback import from_spark
-from services.compute.spark.lowering.scalars import Lowered, ScalarLowering, to_decimal, to_float
+from services.compute.spark.lowering.scalars import (
+    Lowered,
+    ScalarLowering,
+    literal,
+    to_decimal,
+    to_float,
+)
 from services.compute.spark.lowering.types import (
     DIFF,
     Rel,
@@ -44,6 +51,7 @@ from tidemark.errors import InvalidArgument
 from tidemark.plan import aggregate_type
 from tidemark.plan.datum import from_datum
 from tidemark.plan.derive import window_function_type
+from tidemark.plan.optimize.scalars import columns_of
 from tidemark.plan.scalar_types import ScalarType, widest_numeric_kind
 from tidemark.v1 import plan_pb2
 
@@ -87,13 +95,44 @@ class RelationLowering:
             )
         # Renamed by position: plan names may repeat or need quoting.
         renamed = df.toDF(*(name(i) for i in range(len(types))), DIFF)
-        return Rel(renamed.withColumn(DIFF, F.col(DIFF).cast("long")), types)
+        fields = df.schema.fields  # read once already, by df.columns
+        # Expressions over a column take its Spark type to be its plan type's.
+        retyped = [
+            i
+            for i, (f, t) in enumerate(zip(fields[:-1], types, strict=True))
+            if t.kind is T.DECIMAL and f.dataType != spark_type(t)
+        ]
+        if not retyped and isinstance(fields[-1].dataType, LongType):
+            return Rel(renamed, types)
+        columns = [
+            F.col(name(i)).cast(spark_type(t)) if i in retyped else F.col(name(i))
+            for i, t in enumerate(types)
+        ]
+        return Rel(_layout(renamed, columns, F.col(DIFF).cast("long")), types)
 
     def _constant(self, constant: plan_pb2.Constant) -> Rel:
         types = _types(RelationSchema.from_proto(constant.schema))
         rows = [(*(from_datum(d) for d in row.values), row.diff or 1) for row in constant.rows]
-        df = self.spark.createDataFrame(rows, spark_schema(types))
-        return Rel(df, types)
+        # Literals in the plan, not a parallelized Python list: no RDD to ship and convert per
+        # job, and Spark's optimizer folds it into a local relation.
+        structs = [
+            F.struct(
+                *(
+                    literal(v, t).alias(name(i))
+                    for i, (v, t) in enumerate(zip(row[:-1], types, strict=True))
+                ),
+                F.lit(row[-1]).cast("long").alias(DIFF),
+            )
+            for row in rows
+        ]
+        if structs:
+            df = self.spark.range(0, 1, 1, 1).select(F.inline(F.array(*structs)))
+        else:
+            empty = [literal(None, t).alias(name(i)) for i, t in enumerate(types)]
+            df = self.spark.range(0, 0, 1, 1).select(*empty, F.lit(0).cast("long").alias(DIFF))
+        # One row with a non-zero diff is consolidated, and distinct on no columns at all.
+        single = len(rows) == 1 and rows[0][-1] != 0
+        return Rel(df, types, single, () if single else None)
 
     # -- linear ----------------------------------------------------------------------------
 
@@ -109,19 +148,31 @@ class RelationLowering:
 
     def _map(self, node: plan_pb2.Map) -> Rel:
         rel = self.lower(node.input)
-        for expr in node.expressions:  # each sees the columns appended before it
-            lowered = self.scalars(rel).lower(expr)
+        # Each expression sees the columns appended before it. Expressions that read none
+        # appended by the same projection share it: one projection per batch, not per
+        # expression (each DataFrame operation costs an analysis of the whole plan).
+        batch: list[tuple[Column, ScalarType]] = []
+        for expr in node.expressions:
+            if any(c >= rel.width for c in columns_of(expr)):
+                rel = _appended(rel, batch)
+                batch = []
+            lowered = ScalarLowering(rel.df, rel.columns(), [*rel.types, *(t for _, t in batch)])
+            found = lowered.lower(expr)
             # The plan type's Spark type exactly, so unions and later nodes line up.
-            column = lowered.column.cast(spark_type(lowered.type))
-            df = rel.df.select(*rel.columns(), column.alias(name(rel.width)), DIFF)
-            # Distinct rows stay distinct with a column computed from them.
-            rel = Rel(df, [*rel.types, lowered.type], rel.consolidated_already)
-        return rel
+            batch.append((found.column.cast(spark_type(found.type)), found.type))
+        return _appended(rel, batch)
 
     def _project(self, node: plan_pb2.Project) -> Rel:
         rel = self.lower(node.input)
         picked = [F.col(name(c)) for c in node.columns]
-        return Rel(_layout(rel.df, picked, F.col(DIFF)), [rel.types[c] for c in node.columns])
+        df = _layout(rel.df, picked, F.col(DIFF))
+        types = [rel.types[c] for c in node.columns]
+        key = rel.key()
+        if key is None or not set(key) <= set(node.columns):
+            return Rel(df, types)
+        # The columns that told rows apart are all kept: the rows stay distinct.
+        kept = list(node.columns)
+        return Rel(df, types, True, tuple(kept.index(c) for c in key))
 
     def _union(self, node: plan_pb2.Union) -> Rel:
         branches = [self.lower(r) for r in node.inputs]
@@ -187,7 +238,15 @@ class RelationLowering:
         columns += [F.col(f"r{i}") for i in range(right.width)]
         left_types = [t.with_nullable(True) if keep_right else t for t in left.types]
         right_types = [t.with_nullable(True) if keep_left else t for t in right.types]
-        return Rel(_layout(joined, columns, diff), left_types + right_types)
+        df = _layout(joined, columns, diff)
+        left_key, right_key = left.key(), right.key()
+        if left_key is None or right_key is None or (keep_left and keep_right):
+            return Rel(df, left_types + right_types)
+        # Distinct rows on both sides make distinct pairs, and a padded row's preserved side
+        # matched nothing, so no pair repeats it (a full join could pad an all-NULL row on
+        # each side into the same row). Diffs are products of non-zero diffs.
+        key = (*left_key, *(left.width + k for k in right_key))
+        return Rel(df, left_types + right_types, True, key)
 
     # -- reduce ----------------------------------------------------------------------------
 
@@ -248,7 +307,8 @@ class RelationLowering:
         types += [aggregate_type(a, rel.types) for a in node.aggregates]
         typed = [c.cast(spark_type(t)) for c, t in zip(outputs, types, strict=True)]
         # One row per group, and the group key columns come first: consolidated.
-        return Rel(_layout(grouped, typed, F.lit(1).cast("long")), types, True)
+        key = tuple(range(len(node.group_key)))
+        return Rel(_layout(grouped, typed, F.lit(1).cast("long")), types, True, key)
 
     def _distinct_aggregate(
         self, index: int, aggregate: plan_pb2.Aggregate, value: Lowered, rel: Rel, key: list[int]
@@ -338,6 +398,17 @@ class RelationLowering:
         if rel is None:
             raise InvalidArgument(f"no enclosing let binds id {node.id}")
         return rel
+
+
+def _appended(rel: Rel, columns: list[tuple[Column, ScalarType]]) -> Rel:
+    """``rel`` with ``columns`` appended, in one projection."""
+    if not columns:
+        return rel
+    added = [c.alias(name(rel.width + i)) for i, (c, _) in enumerate(columns)]
+    df = rel.df.select(*rel.columns(), *added, DIFF)
+    # Distinct rows stay distinct with columns computed from them.
+    types = [*rel.types, *(t for _, t in columns)]
+    return Rel(df, types, rel.consolidated_already, rel.key())
 
 
 def _extreme(aggregate: plan_pb2.Aggregate) -> bool:
