@@ -53,6 +53,7 @@ from tidemark.plan.datum import from_datum
 from tidemark.plan.derive import window_function_type
 from tidemark.plan.optimize.scalars import columns_of
 from tidemark.plan.scalar_types import ScalarType, widest_numeric_kind
+from tidemark.plan.walk import relations
 from tidemark.v1 import plan_pb2
 
 T = ColumnType
@@ -68,10 +69,18 @@ def _layout(df: DataFrame, columns: Iterable[Column], diff: Column) -> DataFrame
 
 
 class RelationLowering:
-    def __init__(self, spark: SparkSession, inputs: Mapping[str, DataFrame]) -> None:
+    def __init__(
+        self,
+        spark: SparkSession,
+        inputs: Mapping[str, DataFrame],
+        kept: list[DataFrame] | None = None,
+    ) -> None:
         self.spark = spark
         self.inputs = inputs
         self.lets: dict[int, Rel] = {}
+        # Where cached DataFrames go, for the caller to unpersist after its action (None:
+        # nothing is cached).
+        self.kept = kept
 
     def lower(self, relation: plan_pb2.Relation) -> Rel:
         kind = relation.WhichOneof("kind")
@@ -383,6 +392,12 @@ class RelationLowering:
 
     def _let(self, node: plan_pb2.Let) -> Rel:
         value = self.lower(node.value)
+        if self.kept is not None and _shuffles(node.value) and _uses(node.body, node.id) > 1:
+            # Cached (filled while the query runs) for every LocalGet: Spark would compute it
+            # again for each, as it pushes different filters into each copy.
+            cached = value.df.cache()
+            self.kept.append(cached)
+            value = Rel(cached, value.types, value.consolidated_already, value.unique)
         shadowed = self.lets.get(node.id)
         self.lets[node.id] = value
         try:
@@ -398,6 +413,23 @@ class RelationLowering:
         if rel is None:
             raise InvalidArgument(f"no enclosing let binds id {node.id}")
         return rel
+
+
+def _shuffles(relation: plan_pb2.Relation) -> bool:
+    """Whether computing ``relation`` takes a shuffle (a grouping of some kind), so that
+    computing it twice costs more than keeping it."""
+    grouping = ("reduce", "distinct", "threshold", "top_k", "window")
+    return any(r.WhichOneof("kind") in grouping for r in relations(relation))
+
+
+def _uses(relation: plan_pb2.Relation, let_id: int) -> int:
+    """How many LocalGets of ``let_id`` ``relation`` holds (an inner Let of the same id
+    shadowing it only makes this an overcount)."""
+    return sum(
+        1
+        for r in relations(relation)
+        if r.WhichOneof("kind") == "local_get" and r.local_get.id == let_id
+    )
 
 
 def _appended(rel: Rel, columns: list[tuple[Column, ScalarType]]) -> Rel:
