@@ -269,6 +269,41 @@ def test_overflow_and_division_by_zero_are_null(spark: SparkSession, ansi: str) 
     )
 
 
+def test_decimal_sums_near_38_digits_with_unit_and_other_diffs(spark: SparkSession) -> None:
+    """A row of diff 1 adds its value as it is, others value * diff: both exact, and a
+    product or a sum past 38 digits makes the SUM NULL (the overflow rule)."""
+    wide = RelationSchema([Column("g", T.INT64, True), Column("d", T.DECIMAL, True, 38, 2)])
+    top = Decimal("9" * 36 + ".99")
+    half = Decimal("4" * 36 + ".99")
+    rows = {
+        (1, top): 1,  # the largest value, diff 1: fits
+        (1, Decimal("-0.01")): 3,
+        (1, None): 2,
+        (2, half): 2,  # doubled: still 37 digits
+        (2, Decimal("1.00")): 1,
+        (3, top): 2,  # top * 2 is past 38 digits: the group's sum is NULL
+        (3, Decimal("1.00")): 1,
+        (4, top): 1,  # top + top: the sum is past 38 digits
+        (4, Decimal("9" * 35 + ".99")): 9,
+        (5, Decimal("-2.50")): 4,
+        (5, Decimal("2.50")): 4,
+    }
+    root = pb.reduce(pb.get("w", wide), [0], [pb.aggregate("sum", 1), pb.aggregate("count", 1)])
+    check(
+        spark,
+        root,
+        {"w": wide},
+        {"w": rows},
+        {
+            (1, Decimal("9" * 34 + "99.96"), 4): 1,
+            (2, Decimal("8" * 34 + "90.98"), 3): 1,
+            (3, None, 3): 1,
+            (4, None, 10): 1,
+            (5, Decimal("0.00"), 8): 1,
+        },
+    )
+
+
 def test_fallback_functions_and_casts(spark: SparkSession) -> None:
     schemas = {"kv": KV}
     inputs = {"kv": {(-1, "straße"): 1, (2, " 12.345 "): 1, (3, None): 1}}

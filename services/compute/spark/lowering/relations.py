@@ -2,8 +2,10 @@
 
 Linear nodes (Filter, Map, Project, Union, Negate, inner Join) work on unconsolidated rows and
 multiply or negate diffs. Nodes whose answer depends on totals consolidate their input first:
-Threshold, Distinct, Reduce, TopK, Window and outer joins (a row is unmatched only when no
-row of non-zero multiplicity matches it).
+Threshold, Distinct, Reduce (with MIN or MAX), TopK, Window, and an outer join the side that
+decides the other's padding (a row is unmatched only when no row of non-zero multiplicity
+matches it). A relation known to be consolidated already (a Reduce's output, joins and
+projections keeping such keys: ``Rel.unique``) is not consolidated again.
 
 - Join: key expressions are lowered on their own side, numbers promoted to one kind exactly;
   Spark's ``=`` never matches a NULL key. A matched pair's diff is the product; outer padding
@@ -212,8 +214,13 @@ class RelationLowering:
         left, right = self.lower(node.left), self.lower(node.right)
         keep_left = node.kind in (_Join.KIND_LEFT_OUTER, _Join.KIND_FULL_OUTER)
         keep_right = node.kind in (_Join.KIND_RIGHT_OUTER, _Join.KIND_FULL_OUTER)
-        if keep_left or keep_right:
-            left, right = left.consolidated(), right.consolidated()
+        # A preserved row is padded when no row of non-zero total multiplicity on the other
+        # side matches it: that side must be consolidated. The preserved side need not be:
+        # its copies' outputs, padded or matched, add up as its diffs do.
+        if keep_right:
+            left = left.consolidated()
+        if keep_left:
+            right = right.consolidated()
         left_keys = [self.scalars(left).lower(k) for k in node.left_keys]
         right_keys = [self.scalars(right).lower(k) for k in node.right_keys]
         pairs = [_promoted_pair(lk, rk) for lk, rk in zip(left_keys, right_keys, strict=True)]
