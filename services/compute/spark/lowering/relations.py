@@ -167,8 +167,7 @@ class RelationLowering:
             if any(c >= rel.width for c in columns_of(expr)):
                 rel = _appended(rel, batch)
                 batch = []
-            lowered = ScalarLowering(rel.df, rel.columns(), [*rel.types, *(t for _, t in batch)])
-            found = lowered.lower(expr)
+            found = self.scalars(rel).lower(expr)
             # The plan type's Spark type exactly, so unions and later nodes line up.
             batch.append((found.column.cast(spark_type(found.type)), found.type))
         return _appended(rel, batch)
