@@ -52,12 +52,12 @@ def order_joins(rel: plan_pb2.Relation, context: Context) -> plan_pb2.Relation:
     if not _is_cluster_root(rel):
         return with_inputs(rel, order_joins, context)
     cluster = _Cluster([], [], [])
-    _flatten(rel, cluster, 0, context)
+    view = _flatten(rel, cluster, context)
     leaves = [order_joins(leaf, context) for leaf in cluster.leaves]
     cluster.leaves = leaves
     if len(leaves) < 2:
         return rel
-    return _build(cluster, context)
+    return _build(cluster, context, view)
 
 
 def _is_inner_join(rel: plan_pb2.Relation) -> bool:
@@ -70,29 +70,34 @@ def _is_cluster_root(rel: plan_pb2.Relation) -> bool:
     return _is_inner_join(rel)
 
 
-def _flatten(rel: plan_pb2.Relation, cluster: _Cluster, offset: int, context: Context) -> int:
-    """Adds ``rel``'s leaves and predicates (columns shifted by ``offset``); its width."""
-    if rel.WhichOneof("kind") == "filter" and _is_cluster_root(rel):
-        width = _flatten(rel.filter.input, cluster, offset, context)
+def _flatten(rel: plan_pb2.Relation, cluster: _Cluster, context: Context) -> list[int]:
+    """Adds ``rel``'s leaves and predicates; the cluster columns that ``rel``'s columns are.
+    A projection of inner joins inside the cluster is seen through (its joins join the
+    cluster; the final projection keeps only what it kept)."""
+    kind = rel.WhichOneof("kind")
+    if kind == "filter" and _is_cluster_root(rel):
+        view = _flatten(rel.filter.input, cluster, context)
         for predicate in rel.filter.predicates:
-            cluster.predicates.extend(shifted(p, offset) for p in conjuncts(predicate))
-        return width
+            cluster.predicates.extend(remapped(p, view) for p in conjuncts(predicate))
+        return view
+    if kind == "project" and _is_cluster_root(rel.project.input):
+        view = _flatten(rel.project.input, cluster, context)
+        return [view[c] for c in rel.project.columns]
     if _is_inner_join(rel):
         join = rel.join
-        left = _flatten(join.left, cluster, offset, context)
-        right = _flatten(join.right, cluster, offset + left, context)
+        left = _flatten(join.left, cluster, context)
+        right = _flatten(join.right, cluster, context)
         for lk, rk in zip(join.left_keys, join.right_keys, strict=True):
-            cluster.predicates.append(
-                pb.call("eq", shifted(lk, offset), shifted(rk, offset + left))
-            )
+            cluster.predicates.append(pb.call("eq", remapped(lk, left), remapped(rk, right)))
         return left + right
+    start = sum(cluster.widths)
     width = arity(rel, context.env)
     cluster.leaves.append(rel)
     cluster.widths.append(width)
-    return width
+    return list(range(start, start + width))
 
 
-def _build(cluster: _Cluster, context: Context) -> plan_pb2.Relation:
+def _build(cluster: _Cluster, context: Context, view: list[int]) -> plan_pb2.Relation:
     starts = []
     position = 0
     for width in cluster.widths:
@@ -147,7 +152,7 @@ def _build(cluster: _Cluster, context: Context) -> plan_pb2.Relation:
         current = max(1.0, result_size(current, joined, chosen))
         order.append(chosen)
         joined.add(chosen)
-    return _assemble(leaves, order, starts, cluster.widths, pending, leaves_of)
+    return _assemble(leaves, order, starts, cluster.widths, pending, leaves_of, view)
 
 
 def _equalities(
@@ -173,10 +178,11 @@ def _assemble(
     widths: list[int],
     pending: list[tuple[plan_pb2.Scalar, frozenset[int]]],
     leaves_of: Callable[[plan_pb2.Scalar], frozenset[int]],
+    view: list[int],
 ) -> plan_pb2.Relation:
     """The left-deep join in ``order``: keys from equalities between the joined inputs and
     the new one, other predicates as soon as their inputs are all joined, and a Project back
-    to the cluster's column order."""
+    to the cluster root's columns (``view``: the cluster columns they are)."""
     layout: list[int] = []  # cluster column at each position of the tree built so far
     first = order[0]
     tree = leaves[first]
@@ -212,4 +218,4 @@ def _assemble(
     here = {column: position for position, column in enumerate(layout)}
     if waiting:  # predicates on no input's columns (constants)
         tree = pb.filter(tree, *(remapped(p, here) for p, _ in waiting))
-    return pb.project(tree, *(here[c] for c in range(len(layout))))
+    return pb.project(tree, *(here[c] for c in view))
