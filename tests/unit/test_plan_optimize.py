@@ -161,6 +161,22 @@ def test_a_fact_is_joined_to_its_filtered_dimension_first() -> None:
     assert sorted(first) == ["lineitem", "part"], explain(optimized)
 
 
+def test_implied_equalities_join_a_fact_to_a_key_set_through_a_projection() -> None:
+    """facts.k = orders.k under a projection, and orders.k = keys.k above it: the fact joins
+    the (small) key set first, on the equality the two imply."""
+    facts, orders = _table("facts", "k", "x"), _table("orders", "k", "c")
+    keys = pb.distinct(pb.filter(_table("keys", "k"), pb.call("gt", pb.column(0), 0)))
+    inner = pb.project(pb.join(facts, orders, [0], [0]), 1, 2, 3)  # x, orders.k, c
+    plan = pb.plan(pb.join(inner, keys, [1], [0]))
+    stats = Statistics({"facts": 6_000_000, "orders": 1_500_000, "keys": 1_500_000})
+    optimized = optimize(plan, stats).plan
+    gets = [n.get.collection_id for n in relations(optimized.root) if n.HasField("get")]
+    assert sorted(gets[-2:]) == ["facts", "keys"], explain(optimized)
+    check_plan(
+        optimized, {"facts": _schema("k", "x"), "orders": _schema("k", "c"), "keys": _schema("k")}
+    )
+
+
 def test_a_subplan_used_twice_is_bound_once() -> None:
     a = _table("u1", "k", "x")
     grouped = pb.reduce(a, [0], [pb.aggregate("count")])

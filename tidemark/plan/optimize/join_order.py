@@ -112,7 +112,7 @@ def _build(cluster: _Cluster, context: Context, view: list[int]) -> plan_pb2.Rel
     # Single-input predicates go into their input; the rest wait for their inputs to meet.
     local: list[list[plan_pb2.Scalar]] = [[] for _ in range(count)]
     pending: list[tuple[plan_pb2.Scalar, frozenset[int]]] = []
-    for predicate in cluster.predicates:
+    for predicate in [*cluster.predicates, *_implied_equalities(cluster.predicates, owner)]:
         used = leaves_of(predicate)
         if len(used) == 1:
             (leaf,) = used
@@ -153,6 +153,42 @@ def _build(cluster: _Cluster, context: Context, view: list[int]) -> plan_pb2.Rel
         order.append(chosen)
         joined.add(chosen)
     return _assemble(leaves, order, starts, cluster.widths, pending, leaves_of, view)
+
+
+def _implied_equalities(
+    predicates: list[plan_pb2.Scalar], owner: list[int]
+) -> list[plan_pb2.Scalar]:
+    """Equalities between columns of two inputs that the column equalities imply (a = b and
+    b = c: a = c; TRUE only for non-NULL equal values, so transitive) and that no predicate
+    states: they let the order join, say, lineitem to a set of order keys before orders,
+    when both are equal to ``o_orderkey``."""
+    parent: dict[int, int] = {}
+
+    def find(c: int) -> int:
+        while parent.get(c, c) != c:
+            c = parent[c]
+        return c
+
+    stated: set[tuple[int, int]] = set()
+    for predicate in predicates:
+        sides = equality_sides(predicate)
+        if sides is None or not all(side.WhichOneof("kind") == "column" for side in sides):
+            continue
+        a, b = sides[0].column, sides[1].column
+        stated.add((min(a, b), max(a, b)))
+        parent.setdefault(a, a)
+        parent.setdefault(b, b)
+        parent[find(a)] = find(b)
+    classes: dict[int, list[int]] = {}
+    for column in sorted(parent):
+        classes.setdefault(find(column), []).append(column)
+    implied = []
+    for members in classes.values():
+        for i, a in enumerate(members):
+            for b in members[i + 1 :]:
+                if owner[a] != owner[b] and (a, b) not in stated:
+                    implied.append(pb.call("eq", pb.column(a), pb.column(b)))
+    return implied
 
 
 def _equalities(
