@@ -101,21 +101,21 @@ def _add_once(predicates: list[plan_pb2.Scalar], predicate: plan_pb2.Scalar) -> 
         predicates.append(predicate)
 
 
-def padded_columns(rel: plan_pb2.Relation, context: Context) -> set[int]:
+def _padded_columns(rel: plan_pb2.Relation, context: Context) -> set[int]:
     """Columns of ``rel`` that an outer join inside it may pad with NULLs."""
     kind = rel.WhichOneof("kind")
     if kind == "project":
-        below = padded_columns(rel.project.input, context)
+        below = _padded_columns(rel.project.input, context)
         return {i for i, c in enumerate(rel.project.columns) if c in below}
     if kind in ("filter", "map", "negate", "threshold", "distinct", "top_k"):
-        return padded_columns(getattr(rel, kind).input, context)
+        return _padded_columns(getattr(rel, kind).input, context)
     if kind != "join":  # a Let's body is not followed: its LocalGets need the Let's scope
         return set()
     join = rel.join
     width = arity(join.left, context.env)
     total = width + arity(join.right, context.env)
-    left = padded_columns(join.left, context)
-    right = {width + c for c in padded_columns(join.right, context)}
+    left = _padded_columns(join.left, context)
+    right = {width + c for c in _padded_columns(join.right, context)}
     if join.kind in (LEFT, FULL):
         right = set(range(width, total))
     if join.kind in (RIGHT, FULL):
@@ -156,8 +156,8 @@ def _push_join(
     to_left: list[plan_pb2.Scalar] = []
     to_right: list[plan_pb2.Scalar] = []
     kept: list[plan_pb2.Scalar] = []
-    padded_left = padded_columns(join.left, context) if kind in (INNER, LEFT) else set()
-    padded_right = padded_columns(join.right, context) if kind in (INNER, RIGHT) else set()
+    padded_left = _padded_columns(join.left, context) if kind in (INNER, LEFT) else set()
+    padded_right = _padded_columns(join.right, context) if kind in (INNER, RIGHT) else set()
     for predicate in predicates:
         used = columns_of(predicate)
         if used and used <= left_columns and kind in (INNER, LEFT):

@@ -2,10 +2,10 @@
 
 A row of multiplicity d counts d times, so each aggregate is written over (value, diff)
 pairs: COUNT sums the diffs of non-NULL values, SUM sums value * diff exactly as a decimal
-(the contract's SUM(INT64) is DECIMAL(38, 0)), MIN and MAX are Spark's (every row of a defined
-group has a positive multiplicity, and Spark orders NaN above every float, as the contract
-does). Each aggregate is partial aggregates computed in the one ``groupBy`` plus a final
-expression over them.
+(the contract's SUM(INT64) is DECIMAL(38, 0); a row of diff 1 adds its value as it is), MIN
+and MAX are Spark's (every row of a defined group has a positive multiplicity, and Spark
+orders NaN above every float, as the contract does). Each aggregate is partial aggregates
+computed in the one ``groupBy`` plus a final expression over them.
 
 Fallbacks (a Python UDF running the in-process engine's aggregate state,
 ``services.compute.dataflow.operators.aggregates``):
