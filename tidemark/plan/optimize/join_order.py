@@ -32,6 +32,7 @@ from tidemark.plan.optimize.scalars import (
     columns_of,
     conjuncts,
     equality_sides,
+    key_of,
     remapped,
     shifted,
 )
@@ -112,7 +113,9 @@ def _build(cluster: _Cluster, context: Context, view: list[int]) -> plan_pb2.Rel
     # Single-input predicates go into their input; the rest wait for their inputs to meet.
     local: list[list[plan_pb2.Scalar]] = [[] for _ in range(count)]
     pending: list[tuple[plan_pb2.Scalar, frozenset[int]]] = []
-    for predicate in [*cluster.predicates, *_implied_equalities(cluster.predicates, owner)]:
+    implied = _implied_equalities(cluster.predicates, owner)
+    implied_keys = {key_of(p) for p in implied}
+    for predicate in [*cluster.predicates, *implied]:
         used = leaves_of(predicate)
         if len(used) == 1:
             (leaf,) = used
@@ -126,16 +129,21 @@ def _build(cluster: _Cluster, context: Context, view: list[int]) -> plan_pb2.Rel
     domains = [estimate(leaf, context.stats, context.env, filters=False) for leaf in leaves]
     edges = _equalities(pending, leaves_of)
 
-    def connected(joined: set[int], candidate: int) -> list[tuple[int, int]]:
+    def connected(joined: set[int], candidate: int) -> list[tuple[int, bool]]:
+        """The joined inputs an equality links to ``candidate``, each with whether the
+        equality is only implied."""
         return [
-            (a, b) if b == candidate else (b, a)
-            for (a, b), _ in edges
+            (a if b == candidate else b, key_of(predicate) in implied_keys)
+            for (a, b), predicate in edges
             if (a in joined and b == candidate) or (b in joined and a == candidate)
         ]
 
     def result_size(current: float, joined: set[int], candidate: int) -> float:
         size = current * sizes[candidate]
-        for mine in {mine for mine, _ in connected(joined, candidate)}:
+        links = connected(joined, candidate)
+        # Implied equalities count only where no stated one links the candidate already.
+        stated = {mine for mine, implied in links if not implied}
+        for mine in stated or {mine for mine, _ in links}:
             size /= min(domains[mine], domains[candidate])
         return size
 
@@ -152,7 +160,7 @@ def _build(cluster: _Cluster, context: Context, view: list[int]) -> plan_pb2.Rel
         current = max(1.0, result_size(current, joined, chosen))
         order.append(chosen)
         joined.add(chosen)
-    return _assemble(leaves, order, starts, cluster.widths, pending, leaves_of, view)
+    return _assemble(leaves, order, starts, cluster.widths, pending, leaves_of, view, implied_keys)
 
 
 def _implied_equalities(
@@ -215,10 +223,13 @@ def _assemble(
     pending: list[tuple[plan_pb2.Scalar, frozenset[int]]],
     leaves_of: Callable[[plan_pb2.Scalar], frozenset[int]],
     view: list[int],
+    implied_keys: set[bytes],
 ) -> plan_pb2.Relation:
     """The left-deep join in ``order``: keys from equalities between the joined inputs and
     the new one, other predicates as soon as their inputs are all joined, and a Project back
-    to the cluster root's columns (``view``: the cluster columns they are)."""
+    to the cluster root's columns (``view``: the cluster columns they are). An implied
+    equality (``implied_keys``) is a key only where no stated one joins the new input, and
+    never a filter: the stated equalities it follows from are all applied anyway."""
     layout: list[int] = []  # cluster column at each position of the tree built so far
     first = order[0]
     tree = leaves[first]
@@ -228,30 +239,34 @@ def _assemble(
     for leaf in order[1:]:
         local = {starts[leaf] + i: i for i in range(widths[leaf])}
         here = {column: position for position, column in enumerate(layout)}
-        left_keys, right_keys, still = [], [], []
+        keys: list[tuple[plan_pb2.Scalar, plan_pb2.Scalar, bool]] = []
+        still = []
         for predicate, used in waiting:
             sides = equality_sides(predicate)
             if sides is not None and leaf in used and used <= joined | {leaf}:
                 a, b = sides
                 a_leaves, b_leaves = leaves_of(a), leaves_of(b)
+                is_implied = key_of(predicate) in implied_keys
                 if b_leaves == {leaf} and a_leaves and a_leaves <= joined:
-                    left_keys.append(remapped(a, here))
-                    right_keys.append(remapped(b, local))
+                    keys.append((remapped(a, here), remapped(b, local), is_implied))
                     continue
                 if a_leaves == {leaf} and b_leaves and b_leaves <= joined:
-                    left_keys.append(remapped(b, here))
-                    right_keys.append(remapped(a, local))
+                    keys.append((remapped(b, here), remapped(a, local), is_implied))
                     continue
             still.append((predicate, used))
-        tree = pb.join(tree, leaves[leaf], left_keys, right_keys)
+        chosen = [(x, y) for x, y, is_implied in keys if not is_implied] or [
+            (x, y) for x, y, _ in keys
+        ]
+        tree = pb.join(tree, leaves[leaf], [x for x, _ in chosen], [y for _, y in chosen])
         layout.extend(range(starts[leaf], starts[leaf] + widths[leaf]))
         joined.add(leaf)
         here = {column: position for position, column in enumerate(layout)}
-        ready = [p for p, used in still if used <= joined]
+        ready = [p for p, used in still if used <= joined and key_of(p) not in implied_keys]
         waiting = [(p, used) for p, used in still if not used <= joined]
         if ready:
             tree = pb.filter(tree, *(remapped(p, here) for p in ready))
     here = {column: position for position, column in enumerate(layout)}
+    waiting = [(p, used) for p, used in waiting if key_of(p) not in implied_keys]
     if waiting:  # predicates on no input's columns (constants)
         tree = pb.filter(tree, *(remapped(p, here) for p, _ in waiting))
     return pb.project(tree, *(here[c] for c in view))
