@@ -223,19 +223,32 @@ class RelationLowering:
         left_keys = [self.scalars(left).lower(k) for k in node.left_keys]
         right_keys = [self.scalars(right).lower(k) for k in node.right_keys]
         pairs = [_promoted_pair(lk, rk) for lk, rk in zip(left_keys, right_keys, strict=True)]
+        # A key that is a column as it is joins on that column: no copy of it rides along
+        # (a narrower side also looks small enough to Spark to broadcast).
+        lnames = [
+            _plain_column(k, lk, c, "l")
+            for k, lk, (c, _) in zip(node.left_keys, left_keys, pairs, strict=True)
+        ]
+        rnames = [
+            _plain_column(k, rk, c, "r")
+            for k, rk, (_, c) in zip(node.right_keys, right_keys, pairs, strict=True)
+        ]
         ldf = left.df.select(
             *(F.col(name(i)).alias(f"l{i}") for i in range(left.width)),
-            *(lk.alias(f"lk{i}") for i, (lk, _) in enumerate(pairs)),
+            *(lk.alias(f"lk{i}") for i, (lk, _) in enumerate(pairs) if lnames[i] is None),
             F.col(DIFF).alias("ld"),
         )
         rdf = right.df.select(
             *(F.col(name(i)).alias(f"r{i}") for i in range(right.width)),
-            *(rk.alias(f"rk{i}") for i, (_, rk) in enumerate(pairs)),
+            *(rk.alias(f"rk{i}") for i, (_, rk) in enumerate(pairs) if rnames[i] is None),
             F.col(DIFF).alias("rd"),
         )
         condition = fold(
             lambda a, b: a & b,
-            [F.col(f"lk{i}") == F.col(f"rk{i}") for i in range(len(pairs))],
+            [
+                F.col(lnames[i] or f"lk{i}") == F.col(rnames[i] or f"rk{i}")
+                for i in range(len(pairs))
+            ],
             F.lit(True),
         )
         how = {
@@ -451,6 +464,14 @@ def _appended(rel: Rel, columns: list[tuple[Column, ScalarType]]) -> Rel:
 
 def _extreme(aggregate: plan_pb2.Aggregate) -> bool:
     return aggregate.func in (plan_pb2.Aggregate.FUNC_MIN, plan_pb2.Aggregate.FUNC_MAX)
+
+
+def _plain_column(key: plan_pb2.Scalar, lowered: Lowered, used: Column, side: str) -> str | None:
+    """The side's name (``l3``, say) of a join key that is one of its columns, used as it
+    is (no promotion); None for any other key."""
+    if key.WhichOneof("kind") != "column" or used is not lowered.column:
+        return None
+    return f"{side}{key.column}"
 
 
 def _promoted_pair(left: Lowered, right: Lowered) -> tuple[Column, Column]:
