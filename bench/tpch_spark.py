@@ -12,8 +12,10 @@ into storage, at a timestamp from the oracle as the adapter writes a table. Then
   of the same master and settings as compute's, in this process;
 - DuckDB: the same query, for the answer (and its time).
 
-Each timed figure is the median of ``--runs`` runs after one warm-up run. Every Tidemark answer
-is checked against DuckDB's; a wrong or failed one is reported as such, never timed. Writes
+Each timed figure is the median of ``--runs`` runs after one warm-up run. A query's Tidemark and
+Spark SQL runs follow each other (the Spark SQL session lives beside the services), so a
+machine shared with other work loads both sides of a ratio alike. Every Tidemark answer is
+checked against DuckDB's; a wrong or failed one is reported as such, never timed. Writes
 ``bench/results/tpch_spark.json``.
 """
 
@@ -27,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -133,8 +136,14 @@ def _duckdb(duck: Any, sql: str) -> tuple[float, list[tuple[Any, ...]]]:
 
 
 async def measure_tidemark(
-    args: argparse.Namespace, stack: SqlStack, duck: Any, texts: dict[int, str]
+    args: argparse.Namespace,
+    stack: SqlStack,
+    duck: Any,
+    texts: dict[int, str],
+    spark_sql: Callable[[int], float],
 ) -> dict[str, Any]:
+    """Loads the tables, then per query: Tidemark's runs, then Spark SQL's (``spark_sql``:
+    the median seconds of a query number)."""
     tables = schemas(duck)
     async with (
         AdapterClient(stack.adapter(0), timeout=args.timeout) as client,
@@ -166,29 +175,25 @@ async def measure_tidemark(
             else:
                 cell = {"ok": True, "seconds": round(statistics.median(times), 4)}
             cell["duckdb_seconds"] = round(duck_seconds, 4)
+            cell["spark_sql_seconds"] = spark_sql(number)
             per_query[f"q{number:02d}"] = cell
-            print(f"Q{number:02d} tidemark {cell.get('seconds', 'FAIL')}", flush=True)
+            print(
+                f"Q{number:02d} tidemark {cell.get('seconds', 'FAIL')} "
+                f"spark sql {cell['spark_sql_seconds']}",
+                flush=True,
+            )
     return {"rows_loaded": loaded, "load_seconds": round(load_seconds, 1), "queries": per_query}
 
 
-def measure_spark_sql(
-    args: argparse.Namespace, parquet: Path, texts: dict[int, str]
-) -> dict[str, float]:
-    from services.compute.spark.session import spark_session, stop_spark_session
+def spark_sql_session(args: argparse.Namespace, parquet: Path) -> Any:
+    """A Spark session of compute's master and settings, with the tables as views over the
+    DuckDB-written Parquet."""
+    from services.compute.spark.session import spark_session
 
     spark = spark_session(args.spark_master, settings={"spark.driver.memory": DRIVER_MEMORY})
-    try:
-        for name in TABLES:
-            spark.read.parquet(str(parquet / f"{name}.parquet")).createOrReplaceTempView(name)
-        found = {}
-        for number in [int(n) for n in args.queries.split(",")]:
-            found[f"q{number:02d}"] = round(
-                statistics.median(_spark_sql_runs(spark, texts[number], args.runs)), 4
-            )
-            print(f"Q{number:02d} spark sql {found[f'q{number:02d}']}", flush=True)
-        return found
-    finally:
-        stop_spark_session()
+    for name in TABLES:
+        spark.read.parquet(str(parquet / f"{name}.parquet")).createOrReplaceTempView(name)
+    return spark
 
 
 def main() -> None:
@@ -218,14 +223,23 @@ def main() -> None:
             "--spark-one-shot-rows",
             args.spark_one_shot_rows,
         )
-        with sql_stack(
-            Path(directory) / "stack",
-            adapters=1,
-            spark_master=args.spark_master,
-            compute_extra={"default": compute},
-        ) as stack:
-            tidemark = asyncio.run(measure_tidemark(args, stack, duck, texts))
-        spark_sql = measure_spark_sql(args, parquet, texts)
+        from services.compute.spark.session import stop_spark_session
+
+        spark = spark_sql_session(args, parquet)
+
+        def spark_sql(number: int) -> float:
+            return round(statistics.median(_spark_sql_runs(spark, texts[number], args.runs)), 4)
+
+        try:
+            with sql_stack(
+                Path(directory) / "stack",
+                adapters=1,
+                spark_master=args.spark_master,
+                compute_extra={"default": compute},
+            ) as stack:
+                tidemark = asyncio.run(measure_tidemark(args, stack, duck, texts, spark_sql))
+        finally:
+            stop_spark_session()
     report: dict[str, Any] = {
         "scale_factor": args.scale_factor,
         "spark_master": args.spark_master,
@@ -239,8 +253,8 @@ def main() -> None:
     print(f"TPC-H sf {args.scale_factor}, one-shot queries, median of {args.runs} runs")
     print(f"{'query':<7}{'Tidemark s':>12}{'Spark SQL s':>13}{'ratio':>8}{'DuckDB s':>10}")
     for name, cell in tidemark["queries"].items():
-        spark_seconds = spark_sql[name]
-        entry = {**cell, "spark_sql_seconds": spark_seconds}
+        spark_seconds = cell["spark_sql_seconds"]
+        entry = dict(cell)
         if cell.get("ok"):
             entry["ratio_to_spark_sql"] = round(cell["seconds"] / spark_seconds, 2)
         report["queries"][name] = entry

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from pyspark.sql import SparkSession
 
-from services.compute.spark.lowering import lower
+from services.compute.spark.lowering import lower, release
 from services.compute.spark.lowering.errors import collect
 from tests.support import random_plans, reference_eval, spark_lowering
 from tidemark.columnar import Column, ColumnType, RelationSchema
@@ -269,6 +269,41 @@ def test_overflow_and_division_by_zero_are_null(spark: SparkSession, ansi: str) 
     )
 
 
+def test_decimal_sums_near_38_digits_with_unit_and_other_diffs(spark: SparkSession) -> None:
+    """A row of diff 1 adds its value as it is, others value * diff: both exact, and a
+    product or a sum past 38 digits makes the SUM NULL (the overflow rule)."""
+    wide = RelationSchema([Column("g", T.INT64, True), Column("d", T.DECIMAL, True, 38, 2)])
+    top = Decimal("9" * 36 + ".99")
+    half = Decimal("4" * 36 + ".99")
+    rows = {
+        (1, top): 1,  # the largest value, diff 1: fits
+        (1, Decimal("-0.01")): 3,
+        (1, None): 2,
+        (2, half): 2,  # doubled: still 37 digits
+        (2, Decimal("1.00")): 1,
+        (3, top): 2,  # top * 2 is past 38 digits: the group's sum is NULL
+        (3, Decimal("1.00")): 1,
+        (4, top): 1,  # top + top: the sum is past 38 digits
+        (4, Decimal("9" * 35 + ".99")): 9,
+        (5, Decimal("-2.50")): 4,
+        (5, Decimal("2.50")): 4,
+    }
+    root = pb.reduce(pb.get("w", wide), [0], [pb.aggregate("sum", 1), pb.aggregate("count", 1)])
+    check(
+        spark,
+        root,
+        {"w": wide},
+        {"w": rows},
+        {
+            (1, Decimal("9" * 34 + "99.96"), 4): 1,
+            (2, Decimal("8" * 34 + "90.98"), 3): 1,
+            (3, None, 3): 1,
+            (4, None, 10): 1,
+            (5, Decimal("0.00"), 8): 1,
+        },
+    )
+
+
 def test_fallback_functions_and_casts(spark: SparkSession) -> None:
     schemas = {"kv": KV}
     inputs = {"kv": {(-1, "straße"): 1, (2, " 12.345 "): 1, (3, None): 1}}
@@ -324,6 +359,92 @@ def test_let_binding_is_shared(spark: SparkSession) -> None:
     check(spark, root, schemas, inputs, {(2, 3, 5, 1, 2, 3): 2})
     inputs = {"n": {(1, 1): 1, (2, 1): 2}}
     check(spark, root, schemas, inputs, {(1, 1, 2, 1, 1, 2): 1, (1, 1, 2, 2, 1, 3): 2})
+
+
+def test_a_let_read_twice_is_cached_for_the_query_and_released(spark: SparkSession) -> None:
+    schemas = {"n": NUM}
+    inputs = {"n": {(1, 2): 1, (1, 5): 2, (2, 3): 1, (2, 4): 2, (None, 7): 1}}
+    totals = pb.reduce(pb.get("n", NUM), [0], [pb.aggregate("sum", 1)])
+    body = pb.union(
+        pb.local_get(0), pb.negate(pb.filter(pb.local_get(0), pb.call("is_null", pb.column(0))))
+    )
+    root = pb.let(0, totals, body)
+    check(spark, root, schemas, inputs, {(1, Decimal(12)): 1, (2, Decimal(11)): 1})
+    plan = pb.plan(root, derive_schema(root))
+    frames = {"n": spark_lowering.input_frame(spark, NUM, inputs["n"])}
+    kept: list[Any] = []
+    df = lower(plan, frames, spark, kept=kept)
+    assert len(kept) == 1 and kept[0].is_cached
+    assert sorted(tuple(r) for r in df.collect()) == [(1, Decimal(12), 1), (2, Decimal(11), 1)]
+    release(kept)
+    assert kept == [] and not df.is_cached
+    # Without a list to hand them back in, nothing is cached.
+    assert not lower(plan, frames, spark).is_cached
+
+
+def test_keyed_relations_skip_consolidation_yet_stay_consolidated(spark: SparkSession) -> None:
+    """Reduce outputs are distinct on their group keys, so joins and projections keeping
+    those keys need no consolidation; a full join may still pad two rows into one."""
+    schemas = {"n": NUM, "m": NUM}
+    inputs = {
+        "n": {(1, 2): 1, (1, 5): 2, (None, 3): 1, (2, 0): 1},
+        "m": {(1, 7): 1, (None, 8): 2, (3, 9): 1},
+    }
+    n_sums = pb.reduce(pb.get("n", NUM), [0], [pb.aggregate("sum", 1), pb.aggregate("count")])
+    m_counts = pb.reduce(pb.get("m", NUM), [0], [pb.aggregate("count")])
+    joined = pb.project(pb.join(n_sums, m_counts, [0], [0], "left_outer"), 0, 2, 4)
+    check(
+        spark,
+        joined,
+        schemas,
+        inputs,
+        {(1, 3, 1): 1, (None, 1, None): 1, (2, 1, None): 1},
+    )
+    # Only the NULL groups' keys: one all-NULL row on each side, which the full join pads
+    # into the same row twice.
+    nulls_n = pb.project(pb.filter(n_sums, pb.call("is_null", pb.column(0))), 0)
+    nulls_m = pb.project(pb.filter(m_counts, pb.call("is_null", pb.column(0))), 0)
+    check(
+        spark,
+        pb.join(nulls_n, nulls_m, [0], [0], "full_outer"),
+        schemas,
+        inputs,
+        {(None, None): 2},
+    )
+    # Dropping the key column loses distinctness: equal counts of two groups add up.
+    check(spark, pb.project(n_sums, 2), schemas, inputs, {(3,): 1, (1,): 2})
+
+
+def test_constants_are_exact_and_consolidated(spark: SparkSession) -> None:
+    schema = RelationSchema(
+        [
+            Column("d", T.DECIMAL, True, 38, 2),
+            Column("day", T.DATE, True),
+            Column("t", T.TEXT, True),
+            Column("f", T.FLOAT64, True),
+        ]
+    )
+    big = Decimal("-" + "9" * 36 + ".99")
+    rows = [
+        ((big, datetime.date(1, 1, 1), "it's", -0.0), 2),
+        ((big, datetime.date(1, 1, 1), "it's", 0.0), -1),
+        ((None, None, None, float("nan")), -3),
+        ((Decimal("0.01"), datetime.date(9999, 12, 31), "", None), 1),
+    ]
+    check(
+        spark,
+        pb.constant(schema, rows),
+        {},
+        {},
+        {
+            (big, datetime.date(1, 1, 1), "it's", 0.0): 1,
+            (None, None, None, float("nan")): -3,
+            (Decimal("0.01"), datetime.date(9999, 12, 31), "", None): 1,
+        },
+    )
+    check(spark, pb.constant(schema, []), {}, {}, {})
+    one = pb.constant(schema, [((Decimal("1.50"), None, "x", 2.5), -2)])
+    check(spark, one, {}, {}, {(Decimal("1.50"), None, "x", 2.5): -2})
 
 
 def test_misshapen_input_is_rejected(spark: SparkSession) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from services.compute.spark.lowering import lower, spark_schema
+from services.compute.spark.lowering import lower, release, spark_schema
 from services.compute.spark.lowering.fallback import from_spark
 from tests.support import reference_eval
 from tidemark.columnar import RelationSchema
@@ -32,10 +32,18 @@ def run(
     schemas: Mapping[str, RelationSchema],
     inputs: Mapping[str, Mapping[Row, int]],
 ) -> dict[Row, int]:
-    """The plan's output through ``lower``, as a canonical multiset."""
+    """The plan's output through ``lower`` (Lets read twice cached, as one-shots run it), as
+    a canonical multiset. Fails if the output is not consolidated: a row twice or with a
+    zero multiplicity."""
     frames = {name: input_frame(spark, schemas[name], inputs.get(name, {})) for name in schemas}
     result: dict[Row, int] = {}
-    for row in lower(plan, frames, spark).collect():
+    kept: list[DataFrame] = []
+    try:
+        rows = lower(plan, frames, spark, kept=kept).collect()
+    finally:
+        release(kept)
+    for row in rows:
         values = tuple(from_spark(v) for v in row[:-1])
-        result[values] = result.get(values, 0) + row[-1]
+        assert values not in result and row[-1] != 0, f"not consolidated: {row}"
+        result[values] = row[-1]
     return reference_eval.canonical(result)

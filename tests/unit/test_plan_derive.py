@@ -18,6 +18,7 @@ from tidemark.plan import (
     scalar_type,
 )
 from tidemark.plan import builders as pb
+from tidemark.plan.derive import true_columns
 from tidemark.plan.scalar_types import ScalarType
 from tidemark.v1 import common_pb2, plan_pb2
 
@@ -518,3 +519,19 @@ def test_check_plan_rejects_a_mismatched_output_schema() -> None:
         check_plan(plan_pb2.Plan())
     with pytest.raises(InvalidArgument, match="'now' is nondeterministic"):
         check_plan(pb.plan(pb.map(R, pb.call("now"))))
+
+
+def test_true_columns_see_through_case_and_never_true_branches() -> None:
+    col, call = pb.column, pb.call
+    true, false = pb.literal(True, ColumnType.BOOL), pb.literal(False, ColumnType.BOOL)
+    null = pb.literal(None, ColumnType.BOOL)
+    # TRUE only through THEN, whose condition needs #0: #0 is not NULL when TRUE.
+    assert true_columns(pb.case(call("is_not_null", col(0)), true, false)) == {0}
+    assert true_columns(pb.case(call("is_not_null", col(0)), true, null)) == {0}
+    # TRUE through either branch: only what both need.
+    either = pb.case(call("is_not_null", col(0)), call("gt", col(1), col(2)), col(1))
+    assert true_columns(either) == {1}
+    # An ELSE that can be TRUE keeps #0 out.
+    assert true_columns(pb.case(call("is_not_null", col(0)), true, true)) == set()
+    assert true_columns(call("or", false, call("is_not_null", col(3)))) == {3}
+    assert true_columns(call("and", null, col(1))) == set()  # never TRUE: claims nothing

@@ -66,6 +66,10 @@ def _table(collection_id: str, *names: str) -> plan_pb2.Relation:
     return pb.get(collection_id, RelationSchema([Column(n, ColumnType.INT64) for n in names]))
 
 
+def _schema(*names: str) -> RelationSchema:
+    return RelationSchema([Column(n, ColumnType.INT64) for n in names])
+
+
 def _joins(root: plan_pb2.Relation) -> list[plan_pb2.Join]:
     return [node.join for node in relations(root) if node.HasField("join")]
 
@@ -113,6 +117,64 @@ def test_a_left_join_with_a_null_rejecting_predicate_becomes_inner() -> None:
     (join,) = _joins(optimized.root)
     assert join.kind == plan_pb2.Join.KIND_INNER
     assert join.right.HasField("filter") or join.right.HasField("project")
+
+
+def test_an_in_subquery_predicate_narrows_the_outer_join_it_reads_through() -> None:
+    """SQL's ``k IN (subquery)``: a left join to the subquery's distinct keys, a one-row
+    count beside it, and a CASE that is TRUE only where the key matched. The CASE rejects
+    the padded rows of the inner join, so that join becomes INNER."""
+    facts, keys = _table("u1", "k", "x"), _table("u2", "k")
+    matched = pb.join(facts, pb.distinct(keys), [0], [0], kind="left_outer")  # k, x, key
+    counts = pb.reduce(keys, [], [pb.aggregate("count"), pb.aggregate("count", 0)])
+    beside = pb.join(matched, counts, kind="left_outer")  # k, x, key, n, n_keys
+    col, call = pb.column, pb.call
+    false, null = pb.literal(False, ColumnType.BOOL), pb.literal(None, ColumnType.BOOL)
+    unknown = pb.case(call("or", call("is_null", col(0)), call("lt", col(4), col(3))), null, false)
+    predicate = pb.case(
+        call("is_not_null", col(2)),
+        pb.literal(True, ColumnType.BOOL),
+        pb.case(call("is_null", col(3)), false, unknown),
+    )
+    plan = pb.plan(pb.project(pb.filter(beside, predicate), 0, 1))
+    optimized = optimize(plan).plan
+    kinds = sorted(join.kind for join in _joins(optimized.root))
+    assert kinds == [plan_pb2.Join.KIND_INNER, plan_pb2.Join.KIND_LEFT_OUTER], explain(optimized)
+    check_plan(optimized, {"u1": _schema("k", "x"), "u2": _schema("k")})
+
+
+def test_a_fact_is_joined_to_its_filtered_dimension_first() -> None:
+    """lineitem joins part (filtered) before partsupp, whose two key equalities with lineitem
+    are one composite key, not two independent ones."""
+    lineitem = _table("lineitem", "l_part", "l_supp")
+    part = pb.filter(_table("part", "p_key", "p_name"), pb.call("gt", pb.column(1), 0))
+    partsupp = _table("partsupp", "ps_part", "ps_supp")
+    supplier = _table("supplier", "s_key")
+    eq = lambda a, b: pb.call("eq", pb.column(a), pb.column(b))  # noqa: E731
+    product = pb.join(pb.join(pb.join(lineitem, part), partsupp), supplier)
+    plan = pb.plan(pb.filter(product, eq(0, 2), eq(0, 4), eq(1, 5), eq(1, 6)))
+    stats = Statistics({"lineitem": 6_000_000, "part": 200_000, "partsupp": 800_000})
+    stats = Statistics({**stats.rows, "supplier": 10_000})
+    optimized = optimize(plan, stats).plan
+    gets = [n.get.collection_id for n in relations(optimized.root) if n.HasField("get")]
+    # Left-deep: the innermost join (listed last) is the first one made.
+    first = [g for g in reversed(gets)][:2]
+    assert sorted(first) == ["lineitem", "part"], explain(optimized)
+
+
+def test_implied_equalities_join_a_fact_to_a_key_set_through_a_projection() -> None:
+    """facts.k = orders.k under a projection, and orders.k = keys.k above it: the fact joins
+    the (small) key set first, on the equality the two imply."""
+    facts, orders = _table("facts", "k", "x"), _table("orders", "k", "c")
+    keys = pb.distinct(pb.filter(_table("keys", "k"), pb.call("gt", pb.column(0), 0)))
+    inner = pb.project(pb.join(facts, orders, [0], [0]), 1, 2, 3)  # x, orders.k, c
+    plan = pb.plan(pb.join(inner, keys, [1], [0]))
+    stats = Statistics({"facts": 6_000_000, "orders": 1_500_000, "keys": 1_500_000})
+    optimized = optimize(plan, stats).plan
+    gets = [n.get.collection_id for n in relations(optimized.root) if n.HasField("get")]
+    assert sorted(gets[-2:]) == ["facts", "keys"], explain(optimized)
+    check_plan(
+        optimized, {"facts": _schema("k", "x"), "orders": _schema("k", "c"), "keys": _schema("k")}
+    )
 
 
 def test_a_subplan_used_twice_is_bound_once() -> None:

@@ -130,16 +130,47 @@ def nonnull_columns(expr: plan_pb2.Scalar) -> set[int]:
 
 def true_columns(expr: plan_pb2.Scalar) -> set[int]:
     """Columns that are not NULL whenever the predicate ``expr`` is TRUE."""
-    if expr.WhichOneof("kind") == "call":
+    found = _true_columns(expr)
+    return set() if found is None else found
+
+
+def _true_columns(expr: plan_pb2.Scalar) -> set[int] | None:
+    """As :func:`true_columns`; None when ``expr`` is never TRUE (then every column is)."""
+    kind = expr.WhichOneof("kind")
+    if kind == "literal":
+        value = expr.literal.WhichOneof("value")
+        never = value is None or (value == "bool_value" and not expr.literal.bool_value)
+        return None if never else set()
+    if kind == "case":
+        # TRUE through THEN (with the condition TRUE) or through ELSE: SQL's IN and NOT IN
+        # over a subquery are such CASEs, TRUE only where the subquery matched.
+        cond, then = _true_columns(expr.case.cond), _true_columns(expr.case.then)
+        through_then = None if cond is None or then is None else cond | then
+        return _either(through_then, _true_columns(expr.case.otherwise))
+    if kind == "call":
         call = expr.call
         if call.function == "and":
-            return set().union(*(true_columns(arg) for arg in call.args))
-        if call.function == "or":
-            sets = [true_columns(arg) for arg in call.args]
-            return set.intersection(*sets) if sets else set()
+            parts = [_true_columns(arg) for arg in call.args]
+            if any(part is None for part in parts):
+                return None
+            return set().union(*(part for part in parts if part is not None))
+        if call.function == "or" and call.args:
+            found: set[int] | None = None
+            for arg in call.args:
+                found = _either(found, _true_columns(arg))
+            return found
         if call.function in ("not", "is_not_null") and len(call.args) == 1:
             return nonnull_columns(call.args[0])
     return nonnull_columns(expr)
+
+
+def _either(a: set[int] | None, b: set[int] | None) -> set[int] | None:
+    """The columns not NULL when one of two predicates is TRUE (None: never TRUE)."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a & b
 
 
 # Relations --------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from tidemark.columnar import Column as RelationColumn
 from tidemark.columnar import ColumnType, RelationSchema
 from tidemark.columnar.io import ROW_GROUP_ROWS
 from tidemark.columnar.schema import DIFF_COLUMN, TIME_COLUMN
+from tidemark.columnar.updates import frontier_bound
 from tidemark.plan.scalar_types import ScalarType
 from tidemark.v1 import common_pb2
 
@@ -313,9 +314,28 @@ def _local_parts(
     executors run on the files in place (vectorized, only the columns asked for, row groups
     split across tasks): the same rows as the Python source, sooner."""
     paths = [str(root / part.key) for part in listing.parts]
-    read = spark.read.option("mergeSchema", "false").parquet(*paths)
-    kept = read.where(F.col(TIME_COLUMN) <= F.lit(listing.as_of))
-    return kept.select(*(column(f.name).cast(f.dataType).alias(f.name) for f in read_schema))
+    # The schema is given, so Spark reads no footer to infer it on the driver; storage wrote
+    # each column with exactly these types (``time``, a uint64, is Spark's DECIMAL(20, 0)).
+    # All of them: Spark sizes a scan (to choose broadcast joins) as the files' bytes times
+    # the share of the schema's width it reads.
+    every = spark_schema(listing.schema)
+    stored = StructType(
+        [*every.fields[:-1], StructField(TIME_COLUMN, DecimalType(20, 0)), every.fields[-1]]
+    )
+    read = spark.read.option("mergeSchema", "false").schema(stored).parquet(*paths)
+    if not all_at_or_before(listing):
+        read = read.where(F.col(TIME_COLUMN) <= F.lit(listing.as_of))
+    return read.select(*(column(f.name) for f in read_schema))
+
+
+def all_at_or_before(listing: PartsListing) -> bool:
+    """Whether every listed part's updates are at times ``<= as_of`` (each part's upper is
+    at most ``as_of + 1``): then no update needs dropping and ``time`` need not be read."""
+    for part in listing.parts:
+        bound = frontier_bound(part.upper)
+        if bound is None or bound > listing.as_of + 1:
+            return False
+    return True
 
 
 def _source_frame(

@@ -20,10 +20,10 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from services.compute.spark.jobs import JobProgress, SparkJobs
-from services.compute.spark.lowering import DIFF, lower
+from services.compute.spark.lowering import DIFF, lower, release
 from services.compute.spark.lowering.errors import translate
 from services.compute.spark.parts_source import collection_frame, missing_part
 from tidemark.clients.storage import PartsListing
@@ -119,7 +119,11 @@ class SparkQueries:
             )
             for i in inputs
         }
-        answer = lower(plan, frames, self.spark).toArrow()
+        kept: list[DataFrame] = []
+        try:
+            answer = lower(plan, frames, self.spark, kept=kept).toArrow()
+        finally:
+            release(kept)
         names = [c.name for c in schema.columns]
         times = pa.repeat(pa.scalar(timestamp, TIME_TYPE), answer.num_rows)
         data = [answer.column(i) for i in range(len(names))]

@@ -67,38 +67,42 @@ def arity(rel: plan_pb2.Relation, env: Env | None = None) -> int:
     raise ValueError(f"unknown relation kind {kind!r}")
 
 
-def estimate(rel: plan_pb2.Relation, stats: Statistics, env: Env | None = None) -> float:
-    """A rough number of rows."""
+def estimate(
+    rel: plan_pb2.Relation, stats: Statistics, env: Env | None = None, *, filters: bool = True
+) -> float:
+    """A rough number of rows (``filters=False``: as if no Filter dropped any, the size of
+    the domain a key column of ``rel`` draws from)."""
     kind = rel.WhichOneof("kind")
     if kind == "get":
         return float(stats.collection_rows(rel.get.collection_id))
     if kind == "constant":
         return float(max(1, len(rel.constant.rows)))
     if kind == "filter":
-        return max(1.0, estimate(rel.filter.input, stats, env) * FILTER_SELECTIVITY)
+        below = estimate(rel.filter.input, stats, env, filters=filters)
+        return max(1.0, below * FILTER_SELECTIVITY) if filters else below
     if kind == "union":
-        return sum(estimate(branch, stats, env) for branch in rel.union.inputs)
+        return sum(estimate(branch, stats, env, filters=filters) for branch in rel.union.inputs)
     if kind == "join":
-        left = estimate(rel.join.left, stats, env)
-        right = estimate(rel.join.right, stats, env)
+        left = estimate(rel.join.left, stats, env, filters=filters)
+        right = estimate(rel.join.right, stats, env, filters=filters)
         if not rel.join.left_keys:
             return left * right
         return max(left, right)
     if kind == "reduce":
         if not rel.reduce.group_key:
             return 1.0
-        return max(1.0, estimate(rel.reduce.input, stats, env) / 2)
+        return max(1.0, estimate(rel.reduce.input, stats, env, filters=filters) / 2)
     if kind == "top_k":
-        below = estimate(rel.top_k.input, stats, env)
+        below = estimate(rel.top_k.input, stats, env, filters=filters)
         if rel.top_k.HasField("limit") and not rel.top_k.group_key:
             return float(min(below, max(1, rel.top_k.limit)))
         return below
     if kind == "let":
         inner = dict(env or {})
         inner[rel.let.id] = rel.let.value
-        return estimate(rel.let.body, stats, inner)
+        return estimate(rel.let.body, stats, inner, filters=filters)
     if kind == "local_get":
         bound = (env or {}).get(rel.local_get.id)
-        return DEFAULT_ROWS if bound is None else estimate(bound, stats, env)
+        return DEFAULT_ROWS if bound is None else estimate(bound, stats, env, filters=filters)
     inputs = [getattr(rel, kind).input] if kind is not None else []
-    return estimate(inputs[0], stats, env) if inputs else float(DEFAULT_ROWS)
+    return estimate(inputs[0], stats, env, filters=filters) if inputs else float(DEFAULT_ROWS)

@@ -12,7 +12,9 @@ Equivalences (each part of a conjunction moves on its own):
   with NULLs (the null-supplying side of an outer join). A predicate that cannot be TRUE when a
   padded side's columns are NULL removes every padded row, so the join narrows first: LEFT to
   INNER, FULL to LEFT or RIGHT. Predicates on both sides stay (the join ordering rule turns
-  equalities into keys).
+  equalities into keys); when one is TRUE only where a column of a side is not NULL and that
+  column is padded by an outer join inside that side, ``is_not_null`` of it moves into the
+  side too (implied, so it changes nothing but lets that outer join narrow).
 - Let: a filter over a Let moves into its body.
 """
 
@@ -94,6 +96,33 @@ def _push(
     return below, predicates
 
 
+def _add_once(predicates: list[plan_pb2.Scalar], predicate: plan_pb2.Scalar) -> None:
+    if predicate not in predicates:
+        predicates.append(predicate)
+
+
+def _padded_columns(rel: plan_pb2.Relation, context: Context) -> set[int]:
+    """Columns of ``rel`` that an outer join inside it may pad with NULLs."""
+    kind = rel.WhichOneof("kind")
+    if kind == "project":
+        below = _padded_columns(rel.project.input, context)
+        return {i for i, c in enumerate(rel.project.columns) if c in below}
+    if kind in ("filter", "map", "negate", "threshold", "distinct", "top_k"):
+        return _padded_columns(getattr(rel, kind).input, context)
+    if kind != "join":  # a Let's body is not followed: its LocalGets need the Let's scope
+        return set()
+    join = rel.join
+    width = arity(join.left, context.env)
+    total = width + arity(join.right, context.env)
+    left = _padded_columns(join.left, context)
+    right = {width + c for c in _padded_columns(join.right, context)}
+    if join.kind in (LEFT, FULL):
+        right = set(range(width, total))
+    if join.kind in (RIGHT, FULL):
+        left = set(range(width))
+    return left | right
+
+
 def _push_on_keys(
     below: plan_pb2.Relation, kind: str, predicates: list[plan_pb2.Scalar], keys: dict[int, int]
 ) -> tuple[plan_pb2.Relation, list[plan_pb2.Scalar]]:
@@ -127,6 +156,8 @@ def _push_join(
     to_left: list[plan_pb2.Scalar] = []
     to_right: list[plan_pb2.Scalar] = []
     kept: list[plan_pb2.Scalar] = []
+    padded_left = _padded_columns(join.left, context) if kind in (INNER, LEFT) else set()
+    padded_right = _padded_columns(join.right, context) if kind in (INNER, RIGHT) else set()
     for predicate in predicates:
         used = columns_of(predicate)
         if used and used <= left_columns and kind in (INNER, LEFT):
@@ -135,6 +166,11 @@ def _push_join(
             to_right.append(shifted(predicate, -width))
         else:
             kept.append(predicate)
+            for c in sorted(true_columns(predicate)):
+                if c in padded_left:
+                    _add_once(to_left, pb.call("is_not_null", pb.column(c)))
+                elif c - width in padded_right:
+                    _add_once(to_right, pb.call("is_not_null", pb.column(c - width)))
     if kind == join.kind and not to_left and not to_right:
         return below, predicates
     result = copy(below)

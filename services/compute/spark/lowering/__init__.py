@@ -24,16 +24,22 @@ from tidemark.errors import InvalidArgument
 from tidemark.plan import derive_schema
 from tidemark.v1 import plan_pb2
 
-__all__ = ["DIFF", "lower", "lower_with", "spark_schema", "spark_type"]
+__all__ = ["DIFF", "lower", "lower_with", "release", "spark_schema", "spark_type"]
 
 
 def lower(
     plan: plan_pb2.Plan | plan_pb2.Relation,
     inputs: Mapping[str, DataFrame],
     spark: SparkSession | None = None,
+    *,
+    kept: list[DataFrame] | None = None,
 ) -> DataFrame:
     """The DataFrame computing ``plan`` over ``inputs`` (see the module docstring). Raises
-    ``InvalidArgument`` for an invalid plan or a missing or misshapen input."""
+    ``InvalidArgument`` for an invalid plan or a missing or misshapen input.
+
+    With ``kept``, a Let whose value takes a shuffle and that is read more than once is
+    cached (filled by the first action) and appended there: the caller unpersists those
+    after its action (:func:`release`)."""
     root = plan.root if isinstance(plan, plan_pb2.Plan) else plan
     schema = derive_schema(root)
     if isinstance(plan, plan_pb2.Plan) and plan.output_schema.columns:
@@ -43,7 +49,7 @@ def lower(
     session = spark or SparkSession.getActiveSession()
     if session is None:
         raise RuntimeError("lower needs a SparkSession")
-    rel = RelationLowering(session, inputs).lower(root).consolidated()
+    rel = RelationLowering(session, inputs, kept).lower(root).consolidated()
     return rel.df.select(*(rel.df[name(i)].alias(n) for i, n in enumerate(names)), rel.df[DIFF])
 
 
@@ -72,3 +78,10 @@ def lower_with(
             raise InvalidArgument("a relation to capture is not part of the plan")
         parts.append(captured.df)
     return output, parts
+
+
+def release(kept: list[DataFrame]) -> None:
+    """Unpersists the DataFrames :func:`lower` cached (non-blocking)."""
+    for frame in kept:
+        frame.unpersist(blocking=False)
+    kept.clear()

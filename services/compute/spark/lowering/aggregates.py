@@ -2,10 +2,10 @@
 
 A row of multiplicity d counts d times, so each aggregate is written over (value, diff)
 pairs: COUNT sums the diffs of non-NULL values, SUM sums value * diff exactly as a decimal
-(the contract's SUM(INT64) is DECIMAL(38, 0)), MIN and MAX are Spark's (every row of a defined
-group has a positive multiplicity, and Spark orders NaN above every float, as the contract
-does). Each aggregate is partial aggregates computed in the one ``groupBy`` plus a final
-expression over them.
+(the contract's SUM(INT64) is DECIMAL(38, 0); a row of diff 1 adds its value as it is), MIN
+and MAX are Spark's (every row of a defined group has a positive multiplicity, and Spark
+orders NaN above every float, as the contract does). Each aggregate is partial aggregates
+computed in the one ``groupBy`` plus a final expression over them.
 
 Fallbacks (a Python UDF running the in-process engine's aggregate state,
 ``services.compute.dataflow.operators.aggregates``):
@@ -35,7 +35,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as S
 
 from services.compute.spark.lowering.fallback import from_spark
-from services.compute.spark.lowering.types import diff_sum, spark_type
+from services.compute.spark.lowering.types import diff_sum, result_type, spark_type
 from tidemark.columnar import ColumnType
 from tidemark.plan import aggregate_type
 from tidemark.plan.scalar_types import ScalarType
@@ -44,6 +44,7 @@ from tidemark.v1 import plan_pb2
 T = ColumnType
 _Func = plan_pb2.Aggregate
 DEC19 = S.DecimalType(19, 0)
+UNIT_DIFF_FAST_PATH = True
 
 
 @dataclass(frozen=True)
@@ -85,9 +86,14 @@ def plan_aggregate(
     scale = value_type.scale if value_type.kind is T.DECIMAL else 0
     number = value.cast(DEC19) if value_type.kind is T.INT64 else value
     product = F.try_multiply(number, diff.cast(DEC19))
-    product_type = df.select(product.alias("p")).schema.fields[0].dataType
+    number_type = DEC19 if value_type.kind is T.INT64 else spark_type(value_type)
+    product_type = result_type(df.sparkSession, "mul", F.try_multiply, number_type, DEC19)
     if not isinstance(product_type, S.DecimalType) or product_type.scale != scale:
         return _fallback(aggregate, value, diff, input_types, out)
+    if UNIT_DIFF_FAST_PATH:
+        # Most rows have diff 1 (a table's inserts): the value itself, widened exactly to the
+        # product's type (same scale, more digits), spares a BigDecimal multiplication.
+        product = F.when(diff == 1, number.cast(product_type)).otherwise(product)
     # A product too wide for Spark is NULL: flag it, so the sum is NULL and not short.
     overflow = F.max(F.when(value.isNotNull() & product.isNull(), F.lit(1)))
     parts = [F.try_sum(product), diff_sum(_counted(value, diff)), overflow]

@@ -2,8 +2,10 @@
 
 Linear nodes (Filter, Map, Project, Union, Negate, inner Join) work on unconsolidated rows and
 multiply or negate diffs. Nodes whose answer depends on totals consolidate their input first:
-Threshold, Distinct, Reduce, TopK, Window and outer joins (a row is unmatched only when no
-row of non-zero multiplicity matches it).
+Threshold, Distinct, Reduce (with MIN or MAX), TopK, Window, and an outer join the side that
+decides the other's padding (a row is unmatched only when no row of non-zero multiplicity
+matches it). A relation known to be consolidated already (a Reduce's output, joins and
+projections keeping such keys: ``Rel.unique``) is not consolidated again.
 
 - Join: key expressions are lowered on their own side, numbers promoted to one kind exactly;
   Spark's ``=`` never matches a NULL key. A matched pair's diff is the product; outer padding
@@ -26,10 +28,17 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
+from pyspark.sql.types import LongType
 
 from services.compute.spark.lowering.aggregates import plan_aggregate
 from services.compute.spark.lowering.fallback import from_spark
-from services.compute.spark.lowering.scalars import Lowered, ScalarLowering, to_decimal, to_float
+from services.compute.spark.lowering.scalars import (
+    Lowered,
+    ScalarLowering,
+    literal,
+    to_decimal,
+    to_float,
+)
 from services.compute.spark.lowering.types import (
     DIFF,
     Rel,
@@ -44,7 +53,9 @@ from tidemark.errors import InvalidArgument
 from tidemark.plan import aggregate_type
 from tidemark.plan.datum import from_datum
 from tidemark.plan.derive import window_function_type
+from tidemark.plan.optimize.scalars import columns_of
 from tidemark.plan.scalar_types import ScalarType, widest_numeric_kind
+from tidemark.plan.walk import relations
 from tidemark.v1 import plan_pb2
 
 T = ColumnType
@@ -68,6 +79,7 @@ class RelationLowering:
         self,
         spark: SparkSession,
         inputs: Mapping[str, DataFrame],
+        kept: list[DataFrame] | None = None,
         capture: Collection[bytes] = (),
     ) -> None:
         self.spark = spark
@@ -75,6 +87,9 @@ class RelationLowering:
         self.lets: dict[int, Rel] = {}
         self.capture = capture
         self.captured: dict[bytes, Rel] = {}
+        # Where cached DataFrames go, for the caller to unpersist after its action (None:
+        # nothing is cached).
+        self.kept = kept
 
     def lower(self, relation: plan_pb2.Relation) -> Rel:
         kind = relation.WhichOneof("kind")
@@ -103,13 +118,44 @@ class RelationLowering:
             )
         # Renamed by position: plan names may repeat or need quoting.
         renamed = df.toDF(*(name(i) for i in range(len(types))), DIFF)
-        return Rel(renamed.withColumn(DIFF, F.col(DIFF).cast("long")), types)
+        fields = df.schema.fields  # read once already, by df.columns
+        # Expressions over a column take its Spark type to be its plan type's.
+        retyped = [
+            i
+            for i, (f, t) in enumerate(zip(fields[:-1], types, strict=True))
+            if t.kind is T.DECIMAL and f.dataType != spark_type(t)
+        ]
+        if not retyped and isinstance(fields[-1].dataType, LongType):
+            return Rel(renamed, types)
+        columns = [
+            F.col(name(i)).cast(spark_type(t)) if i in retyped else F.col(name(i))
+            for i, t in enumerate(types)
+        ]
+        return Rel(_layout(renamed, columns, F.col(DIFF).cast("long")), types)
 
     def _constant(self, constant: plan_pb2.Constant) -> Rel:
         types = _types(RelationSchema.from_proto(constant.schema))
         rows = [(*(from_datum(d) for d in row.values), row.diff or 1) for row in constant.rows]
-        df = self.spark.createDataFrame(rows, spark_schema(types))
-        return Rel(df, types)
+        # Literals in the plan, not a parallelized Python list: no RDD to ship and convert per
+        # job, and Spark's optimizer folds it into a local relation.
+        structs = [
+            F.struct(
+                *(
+                    literal(v, t).alias(name(i))
+                    for i, (v, t) in enumerate(zip(row[:-1], types, strict=True))
+                ),
+                F.lit(row[-1]).cast("long").alias(DIFF),
+            )
+            for row in rows
+        ]
+        if structs:
+            df = self.spark.range(0, 1, 1, 1).select(F.inline(F.array(*structs)))
+        else:
+            empty = [literal(None, t).alias(name(i)) for i, t in enumerate(types)]
+            df = self.spark.range(0, 0, 1, 1).select(*empty, F.lit(0).cast("long").alias(DIFF))
+        # One row with a non-zero diff is consolidated, and distinct on no columns at all.
+        single = len(rows) == 1 and rows[0][-1] != 0
+        return Rel(df, types, single, () if single else None)
 
     # -- linear ----------------------------------------------------------------------------
 
@@ -125,19 +171,30 @@ class RelationLowering:
 
     def _map(self, node: plan_pb2.Map) -> Rel:
         rel = self.lower(node.input)
-        for expr in node.expressions:  # each sees the columns appended before it
-            lowered = self.scalars(rel).lower(expr)
+        # Each expression sees the columns appended before it. Expressions that read none
+        # appended by the same projection share it: one projection per batch, not per
+        # expression (each DataFrame operation costs an analysis of the whole plan).
+        batch: list[tuple[Column, ScalarType]] = []
+        for expr in node.expressions:
+            if any(c >= rel.width for c in columns_of(expr)):
+                rel = _appended(rel, batch)
+                batch = []
+            found = self.scalars(rel).lower(expr)
             # The plan type's Spark type exactly, so unions and later nodes line up.
-            column = lowered.column.cast(spark_type(lowered.type))
-            df = rel.df.select(*rel.columns(), column.alias(name(rel.width)), DIFF)
-            # Distinct rows stay distinct with a column computed from them.
-            rel = Rel(df, [*rel.types, lowered.type], rel.consolidated_already)
-        return rel
+            batch.append((found.column.cast(spark_type(found.type)), found.type))
+        return _appended(rel, batch)
 
     def _project(self, node: plan_pb2.Project) -> Rel:
         rel = self.lower(node.input)
         picked = [F.col(name(c)) for c in node.columns]
-        return Rel(_layout(rel.df, picked, F.col(DIFF)), [rel.types[c] for c in node.columns])
+        df = _layout(rel.df, picked, F.col(DIFF))
+        types = [rel.types[c] for c in node.columns]
+        key = rel.key()
+        if key is None or not set(key) <= set(node.columns):
+            return Rel(df, types)
+        # The columns that told rows apart are all kept: the rows stay distinct.
+        kept = list(node.columns)
+        return Rel(df, types, True, tuple(kept.index(c) for c in key))
 
     def _union(self, node: plan_pb2.Union) -> Rel:
         branches = [self.lower(r) for r in node.inputs]
@@ -168,24 +225,42 @@ class RelationLowering:
         left, right = self.lower(node.left), self.lower(node.right)
         keep_left = node.kind in (_Join.KIND_LEFT_OUTER, _Join.KIND_FULL_OUTER)
         keep_right = node.kind in (_Join.KIND_RIGHT_OUTER, _Join.KIND_FULL_OUTER)
-        if keep_left or keep_right:
-            left, right = left.consolidated(), right.consolidated()
+        # A preserved row is padded when no row of non-zero total multiplicity on the other
+        # side matches it: that side must be consolidated. The preserved side need not be:
+        # its copies' outputs, padded or matched, add up as its diffs do.
+        if keep_right:
+            left = left.consolidated()
+        if keep_left:
+            right = right.consolidated()
         left_keys = [self.scalars(left).lower(k) for k in node.left_keys]
         right_keys = [self.scalars(right).lower(k) for k in node.right_keys]
         pairs = [_promoted_pair(lk, rk) for lk, rk in zip(left_keys, right_keys, strict=True)]
+        # A key that is a column as it is joins on that column: no copy of it rides along
+        # (a narrower side also looks small enough to Spark to broadcast).
+        lnames = [
+            _plain_column(k, lk, c, "l")
+            for k, lk, (c, _) in zip(node.left_keys, left_keys, pairs, strict=True)
+        ]
+        rnames = [
+            _plain_column(k, rk, c, "r")
+            for k, rk, (_, c) in zip(node.right_keys, right_keys, pairs, strict=True)
+        ]
         ldf = left.df.select(
             *(F.col(name(i)).alias(f"l{i}") for i in range(left.width)),
-            *(lk.alias(f"lk{i}") for i, (lk, _) in enumerate(pairs)),
+            *(lk.alias(f"lk{i}") for i, (lk, _) in enumerate(pairs) if lnames[i] is None),
             F.col(DIFF).alias("ld"),
         )
         rdf = right.df.select(
             *(F.col(name(i)).alias(f"r{i}") for i in range(right.width)),
-            *(rk.alias(f"rk{i}") for i, (_, rk) in enumerate(pairs)),
+            *(rk.alias(f"rk{i}") for i, (_, rk) in enumerate(pairs) if rnames[i] is None),
             F.col(DIFF).alias("rd"),
         )
         condition = fold(
             lambda a, b: a & b,
-            [F.col(f"lk{i}") == F.col(f"rk{i}") for i in range(len(pairs))],
+            [
+                F.col(lnames[i] or f"lk{i}") == F.col(rnames[i] or f"rk{i}")
+                for i in range(len(pairs))
+            ],
             F.lit(True),
         )
         how = {
@@ -203,7 +278,15 @@ class RelationLowering:
         columns += [F.col(f"r{i}") for i in range(right.width)]
         left_types = [t.with_nullable(True) if keep_right else t for t in left.types]
         right_types = [t.with_nullable(True) if keep_left else t for t in right.types]
-        return Rel(_layout(joined, columns, diff), left_types + right_types)
+        df = _layout(joined, columns, diff)
+        left_key, right_key = left.key(), right.key()
+        if left_key is None or right_key is None or (keep_left and keep_right):
+            return Rel(df, left_types + right_types)
+        # Distinct rows on both sides make distinct pairs, and a padded row's preserved side
+        # matched nothing, so no pair repeats it (a full join could pad an all-NULL row on
+        # each side into the same row). Diffs are products of non-zero diffs.
+        key = (*left_key, *(left.width + k for k in right_key))
+        return Rel(df, left_types + right_types, True, key)
 
     # -- reduce ----------------------------------------------------------------------------
 
@@ -264,7 +347,8 @@ class RelationLowering:
         types += [aggregate_type(a, rel.types) for a in node.aggregates]
         typed = [c.cast(spark_type(t)) for c, t in zip(outputs, types, strict=True)]
         # One row per group, and the group key columns come first: consolidated.
-        return Rel(_layout(grouped, typed, F.lit(1).cast("long")), types, True)
+        key = tuple(range(len(node.group_key)))
+        return Rel(_layout(grouped, typed, F.lit(1).cast("long")), types, True, key)
 
     def _distinct_aggregate(
         self, index: int, aggregate: plan_pb2.Aggregate, value: Lowered, rel: Rel, key: list[int]
@@ -339,6 +423,12 @@ class RelationLowering:
 
     def _let(self, node: plan_pb2.Let) -> Rel:
         value = self.lower(node.value)
+        if self.kept is not None and _shuffles(node.value) and _uses(node.body, node.id) > 1:
+            # Cached (filled while the query runs) for every LocalGet: Spark would compute it
+            # again for each, as it pushes different filters into each copy.
+            cached = value.df.cache()
+            self.kept.append(cached)
+            value = Rel(cached, value.types, value.consolidated_already, value.unique)
         shadowed = self.lets.get(node.id)
         self.lets[node.id] = value
         try:
@@ -356,8 +446,44 @@ class RelationLowering:
         return rel
 
 
+def _shuffles(relation: plan_pb2.Relation) -> bool:
+    """Whether computing ``relation`` takes a shuffle (a grouping of some kind), so that
+    computing it twice costs more than keeping it."""
+    grouping = ("reduce", "distinct", "threshold", "top_k", "window")
+    return any(r.WhichOneof("kind") in grouping for r in relations(relation))
+
+
+def _uses(relation: plan_pb2.Relation, let_id: int) -> int:
+    """How many LocalGets of ``let_id`` ``relation`` holds (an inner Let of the same id
+    shadowing it only makes this an overcount)."""
+    return sum(
+        1
+        for r in relations(relation)
+        if r.WhichOneof("kind") == "local_get" and r.local_get.id == let_id
+    )
+
+
+def _appended(rel: Rel, columns: list[tuple[Column, ScalarType]]) -> Rel:
+    """``rel`` with ``columns`` appended, in one projection."""
+    if not columns:
+        return rel
+    added = [c.alias(name(rel.width + i)) for i, (c, _) in enumerate(columns)]
+    df = rel.df.select(*rel.columns(), *added, DIFF)
+    # Distinct rows stay distinct with columns computed from them.
+    types = [*rel.types, *(t for _, t in columns)]
+    return Rel(df, types, rel.consolidated_already, rel.key())
+
+
 def _extreme(aggregate: plan_pb2.Aggregate) -> bool:
     return aggregate.func in (plan_pb2.Aggregate.FUNC_MIN, plan_pb2.Aggregate.FUNC_MAX)
+
+
+def _plain_column(key: plan_pb2.Scalar, lowered: Lowered, used: Column, side: str) -> str | None:
+    """The side's name (``l3``, say) of a join key that is one of its columns, used as it
+    is (no promotion); None for any other key."""
+    if key.WhichOneof("kind") != "column" or used is not lowered.column:
+        return None
+    return f"{side}{key.column}"
 
 
 def _promoted_pair(left: Lowered, right: Lowered) -> tuple[Column, Column]:

@@ -35,7 +35,7 @@ from pyspark.sql import types as S
 
 from services.compute.dataflow.scalar import compile_scalar
 from services.compute.spark.lowering.fallback import call_over_arguments, scalar_udf
-from services.compute.spark.lowering.types import spark_type
+from services.compute.spark.lowering.types import result_type, spark_type
 from tidemark.columnar import ColumnType
 from tidemark.plan import scalar_type
 from tidemark.plan.datum import from_datum
@@ -91,6 +91,12 @@ def to_decimal(arg: Lowered, precision: int, scale: int) -> Column:
     return arg.column.try_cast(S.DecimalType(precision, scale))
 
 
+def _decimal_type(t: ScalarType) -> S.DecimalType:
+    """The Spark type of an INT64 or DECIMAL operand of decimal arithmetic (a lowered column
+    has its plan type's Spark type; an INT64 is made a DECIMAL(19, 0) first)."""
+    return S.DecimalType(19, 0) if t.kind is T.INT64 else S.DecimalType(t.precision, t.scale)
+
+
 def _decimal_view(t: ScalarType) -> tuple[int, int]:
     """(integer digits, scale) of an INT64 or DECIMAL."""
     if t.kind is T.INT64:
@@ -99,8 +105,8 @@ def _decimal_view(t: ScalarType) -> tuple[int, int]:
 
 
 class ScalarLowering:
-    """Lowers expressions over the columns ``columns`` (of plan types ``types``) of ``df``;
-    ``df`` is only analysed, to read the result types Spark gives decimal arithmetic."""
+    """Lowers expressions over the columns ``columns`` (of plan types ``types``, each held as
+    its type's :func:`spark_type`) of ``df``."""
 
     def __init__(self, df: DataFrame, columns: Sequence[Column], types: Sequence[ScalarType]):
         self.df = df
@@ -123,9 +129,6 @@ class ScalarLowering:
         return self._call(expr.call, out)
 
     # -- helpers -------------------------------------------------------------------------
-
-    def _spark_result_type(self, column: Column) -> S.DataType:
-        return self.df.select(column.alias("probe")).schema.fields[0].dataType
 
     def _fallback(
         self, node: plan_pb2.Call | plan_pb2.Cast, args: Sequence[Lowered], out: ScalarType
@@ -255,7 +258,9 @@ class ScalarLowering:
         x = to_decimal(a, 19, 0) if a.type.kind is T.INT64 else a.column
         y = to_decimal(b, 19, 0) if b.type.kind is T.INT64 else b.column
         column = _TRY[name](x, y)
-        spark = self._spark_result_type(column)
+        spark = result_type(
+            self.df.sparkSession, name, _TRY[name], _decimal_type(a.type), _decimal_type(b.type)
+        )
         if not isinstance(spark, S.DecimalType) or spark.scale != out.scale:
             return None
         return column.cast(spark_type(out))

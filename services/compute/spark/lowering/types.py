@@ -8,10 +8,11 @@ its multiplicities add up; a node that needs totals consolidates first.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as S
 
@@ -58,6 +59,35 @@ def diff_sum(diff: Column) -> Column:
     return checked(total, total.isNull() & (F.count(F.lit(1)) > 0))
 
 
+_result_types: dict[tuple[str, str, str], S.DataType] = {}
+_result_types_lock = threading.Lock()
+
+
+def result_type(
+    spark: SparkSession,
+    operation: str,
+    build: Callable[[Column, Column], Column],
+    left: S.DataType,
+    right: S.DataType,
+) -> S.DataType:
+    """The type Spark's analyser gives ``build(x, y)`` for ``x`` of type ``left`` and ``y`` of
+    ``right`` (decimal arithmetic: its precision and scale rules). Asked of Spark itself, on
+    an empty frame of those two types (analysing the query's own plan for every expression
+    costs far more), once per operation and types in a process."""
+    key = (operation, left.simpleString(), right.simpleString())
+    with _result_types_lock:
+        known = _result_types.get(key)
+    if known is not None:
+        return known
+    probe = spark.range(0, 0, 1, 1).select(
+        F.lit(None).cast(left).alias("x"), F.lit(None).cast(right).alias("y")
+    )
+    found = probe.select(build(F.col("x"), F.col("y")).alias("r")).schema.fields[0].dataType
+    with _result_types_lock:
+        _result_types[key] = found
+    return found
+
+
 def name(position: int) -> str:
     return f"c{position}"
 
@@ -78,6 +108,9 @@ class Rel:
     types: list[ScalarType]
     # Each row at most once, with a non-zero diff (so consolidating again would be a no-op).
     consolidated_already: bool = False
+    # Set on a consolidated relation when no two of its rows agree on these columns (a Reduce's
+    # group key, say): a projection keeping them keeps the rows distinct. None: the whole row.
+    unique: tuple[int, ...] | None = None
 
     @property
     def width(self) -> int:
@@ -86,7 +119,16 @@ class Rel:
     def columns(self) -> list[Column]:
         return [F.col(name(i)) for i in range(self.width)]
 
+    def key(self) -> tuple[int, ...] | None:
+        """Columns on which no two rows agree, if the relation is consolidated."""
+        if not self.consolidated_already:
+            return None
+        return tuple(range(self.width)) if self.unique is None else self.unique
+
     def with_df(self, df: DataFrame, consolidated: bool = False) -> Rel:
+        """``df`` with this relation's columns; ``consolidated``: rows as distinct as here."""
+        if consolidated and self.consolidated_already:
+            return Rel(df, self.types, True, self.unique)
         return Rel(df, self.types, consolidated)
 
     def consolidated(self) -> Rel:
