@@ -203,3 +203,18 @@ def test_a_twenty_way_chain_join_is_ordered_without_cross_products() -> None:
     optimized = optimize(plan).plan
     assert len(_joins(optimized.root)) == 19
     assert "cross product" not in explain(optimized)
+
+
+def test_a_let_that_rebinds_an_outer_id_reads_the_outer_value() -> None:
+    """``let 2 = u2 in let 2 = (l2 union {7}) in l2 join l2``: the inner value's LocalGet means the
+    outer binding (a value cannot read its own Let). The optimizer's analyses once resolved
+    it to the inner value itself, recursing without end."""
+    schema = _schema("a")
+    inner = pb.union(pb.local_get(2), pb.constant(schema, [[7]]))
+    body = pb.join(pb.local_get(2), pb.local_get(2), [0], [0])
+    plan = pb.plan(pb.let(2, _table("u2", "a"), pb.let(2, inner, body)))
+    inputs = {"u2": {(1,): 1, (2,): 2}}
+    expected = {(1, 1): 1, (2, 2): 4, (7, 7): 1}
+    assert evaluate(plan, inputs) == expected
+    optimized = optimize(plan, Statistics({"u2": 10})).plan
+    assert evaluate(optimized, inputs) == expected

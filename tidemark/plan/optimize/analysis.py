@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from tidemark.plan.cardinality import Env, at_most_one_row, is_cross_product
+from tidemark.plan.cardinality import Env, at_most_one_row, bind, is_cross_product
 from tidemark.v1 import plan_pb2
 
 __all__ = ["Env", "at_most_one_row", "is_cross_product"]
@@ -54,9 +54,7 @@ def arity(rel: plan_pb2.Relation, env: Env | None = None) -> int:
     if kind == "reduce":
         return len(rel.reduce.group_key) + len(rel.reduce.aggregates)
     if kind == "let":
-        inner = dict(env or {})
-        inner[rel.let.id] = rel.let.value
-        return arity(rel.let.body, inner)
+        return arity(rel.let.body, bind(env, rel.let))
     if kind == "local_get":
         bound = (env or {}).get(rel.local_get.id)
         if bound is None:
@@ -98,9 +96,7 @@ def estimate(
             return float(min(below, max(1, rel.top_k.limit)))
         return below
     if kind == "let":
-        inner = dict(env or {})
-        inner[rel.let.id] = rel.let.value
-        return estimate(rel.let.body, stats, inner, filters=filters)
+        return estimate(rel.let.body, stats, bind(env, rel.let), filters=filters)
     if kind == "local_get":
         bound = (env or {}).get(rel.local_get.id)
         return DEFAULT_ROWS if bound is None else estimate(bound, stats, env, filters=filters)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tidemark.plan.cardinality import bind
 from tidemark.plan.optimize.analysis import NO_STATISTICS, Env, Statistics
 from tidemark.plan.walk import inputs
 from tidemark.v1 import plan_pb2
@@ -24,9 +25,7 @@ class Context:
 
     def binding(self, let: plan_pb2.Let) -> Context:
         """The context inside a Let's body."""
-        env = dict(self.env)
-        env[let.id] = let.value
-        return Context(self.stats, env)
+        return Context(self.stats, bind(self.env, let))
 
 
 Rule = Callable[[plan_pb2.Relation, Context], plan_pb2.Relation]
