@@ -43,6 +43,7 @@ from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, Str
 from services.compute.dataflow.graph import Graph
 from services.compute.spark import requests as rq
 from services.compute.spark.lowering import DIFF, lower_with
+from services.compute.spark.lowering.types import diff_sum
 from services.compute.spark.parts_source import collection_frame, s3_credentials
 from services.compute.spark.parts_writer import write_parts_counted
 from services.compute.spark.staging import encode, object_key, put_all
@@ -146,7 +147,7 @@ def stage(
             wanted.append((node.id, position, relation))
     root, captured = lower_with(plan, frames, [r for _, _, r in wanted], spark)
     targets = [
-        _Target(tag, node_id, position, frame)
+        _Target(tag, node_id, position, _narrowed(graph.nodes[node_id].relation, frame))
         for tag, ((node_id, position, _), frame) in enumerate(
             zip(wanted, captured, strict=True), start=1
         )
@@ -240,6 +241,46 @@ def stage(
         counted = positional.agg(F.sum(DIFF)).collect()[0][0]
         result.output_rows = int(counted or 0)
     return result
+
+
+def _narrowed(consumer: plan_pb2.Relation | None, frame: DataFrame) -> DataFrame:
+    """A Reduce's input as its state sees it: a Reduce keeps per group only its row count and
+    its aggregates' states, which depend on the columns its group key and aggregates read, so
+    the other columns are NULL here and the rows consolidated on what is left (a join's
+    10^7 rows become the few distinct (group, value) pairs). Later steps' full rows land in
+    the same groups and states. Other operators keep whole rows: their input as it is."""
+    if consumer is None or not consumer.HasField("reduce"):
+        return frame
+    reduce = consumer.reduce
+    read = set(reduce.group_key)
+    for aggregate in reduce.aggregates:
+        if aggregate.HasField("expression"):
+            read |= _columns_of(aggregate.expression)
+    names = frame.columns[:-1]
+    kept = [F.col(n) for i, n in enumerate(names) if i in read]
+    grouped = frame.groupBy(*kept) if kept else frame.groupBy()
+    summed = grouped.agg(diff_sum(F.col(DIFF)).alias(DIFF)).where(F.col(DIFF) != 0)
+    types = {field.name: field.dataType for field in frame.schema.fields}
+    return summed.select(
+        *(
+            F.col(n) if i in read else F.lit(None).cast(types[n]).alias(n)
+            for i, n in enumerate(names)
+        ),
+        F.col(DIFF),
+    )
+
+
+def _columns_of(message: Any) -> set[int]:
+    """The input columns a scalar expression reads."""
+    if isinstance(message, plan_pb2.Scalar) and message.WhichOneof("kind") == "column":
+        return {message.column}
+    found: set[int] = set()
+    for descriptor, value in message.ListFields():
+        if descriptor.message_type is None:
+            continue
+        for child in value if descriptor.is_repeated else [value]:
+            found |= _columns_of(child)
+    return found
 
 
 # -- executors --------------------------------------------------------------------------------
