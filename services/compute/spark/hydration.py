@@ -10,6 +10,8 @@ in one process; here Spark does the bulk of it:
    keeping the relation that feeds each input of each stateful operator: the linear
    operators before it are applied by Spark. It is not consolidated (that would cost a
    shuffle of its own): an operator takes any batch of updates at one time, and sums them.
+   A Reduce's input is the exception: it is cut to the columns the Reduce reads and
+   consolidated on them, which its per-group state cannot tell apart (:func:`_narrowed`).
 2. One job routes those rows by the operator's key with the resident tasks' own hash
    (``keys.shard_of`` of the operator's route, computed in the executors), shuffles them with
    Spark's shuffle so that each shard's rows meet in one partition, and has the executor of
