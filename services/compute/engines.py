@@ -96,6 +96,8 @@ class EngineDataflow(Protocol):
 
 class Engine(Protocol):
     name: str
+    runs_spark_jobs: bool
+    """Whether :meth:`queries` gives Spark jobs (asking needs no running session)."""
 
     async def build(
         self,
@@ -222,6 +224,7 @@ class LocalEngine:
     """``budget_bytes``: each dataflow's memory budget (0: none)."""
 
     name = "local"
+    runs_spark_jobs = False
 
     def __init__(self, budget_bytes: int = 0) -> None:
         self.budget_bytes = budget_bytes
@@ -377,6 +380,7 @@ class SparkEngine:
     """
 
     name = "spark"
+    runs_spark_jobs = True
 
     def __init__(
         self,
@@ -442,10 +446,15 @@ class SparkEngine:
 
     async def session(self) -> SparkSession:
         self.start()
-        assert self._starting is not None
+        starting = self._starting
+        assert starting is not None
         try:
-            self._session = await asyncio.shield(self._starting)
+            self._session = await asyncio.shield(starting)
         except Exception as exc:
+            # The JVM may fail to launch on a loaded machine: the next caller starts it again,
+            # rather than the process staying without Spark for good.
+            if self._starting is starting:
+                self._starting = None
             raise Unavailable(f"the Spark session could not start: {exc}") from exc
         return self._session
 

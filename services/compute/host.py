@@ -617,10 +617,7 @@ class DataflowManager:
         ``spark_one_shot_rows`` updates (a Spark job costs a few hundred milliseconds
         however small its input; the in-process engine answers small inputs sooner)."""
         threshold = self.settings.spark_one_shot_rows
-        if threshold < 0:
-            return None
-        queries = await self.engine.queries()
-        if queries is None:
+        if threshold < 0 or not self.engine.runs_spark_jobs:
             return None
         capabilities = {}
         for spec in inputs:
@@ -641,6 +638,9 @@ class DataflowManager:
             for spec, parts in zip(inputs, listed, strict=True)
         ]
         if sum(i.rows for i in chosen) < threshold:
+            return None  # answered here, whether or not Spark is up
+        queries = await self.engine.queries()
+        if queries is None:
             return None
         watch.evaluating(sum(len(i.listing.parts) for i in chosen), sum(i.rows for i in chosen))
         return await queries.evaluate(plan, schema, chosen, timestamp, listing)

@@ -152,3 +152,11 @@ def test_a_quick_statement_or_a_negative_threshold_shows_nothing() -> None:
     off = Quick(polls=1)
     assert Shell(off, out=io.StringIO(), err=err, progress_after=-1).run_sql("SELECT 1;")
     assert off.statement_ids == [""] and off.asked == []
+
+
+def test_off_a_terminal_a_line_is_written_only_when_the_progress_moves() -> None:
+    stream = io.StringIO()
+    line = ProgressLine(stream, tty=False)
+    for text in ("… running (1 s)", "… running (2 s)", "… 1/2 parts (3 s)", "… 1/2 parts (4 s)"):
+        line.show(text)
+    assert stream.getvalue() == "… running (1 s)\n… 1/2 parts (3 s)\n"

@@ -72,9 +72,12 @@ class ProgressLine:
         self._last = ""
 
     def show(self, text: str) -> None:
-        if text == self._last:
+        # Off a terminal (a log, a script's stderr) a line is written when the progress
+        # itself moves, not every time only the elapsed seconds do.
+        seen = text if self.tty else text.rsplit(" (", 1)[0]
+        if seen == self._last:
             return
-        self._last = text
+        self._last = seen
         if self.tty:
             # A line wider than the terminal would wrap, and the next one would be written
             # below it instead of over it.
