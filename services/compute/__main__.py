@@ -94,7 +94,7 @@ class ComputeConfig(ServiceConfig):
         metavar="ROWS",
     )
     spark_hydration_rows: int = setting(
-        2_000_000,
+        1_000_000,
         help="with --engine spark, dataflows whose inputs hold at least this many updates "
         "hydrate by Spark jobs over storage's Parquet parts (the executors build the "
         "arrangements and write the initial output); smaller ones hydrate from snapshots "

@@ -88,7 +88,7 @@ class HostSettings:
     statement_budget_bytes: int = 1 << 30
     """The memory budget of each one-shot peek (0: none)."""
     spark_one_shot_rows: int = 100_000
-    spark_hydration_rows: int = 2_000_000
+    spark_hydration_rows: int = 1_000_000
     """Dataflows whose inputs hold at least this many updates hydrate by Spark from the
     inputs' parts (the Spark engine only; negative: never); smaller ones from snapshots
     streamed through this process, which start sooner."""
