@@ -12,6 +12,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from services.compute.spark import ResidentCluster, SparkDataflow
+from services.compute.spark import requests as rq
 from services.compute.spark.resident import Hello, authenticate
 from services.compute.spark.session import local_slots
 from services.compute.spark.wire import TOKEN_BYTES, send_hello, send_message
@@ -104,9 +105,9 @@ def test_only_a_task_with_the_token_is_accepted() -> None:
                 with server:
                     send_hello(client, token, 1, 42)
                     assert authenticate(server, right) == expected
-        # Anything else (here: a pickle, which is never unpickled) is refused too.
+        # Anything else (here: a request frame, which is never decoded) is refused too.
         with socket.create_connection(listener.getsockname()) as client:
             server, _ = listener.accept()
             with server:
-                send_message(client, ("hello", right))
+                send_message(client, rq.Drop("hello"))
                 assert authenticate(server, right) is None

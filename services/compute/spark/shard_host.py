@@ -106,7 +106,7 @@ class ShardHost:
         node = hosted.graph.nodes[request.node_id]
         if not node.is_stateful or len(request.inputs) != len(node.inputs):
             raise InvalidArgument(f"{node.label} cannot process {len(request.inputs)} inputs")
-        # Pickling loses the identity of the one canonical NaN the operators rely on.
+        # The wire loses the identity of the one canonical NaN the operators rely on.
         inputs = [
             normalizer(hosted.graph.nodes[input_id].types).apply([updates])
             for input_id, updates in zip(node.inputs, request.inputs, strict=True)

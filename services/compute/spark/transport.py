@@ -1,4 +1,4 @@
-"""Rows after a trip through pickle: restoring what the engine relies on."""
+"""Rows after a trip over the wire (``wire.py``): restoring what the engine relies on."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tidemark.plan.scalar_types import ScalarType
 
 def normalizer(types: Sequence[ScalarType]) -> Normalize:
     """Maps every float NaN in rows of ``types`` back to the engine's one NaN object (and
-    -0.0 to 0.0): unpickling makes a new NaN object each time, and NaN never equals
+    -0.0 to 0.0): decoding makes a new NaN object each time, and NaN never equals
     itself, so without this equal rows would stop meeting in dictionaries."""
     return _normalizer(tuple(i for i, t in enumerate(types) if t.kind is ColumnType.FLOAT64))
 

@@ -1,30 +1,62 @@
-"""Messages between the driver and its resident tasks: length-prefixed pickles over TCP.
+"""Messages between the driver and its resident tasks: length-prefixed typed frames over TCP
+(TLS when the compute is configured for it, ``secure.py``).
 
-Pickle is acceptable here only because both ends are our own code and the driver never
-unpickles from a connection it has not authenticated: a task's opening message is a fixed
-binary hello (not a pickle) carrying the random token the driver put in the job's closure, and
-the driver drops any connection that does not present it. Tasks only read from the driver
-they dialled.
+A frame is an 8-byte big-endian length and one message of a kind registered below, encoded by
+``codec.py``: the request dataclasses of ``requests.py`` and ``Reply``, whose values are
+engine rows, updates and counters. Decoding constructs nothing but those, so a frame from a
+confused or hostile peer is at worst a ``ProtocolError``; still, the driver reads frames only
+from connections that presented the cluster's token in a fixed binary hello (not a frame),
+and tasks read only from the driver they dialled.
+
+To add a message kind, define its dataclass (in ``requests.py``) and register it here with a
+tag no other kind uses: ``CODEC.register(<tag>, rq.NewKind)``.
 """
 
 from __future__ import annotations
 
-import pickle
 import socket
 import struct
 from typing import Any
 
+from services.compute.dataflow.work import Work
+from services.compute.spark import requests as rq
+from services.compute.spark.codec import Codec, MalformedMessage
+
 _HEADER = struct.Struct(">Q")
 _HELLO = struct.Struct(">32sII")  # token, shard, process id
 TOKEN_BYTES = 32
+
+MAX_FRAME_BYTES = 1 << 36
+"""A frame claiming more is refused outright (a Peek of a very large view stays far below)."""
+_FIRST_CHUNK_BYTES = 1 << 20
+"""Frames are read into chunks that grow as bytes actually arrive, so a length prefix alone
+never makes the reader allocate what it claims."""
+
+CODEC = Codec()
+CODEC.register(1, rq.Install)
+CODEC.register(2, rq.Drop)
+CODEC.register(3, rq.Process)
+CODEC.register(4, rq.ApplyIndex)
+CODEC.register(5, rq.CompactIndex)
+CODEC.register(6, rq.Peek)
+CODEC.register(7, rq.Stats)
+CODEC.register(8, rq.Hydrate)
+CODEC.register(9, rq.Stop)
+CODEC.register(10, rq.Reply)
+CODEC.register(11, Work)
 
 
 class ConnectionLost(Exception):
     """The peer closed the connection (or it broke) in the middle of an exchange."""
 
 
-def send_message(sock: socket.socket, message: Any) -> None:
-    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+class ProtocolError(ConnectionLost):
+    """The peer sent something that is not a frame of a registered message kind; the
+    connection cannot be trusted further."""
+
+
+def send_message(sock: socket.socket, message: object) -> None:
+    payload = CODEC.encode(message)
     try:
         sock.sendall(_HEADER.pack(len(payload)) + payload)
     except OSError as error:
@@ -32,8 +64,14 @@ def send_message(sock: socket.socket, message: Any) -> None:
 
 
 def receive_message(sock: socket.socket) -> Any:
+    """The next message: an instance of a registered kind (``ProtocolError`` otherwise)."""
     (length,) = _HEADER.unpack(_receive_exactly(sock, _HEADER.size))
-    return pickle.loads(_receive_exactly(sock, length))
+    if length > MAX_FRAME_BYTES:
+        raise ProtocolError(f"a frame of {length} bytes is over the {MAX_FRAME_BYTES} limit")
+    try:
+        return CODEC.decode(_receive_exactly(sock, length))
+    except MalformedMessage as error:
+        raise ProtocolError(str(error)) from None
 
 
 def send_hello(sock: socket.socket, token: bytes, shard: int, pid: int) -> None:
@@ -49,11 +87,25 @@ def receive_hello(sock: socket.socket) -> tuple[bytes, int, int]:
     return token, shard, pid
 
 
-def _receive_exactly(sock: socket.socket, length: int) -> bytearray:
-    buffer = bytearray(length)
+def _receive_exactly(sock: socket.socket, length: int) -> bytes | bytearray:
+    chunks: list[bytearray] = []
+    remaining = length
+    size = min(length, _FIRST_CHUNK_BYTES)
+    while remaining:
+        chunk = bytearray(min(size, remaining))
+        _fill(sock, chunk)
+        chunks.append(chunk)
+        remaining -= len(chunk)
+        size *= 2
+    if len(chunks) == 1:
+        return chunks[0]
+    return b"".join(chunks)
+
+
+def _fill(sock: socket.socket, buffer: bytearray) -> None:
     view = memoryview(buffer)
     received = 0
-    while received < length:
+    while received < len(buffer):
         try:
             count = sock.recv_into(view[received:])
         except OSError as error:
@@ -61,7 +113,6 @@ def _receive_exactly(sock: socket.socket, length: int) -> bytearray:
         if count == 0:
             raise ConnectionLost("connection closed by the peer")
         received += count
-    return buffer
 
 
 def tune(sock: socket.socket) -> None:
