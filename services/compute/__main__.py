@@ -142,6 +142,7 @@ class ComputeConfig(ServiceConfig):
             {"spark.driver.memory": self.spark_driver_memory},
             app_name=f"tidemark-compute-{self.cluster}",
             budget_bytes=self.dataflow_memory_mb << 20,
+            tls=self.tls(),
         )
 
 

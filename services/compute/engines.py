@@ -30,6 +30,7 @@ from services.compute.spark.staging import delete_prefix, run_prefix
 from tidemark.clients.storage import PartsListing, WrittenPart
 from tidemark.errors import FailedPrecondition, Unavailable
 from tidemark.logging import get_logger
+from tidemark.rpc.tls import TlsSettings
 from tidemark.tasks import cancel_and_wait
 from tidemark.v1 import plan_pb2
 
@@ -390,10 +391,12 @@ class SparkEngine:
         *,
         app_name: str = "tidemark-compute",
         budget_bytes: int = 0,
+        tls: TlsSettings | None = None,
     ) -> None:
         """``budget_bytes``: each dataflow's memory budget for what its driver holds
-        (0: none)."""
+        (0: none). ``tls``: the compute's mTLS files, for the resident tasks' sockets too."""
         self.budget_bytes = budget_bytes
+        self.tls = tls
         self.master = master
         self.app_name = app_name
         self.shards = shards
@@ -468,7 +471,7 @@ class SparkEngine:
             if current is not None:
                 log.warning("resident_cluster_replaced", failure=current.failure)
                 await current.astop()
-            fresh = ResidentCluster(session, self.shards)
+            fresh = ResidentCluster(session, self.shards, tls=self.tls)
             try:
                 await fresh.astart()
             except Exception:

@@ -28,6 +28,7 @@ from pyspark.sql import SparkSession
 from services.compute.dataflow.batch import Row, Update
 from services.compute.dataflow.work import Work
 from services.compute.spark import requests as rq
+from services.compute.spark.secure import accept_secure, own_identity, server_context
 from services.compute.spark.session import local_slots
 from services.compute.spark.task import resident_task
 from services.compute.spark.wire import (
@@ -40,19 +41,33 @@ from services.compute.spark.wire import (
 )
 from tidemark import errors
 from tidemark.errors import FailedPrecondition, Internal, InvalidArgument, Unavailable
+from tidemark.rpc.tls import TlsSettings
 from tidemark.v1 import plan_pb2
 
 _STOP_WAIT_SECONDS = 30.0
 
 
 class ResidentCluster:
-    def __init__(self, spark: SparkSession, shards: int, *, connect_timeout: float = 120.0) -> None:
+    def __init__(
+        self,
+        spark: SparkSession,
+        shards: int,
+        *,
+        connect_timeout: float = 120.0,
+        tls: TlsSettings | None = None,
+    ) -> None:
+        """``tls``: the compute's mTLS files; the tasks' sockets then use TLS (``secure.py``),
+        and the executors must read the same files at the same paths."""
         if shards < 1:
             raise InvalidArgument(f"a resident cluster needs at least one shard, not {shards}")
         self.shards = shards
         self._spark = spark
         self._connect_timeout = connect_timeout
         self._token = secrets.token_bytes(TOKEN_BYTES)
+        self._tls = tls
+        # Read now, so that files that do not make a TLS setup fail before any job starts.
+        self._tls_context = None if tls is None else server_context(tls)
+        self._tls_identity = None if tls is None else own_identity(tls)
         self._group = f"tidemark-resident-{secrets.token_hex(8)}"
         self._sockets: list[socket.socket] = []
         self._pids: list[int] = []
@@ -268,7 +283,9 @@ class ResidentCluster:
         context = self._spark.sparkContext
         try:
             context.setJobGroup(self._group, "tidemark resident shards", interruptOnCancel=True)
-            task = functools.partial(resident_task, host, port, self._token, self.shards)
+            task = functools.partial(
+                resident_task, host, port, self._token, self.shards, tls=self._tls
+            )
             context.parallelize(range(self.shards), self.shards).barrier().mapPartitions(
                 task
             ).collect()
@@ -293,8 +310,11 @@ class ResidentCluster:
                         f"{self._connect_timeout} s (are there enough free task slots?)"
                     )
                 try:
-                    sock, _ = listener.accept()
+                    accepted, _ = listener.accept()
                 except TimeoutError:
+                    continue
+                sock = accept_secure(accepted, self._tls_context, self._tls_identity)
+                if sock is None:
                     continue
                 hello = authenticate(sock, self._token)
                 if hello is None or hello.shard in by_shard or not 0 <= hello.shard < self.shards:

@@ -10,18 +10,26 @@ import os
 import socket
 from collections.abc import Iterable, Iterator
 
+from services.compute.spark.secure import connect_secure
 from services.compute.spark.shard_host import ShardHost
 from services.compute.spark.wire import send_hello, tune
+from tidemark.rpc.tls import TlsSettings
 
 
 def resident_task(
-    host: str, port: int, token: bytes, shards: int, partition: Iterable[int]
+    host: str,
+    port: int,
+    token: bytes,
+    shards: int,
+    partition: Iterable[int],
+    tls: TlsSettings | None = None,
 ) -> Iterator[int]:
-    """Hosts the shard numbered by this task's partition until the driver says stop."""
+    """Hosts the shard numbered by this task's partition until the driver says stop. With
+    ``tls`` (paths this executor can read), the connection is mTLS."""
     from pyspark import BarrierTaskContext
 
     shard = BarrierTaskContext.get().partitionId()
-    with socket.create_connection((host, port), timeout=60) as sock:
+    with connect_secure(socket.create_connection((host, port), timeout=60), tls) as sock:
         sock.settimeout(None)  # between requests a task may idle for as long as it likes
         tune(sock)
         send_hello(sock, token, shard, os.getpid())
