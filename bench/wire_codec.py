@@ -9,7 +9,10 @@ Two messages of the steady state and of reads:
 
 For each, the median time to encode and to decode (one process, no sockets: the codec alone),
 and the frame's size, for the codec and for ``pickle`` (protocol 5, what the wire carried
-before). Figures go to ``bench/results/wire_codec.json``.
+before). Then the ``Process`` request's round trip over loopback TCP (sent, decoded by a
+thread acting as the task, an empty ``Reply`` back), in plaintext and over mTLS
+(``secure.py``, certificates made for the run). Figures go to
+``bench/results/wire_codec.json``.
 
     python bench/wire_codec.py
 """
@@ -19,11 +22,15 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import pickle
 import platform
 import random
+import socket
 import statistics
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable
 from decimal import Decimal
@@ -33,7 +40,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from services.compute.spark import requests as rq
-from services.compute.spark.wire import CODEC
+from services.compute.spark.secure import (
+    accept_secure,
+    connect_secure,
+    own_identity,
+    server_context,
+)
+from services.compute.spark.wire import CODEC, receive_message, send_message, tune
+from tidemark.rpc.identity import compute_identity
+from tidemark.rpc.tls import TlsSettings
+from tidemark.security.certs import file_stem, write_certificates
 
 RESULTS = Path(__file__).resolve().parent / "results" / "wire_codec.json"
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india"]
@@ -75,6 +91,44 @@ def measure(message: object, repeats: int) -> dict[str, dict[str, float]]:
     return figures
 
 
+def round_trip_ms(message: object, tls: TlsSettings | None, repeats: int) -> float:
+    """Median time to send ``message`` to a task over loopback and get its reply."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+
+        def task() -> None:
+            address = listener.getsockname()
+            with connect_secure(socket.create_connection(address), tls) as sock:
+                tune(sock)
+                while not isinstance(receive_message(sock), rq.Stop):
+                    send_message(sock, rq.Reply())
+
+        thread = threading.Thread(target=task)
+        thread.start()
+        accepted, _ = listener.accept()
+        context = None if tls is None else server_context(tls)
+        sock = accept_secure(accepted, context, None if tls is None else own_identity(tls))
+        assert sock is not None
+        with sock:
+            sock.settimeout(None)
+            tune(sock)
+
+            def exchange() -> None:
+                send_message(sock, message)
+                receive_message(sock)
+
+            figure = median_ms(exchange, repeats)
+            send_message(sock, rq.Stop())
+        thread.join()
+    return figure
+
+
+def tls_settings(directory: Path) -> TlsSettings:
+    identity = compute_identity("bench", "default")
+    write_certificates(directory, [identity])
+    stem = directory / file_stem(identity)
+    return TlsSettings(f"{stem}.crt", f"{stem}.key", str(directory / "ca.crt"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--updates", type=int, default=1000)
@@ -88,23 +142,42 @@ def main() -> None:
     peek = rq.Reply({row(rng, key): 1 for key in range(args.peek_rows)})
     decoded = CODEC.decode(CODEC.encode(process))
     assert isinstance(decoded, rq.Process) and repr(decoded) == repr(process)
-    results = {
+    results: dict[str, Any] = {
         f"process_{args.updates}_updates": measure(process, 201),
         f"peek_reply_{args.peek_rows}_rows": measure(peek, 7),
     }
+    with tempfile.TemporaryDirectory() as directory:
+        tls = tls_settings(Path(directory))
+        trips = {
+            "plaintext_ms": round_trip_ms(process, None, 201),
+            "mtls_ms": round_trip_ms(process, tls, 201),
+        }
+    results[f"process_{args.updates}_updates_round_trip"] = trips
     print(f"{'message':32} {'codec':>8} {'enc':>8} {'dec':>8} {'total ms':>9} {'bytes':>10}")
     for message, figures in results.items():
+        if message.endswith("round_trip"):
+            continue
         for name, values in figures.items():
             print(
                 f"{message:32} {name:>8} {values['encode_ms']:8.3f} {values['decode_ms']:8.3f} "
                 f"{values['total_ms']:9.3f} {values['bytes']:10d}"
             )
     for message, figures in results.items():
+        if message.endswith("round_trip"):
+            continue
         extra = figures["codec"]["total_ms"] - figures["pickle"]["total_ms"]
         print(f"{message}: codec - pickle = {extra:+.3f} ms")
+    print(
+        f"Process round trip over loopback: plaintext {trips['plaintext_ms']:.3f} ms, "
+        f"mTLS {trips['mtls_ms']:.3f} ms"
+    )
     document = {
         "benchmark": "wire_codec",
-        "machine": {"python": platform.python_version(), "processor": platform.machine()},
+        "machine": {
+            "python": platform.python_version(),
+            "processor": platform.machine(),
+            "load_1m": round(os.getloadavg()[0], 2),
+        },
         "results": results,
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
