@@ -300,3 +300,12 @@ def test_messages_cross_a_socket_in_order() -> None:
             send_message(driver, message)
         received = [receive_message(task) for _ in sent]
         assert [fingerprint(m) for m in received] == [fingerprint(m) for m in sent]
+
+
+def test_messagepack_timestamps_are_plain_ints_not_objects() -> None:
+    # Extension -1 is MessagePack's own timestamp; the codec never sends one.
+    stamp = msgpack.packb(msgpack.Timestamp(5, 0))
+    payload = b"\x94\x0a\x92\xc2" + stamp + b"\xc0\xa0"  # [10, [False, <stamp>], None, ""]
+    decoded = CODEC.decode(payload)
+    assert isinstance(decoded, rq.Reply) and type(decoded.value) is int
+    assert decoded.value == 5 * 10**9
