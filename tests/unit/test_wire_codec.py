@@ -309,3 +309,58 @@ def test_messagepack_timestamps_are_plain_ints_not_objects() -> None:
     decoded = CODEC.decode(payload)
     assert isinstance(decoded, rq.Reply) and type(decoded.value) is int
     assert decoded.value == 5 * 10**9
+
+
+ALLOWED = (
+    type(None),
+    bool,
+    int,
+    float,
+    str,
+    bytes,
+    Decimal,
+    datetime.date,
+    datetime.datetime,
+    tuple,
+    list,
+    dict,
+)
+REGISTERED = (
+    rq.Install,
+    rq.Drop,
+    rq.Process,
+    rq.ApplyIndex,
+    rq.CompactIndex,
+    rq.Peek,
+    rq.Stats,
+    rq.Hydrate,
+    rq.Stop,
+    rq.Reply,
+    Work,
+)
+
+
+def only_engine_values(value: Any) -> bool:
+    if isinstance(value, REGISTERED):
+        return all(only_engine_values(getattr(value, f)) for f in value.__dataclass_fields__)
+    if type(value) not in ALLOWED:
+        return False
+    if type(value) in (tuple, list):
+        return all(only_engine_values(item) for item in value)
+    if type(value) is dict:
+        return all(only_engine_values(k) and only_engine_values(v) for k, v in value.items())
+    return True
+
+
+@given(messages(), st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), max_size=4))
+def test_corrupted_frames_decode_to_messages_or_are_refused(
+    message: object, corruptions: list[tuple[int, int]]
+) -> None:
+    payload = bytearray(CODEC.encode(message))
+    for position, byte in corruptions:
+        payload[position % len(payload)] = byte
+    try:
+        decoded = CODEC.decode(bytes(payload))
+    except MalformedMessage:
+        return
+    assert isinstance(decoded, REGISTERED) and only_engine_values(decoded)
