@@ -10,8 +10,9 @@ reply), as an extension holding its own ``[tag, field, ...]``, one level deep at
 
 Decoding builds nothing else: an unknown tag or extension code, a field count that does not
 match, a scalar field of the wrong type or bytes that are not MessagePack raise
-``MalformedMessage``. MessagePack's own limits keep a claimed array, map or string length
-within the frame's size, so a hostile length allocates nothing.
+``MalformedMessage`` (MessagePack's own timestamp extension is read as a plain int).
+MessagePack's own limits keep a claimed array, map or string length within the frame's size,
+so a hostile length allocates nothing.
 
 MessagePack arrays come back as tuples. A field annotated with ``list`` (``list[Update]``,
 ``tuple[list[Update], ...]``) is made a list again from its annotation; a field annotated
@@ -82,7 +83,10 @@ class _Kind:
             value if decode is None else decode(value)
             for value, decode in zip(array[1:], self.decoders, strict=True)
         ]
-        return self.cls(*values)
+        try:
+            return self.cls(*values)
+        except Exception as error:  # a kind that validates its fields refused them
+            raise MalformedMessage(f"not a {self.cls.__name__}: {error}") from None
 
 
 class Codec:
