@@ -6,31 +6,35 @@ on it; the rehydrated state then runs out of memory again. A :class:`StateBudget
 task's bound. Every arrangement attached to it counts the rows it keeps in memory against
 the budget (costed like every other row in the engine, :func:`guard.row_bytes`). When a
 change takes the total over the budget, the arrangements holding the most move their oldest
-keys to a :class:`SpillFile` until the total is back under three quarters of the budget. A
-read of a spilled key brings that key back. A dataflow over the budget keeps working,
+keys' rows to a :class:`SpillFile` until the total is back under three quarters of the
+budget (the keys stay in memory, to know without a read what is on disk). A read of a
+spilled key brings its rows back. A dataflow over the budget keeps working,
 slower: each spilled key it touches costs a read from disk.
 
-The spill file is scratch space, not durable state: SQLite on the task's local disk with no
-journal and no syncing, deleted when the task ends. A task that dies loses it with the rest
+The spill file is scratch space, not durable state: an append-only file on the task's local
+disk, never synced, deleted when the task ends. A task that dies loses it with the rest
 of its memory, and hydration rebuilds both. Past ``disk_limit_bytes`` the state cannot fit
 at all, and the change that needed more is refused with ``ResourceExhausted``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
-import sqlite3
 import struct
 import tempfile
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from services.compute.dataflow.batch import Key, Row
 from services.compute.dataflow.guard import format_bytes
 from services.compute.dataflow.ordering import NAN
 from tidemark.errors import ResourceExhausted
+
+COMPACT_MIN_BYTES = 64 << 20
+"""A spill file smaller than this is never compacted, however much of it is garbage."""
 
 LOW_WATER = 0.75
 """Relieving stops once the budget is this full, so that a state hovering at the budget
@@ -53,81 +57,91 @@ class Spillable(Protocol):
         bytes freed."""
         ...
 
+    @property
+    def spilled(self) -> dict[Key, Location]:
+        """Its spilled keys and where their rows are."""
+        ...
+
+
+Location = tuple[int, int]
+"""Where a spilled key's rows are in the spill file: ``(offset, length)``."""
+
 
 class SpillFile:
-    """Spilled keys on local disk, each stored under its arrangement and its key's hash
-    (keys of equal hash share the hash and are told apart by comparing keys)."""
+    """Spilled rows on local disk: an append-only file of pickled ``{row: multiplicity}``
+    dicts, one per spilled key. The keys themselves stay in memory, in their arrangement's
+    map of spilled keys to locations, so that finding out whether a key was spilled costs no
+    read. Reading a key back leaves its bytes behind as garbage; once the garbage outweighs
+    the live bytes, ``compact`` rewrites the file."""
 
     def __init__(self, directory: str | None = None) -> None:
-        handle, self.path = tempfile.mkstemp(prefix="tidemark-state-", suffix=".db", dir=directory)
-        os.close(handle)
-        # Scratch space: no journal, no fsync, one connection used by one thread at a time.
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode = OFF")
-        self._db.execute("PRAGMA synchronous = OFF")
-        self._db.execute(
-            "CREATE TABLE spilled (arrangement INTEGER, hash INTEGER, seq INTEGER, "
-            "payload BLOB, PRIMARY KEY (arrangement, hash, seq)) WITHOUT ROWID"
+        self._fd, self.path = tempfile.mkstemp(
+            prefix="tidemark-state-", suffix=".spill", dir=directory
         )
-        self._seq = 0
-        self.bytes_on_disk = 0
-        """The payload bytes stored (the file itself grows a little beyond)."""
+        self.end = 0
+        self.live_bytes = 0
+        """The bytes of rows still spilled (the file also holds garbage)."""
 
-    def put(self, arrangement: int, entries: Iterable[tuple[Key, dict[Row, int]]]) -> int:
-        """Stores each ``(key, rows)``; returns the bytes written."""
-        rows = []
-        written = 0
-        for key, contents in entries:
-            payload = pickle.dumps((key, contents), protocol=pickle.HIGHEST_PROTOCOL)
-            self._seq += 1
-            rows.append((arrangement, hash(key), self._seq, payload))
-            written += len(payload)
-        self._db.execute("BEGIN")
-        self._db.executemany("INSERT INTO spilled VALUES (?, ?, ?, ?)", rows)
-        self._db.execute("COMMIT")
-        self.bytes_on_disk += written
-        return written
+    def put(self, contents: Sequence[dict[Row, int]]) -> list[Location]:
+        """Appends each key's rows; returns where each went."""
+        payloads = [pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL) for rows in contents]
+        locations = []
+        offset = self.end
+        for payload in payloads:
+            locations.append((offset, len(payload)))
+            offset += len(payload)
+        os.pwrite(self._fd, b"".join(payloads), self.end)
+        self.live_bytes += offset - self.end
+        self.end = offset
+        return locations
 
-    def take(self, arrangement: int, key: Key) -> dict[Row, int] | None:
-        """Removes ``key``'s rows from disk and returns them (None: not spilled)."""
-        found = self._db.execute(
-            "SELECT seq, payload FROM spilled WHERE arrangement = ? AND hash = ?",
-            (arrangement, hash(key)),
-        ).fetchall()
-        for seq, payload in found:
-            stored_key, contents = _restored(payload)
-            if stored_key == key:
-                self._db.execute(
-                    "DELETE FROM spilled WHERE arrangement = ? AND hash = ? AND seq = ?",
-                    (arrangement, hash(key), seq),
-                )
-                self.bytes_on_disk -= len(payload)
-                return contents  # type: ignore[no-any-return]
-        return None
+    def read(self, location: Location) -> dict[Row, int]:
+        offset, length = location
+        return _restored(os.pread(self._fd, length, offset))
 
-    def entries(self, arrangement: int) -> Iterator[tuple[Key, dict[Row, int]]]:
-        """Every spilled ``(key, rows)`` of ``arrangement``, in no particular order."""
-        cursor = self._db.execute(
-            "SELECT payload FROM spilled WHERE arrangement = ?", (arrangement,)
-        )
-        for (payload,) in cursor:
-            yield _restored(payload)
+    def take(self, location: Location) -> dict[Row, int]:
+        """Reads a key's rows back; their bytes on disk become garbage."""
+        self.live_bytes -= location[1]
+        return self.read(location)
 
-    def forget(self, arrangement: int) -> None:
-        """Deletes everything ``arrangement`` spilled."""
-        (size,) = self._db.execute(
-            "SELECT COALESCE(SUM(LENGTH(payload)), 0) FROM spilled WHERE arrangement = ?",
-            (arrangement,),
-        ).fetchone()
-        self._db.execute("DELETE FROM spilled WHERE arrangement = ?", (arrangement,))
-        self.bytes_on_disk -= size
+    def forget(self, locations: Iterable[Location]) -> None:
+        self.live_bytes -= sum(length for _, length in locations)
+
+    def needs_compaction(self) -> bool:
+        return self.end > COMPACT_MIN_BYTES and self.end > 2 * self.live_bytes
+
+    def compact(self, spilled: Sequence[dict[Key, Location]]) -> None:
+        """Rewrites the live rows of every map in ``spilled`` to a new file, updating their
+        locations in place, and deletes the old file."""
+        fresh = SpillFile(os.path.dirname(self.path))
+        try:
+            for locations in spilled:
+                keys = list(locations)
+                for start in range(0, len(keys), 1024):
+                    chunk = keys[start : start + 1024]
+                    payloads = [
+                        os.pread(self._fd, locations[key][1], locations[key][0]) for key in chunk
+                    ]
+                    offset = fresh.end
+                    for key, payload in zip(chunk, payloads, strict=True):
+                        locations[key] = (offset, len(payload))
+                        offset += len(payload)
+                    os.pwrite(fresh._fd, b"".join(payloads), fresh.end)
+                    fresh.live_bytes += offset - fresh.end
+                    fresh.end = offset
+        except BaseException:
+            fresh.close()
+            raise
+        self.close()
+        self._fd, self.path = fresh._fd, fresh.path
+        self.end, self.live_bytes = fresh.end, fresh.live_bytes
 
     def close(self) -> None:
-        self._db.close()
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
 
 
 class StateBudget:
@@ -151,7 +165,7 @@ class StateBudget:
 
     @property
     def bytes_on_disk(self) -> int:
-        return 0 if self._file is None else self._file.bytes_on_disk
+        return 0 if self._file is None else self._file.live_bytes
 
     @property
     def file(self) -> SpillFile:
@@ -160,18 +174,18 @@ class StateBudget:
         return self._file
 
     def attach(self, member: Spillable) -> int:
-        """Counts ``member`` against the budget; returns its id in the spill file."""
+        """Counts ``member`` against the budget; returns its id (for ``detach``)."""
         self._next_id += 1
         self._members[self._next_id] = member
         self.held_bytes += member.held_in_memory()
         return self._next_id
 
-    def detach(self, member_id: int, held: int) -> None:
-        """Stops counting a member that held ``held`` bytes, and deletes what it spilled."""
+    def detach(self, member: Spillable, member_id: int) -> None:
+        """Stops counting ``member``, whose spilled rows become garbage."""
         self._members.pop(member_id, None)
-        self.held_bytes -= held
+        self.held_bytes -= member.held_in_memory()
         if self._file is not None:
-            self._file.forget(member_id)
+            self._file.forget(member.spilled.values())
 
     def charge(self, delta_bytes: int) -> None:
         self.held_bytes += delta_bytes
@@ -187,6 +201,9 @@ class StateBudget:
             if excess <= 0:
                 break
             self.held_bytes -= member.spill_oldest(excess)
+        spill_file = self._file
+        if spill_file is not None and spill_file.needs_compaction():
+            spill_file.compact([member.spilled for member in self._members.values()])
         if self.disk_limit_bytes and self.bytes_on_disk > self.disk_limit_bytes:
             raise ResourceExhausted(
                 "the operator state of this task does not fit: it needs more than its memory "
@@ -200,13 +217,13 @@ class StateBudget:
             self._file = None
 
 
-def _restored(payload: bytes) -> tuple[Key, dict[Row, int]]:
-    """A spilled ``(key, rows)`` as the engine holds it: unpickling makes new NaN objects, and
-    NaN never equals itself, so they become the engine's one NaN again."""
-    key, contents = pickle.loads(payload)
+def _restored(payload: bytes) -> dict[Row, int]:
+    """Spilled rows as the engine holds them: unpickling makes new NaN objects, and NaN never
+    equals itself, so they become the engine's one NaN again."""
+    contents: dict[Row, int] = pickle.loads(payload)
     if _NAN_PICKLED not in payload:
-        return key, contents
-    return _canonical(key), {_canonical(row): count for row, count in contents.items()}
+        return contents
+    return {_canonical(row): count for row, count in contents.items()}
 
 
 def _canonical(row: tuple[Any, ...]) -> tuple[Any, ...]:

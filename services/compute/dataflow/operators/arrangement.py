@@ -18,7 +18,7 @@ from itertools import islice
 
 from services.compute.dataflow.batch import Key, Row
 from services.compute.dataflow.guard import row_bytes
-from services.compute.dataflow.spill import StateBudget
+from services.compute.dataflow.spill import Location, StateBudget
 
 _SPILL_BATCH = 256
 """Keys examined per round when choosing what to spill."""
@@ -28,7 +28,7 @@ class Arrangement:
     __slots__ = (
         "__weakref__",
         "_budget",
-        "_cold_keys",
+        "_cold",
         "_hot_rows",
         "_member_id",
         "_row_bytes",
@@ -43,7 +43,7 @@ class Arrangement:
         """Distinct rows held over all keys, spilled or not (for budgets and status)."""
         self._row_bytes = row_bytes(width)
         self._hot_rows = 0
-        self._cold_keys = 0
+        self._cold: dict[Key, Location] = {}
         self._budget: StateBudget | None = None
         self._member_id = 0
 
@@ -58,16 +58,18 @@ class Arrangement:
         being dropped)."""
         budget = self._budget
         if budget is not None:
+            budget.detach(self, self._member_id)
             self._budget = None
-            budget.detach(self._member_id, self.held_in_memory())
-            self._cold_keys = 0
+            self._cold = {}
 
     def get(self, key: Key) -> dict[Row, int] | None:
         """The rows under ``key`` (a live view: do not modify, and read it before the next
         ``apply``, which may spill it), or None when there are none."""
         rows = self.rows.get(key)
-        if rows is None and self._cold_keys:
-            rows = self._unspill(key)
+        if rows is None and self._cold:
+            location = self._cold.pop(key, None)
+            if location is not None:
+                rows = self._unspill(key, location)
         return rows
 
     def __contains__(self, key: Key) -> bool:
@@ -99,16 +101,22 @@ class Arrangement:
     def items(self) -> Iterator[tuple[Key, dict[Row, int]]]:
         """Every key and its rows, spilled ones included (for tests and diagnostics)."""
         yield from self.rows.items()
-        if self._cold_keys and self._budget is not None:
-            yield from self._budget.file.entries(self._member_id)
+        if self._budget is not None:
+            spill_file = self._budget.file
+            for key, location in self._cold.items():
+                yield key, spill_file.read(location)
 
     def __len__(self) -> int:
-        return len(self.rows) + self._cold_keys
+        return len(self.rows) + len(self._cold)
 
     # -- as a member of a StateBudget ----------------------------------------------------------
 
     def held_in_memory(self) -> int:
         return self._hot_rows * self._row_bytes
+
+    @property
+    def spilled(self) -> dict[Key, Location]:
+        return self._cold
 
     def spill_oldest(self, bytes_wanted: int) -> int:
         budget = self._budget
@@ -123,21 +131,18 @@ class Arrangement:
                 freed += len(rows[key]) * self._row_bytes
                 if freed >= bytes_wanted:
                     break
-            entries = [(key, rows.pop(key)) for key in chosen]
-            budget.file.put(self._member_id, entries)
-            spilled_rows = sum(len(contents) for _, contents in entries)
-            self._hot_rows -= spilled_rows
-            self._cold_keys += len(entries)
-            budget.spilled_keys += len(entries)
+            contents = [rows.pop(key) for key in chosen]
+            cold = self._cold
+            for key, location in zip(chosen, budget.file.put(contents), strict=True):
+                cold[key] = location
+            self._hot_rows -= sum(len(held) for held in contents)
+            budget.spilled_keys += len(chosen)
         return freed
 
-    def _unspill(self, key: Key) -> dict[Row, int] | None:
+    def _unspill(self, key: Key, location: Location) -> dict[Row, int]:
         budget = self._budget
         assert budget is not None
-        rows = budget.file.take(self._member_id, key)
-        if rows is None:
-            return None
-        self._cold_keys -= 1
+        rows = budget.file.take(location)
         self.rows[key] = rows
         self._hot_rows += len(rows)
         # Charged without relieving: the caller reads these rows before its next apply.
