@@ -12,10 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from services.compute.dataflow import spill
 from services.compute.dataflow.guard import row_bytes
 from services.compute.dataflow.operators.arrangement import Arrangement
 from services.compute.dataflow.ordering import NAN
-from services.compute.dataflow import spill
 from services.compute.dataflow.spill import StateBudget
 from tests.support import random_plans
 from tests.unit.test_dataflow_invariant import check_against_the_reference
