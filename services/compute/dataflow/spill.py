@@ -26,6 +26,7 @@ import struct
 import tempfile
 import weakref
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from services.compute.dataflow.batch import Key, Row
@@ -43,6 +44,30 @@ spills in batches rather than one key per change."""
 _NAN_PICKLED = b"G" + struct.pack(">d", NAN)
 """How pickle writes the engine's one NaN. State only ever holds that NaN (inputs are
 normalised on the way in), so a payload without these bytes holds no NaN at all."""
+
+
+@dataclass(frozen=True)
+class TaskStateBudget:
+    """What a resident task may hold: ``memory_bytes`` of operator state in memory (0: no
+    bound), and ``disk_bytes`` spilled past it (0: no limit), spilled where ``open`` says.
+    Travels in the task's closure."""
+
+    memory_bytes: int
+    disk_bytes: int = 0
+    directory: str | None = None
+
+    def open(self) -> StateBudget | None:
+        """The task's budget. It spills to ``directory``, else under Spark's local directories
+        when the executor has them (on Kubernetes, the executor pod's scratch volume), else
+        to the temp directory."""
+        if self.memory_bytes <= 0:
+            return None
+        local_dirs = [d for d in os.environ.get("SPARK_LOCAL_DIRS", "").split(",") if d]
+        return StateBudget(
+            self.memory_bytes,
+            disk_limit_bytes=self.disk_bytes,
+            directory=self.directory or (local_dirs[0] if local_dirs else None),
+        )
 
 
 class Spillable(Protocol):

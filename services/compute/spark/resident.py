@@ -26,6 +26,7 @@ from types import TracebackType
 from pyspark.sql import SparkSession
 
 from services.compute.dataflow.batch import Row, Update
+from services.compute.dataflow.spill import TaskStateBudget
 from services.compute.dataflow.work import Work
 from services.compute.spark import requests as rq
 from services.compute.spark.session import local_slots
@@ -46,12 +47,22 @@ _STOP_WAIT_SECONDS = 30.0
 
 
 class ResidentCluster:
-    def __init__(self, spark: SparkSession, shards: int, *, connect_timeout: float = 120.0) -> None:
+    def __init__(
+        self,
+        spark: SparkSession,
+        shards: int,
+        *,
+        connect_timeout: float = 120.0,
+        state_budget: TaskStateBudget | None = None,
+    ) -> None:
+        """``state_budget``: what each task may hold of operator state in memory and spilled
+        to its local disk (None: no bound)."""
         if shards < 1:
             raise InvalidArgument(f"a resident cluster needs at least one shard, not {shards}")
         self.shards = shards
         self._spark = spark
         self._connect_timeout = connect_timeout
+        self._state_budget = state_budget
         self._token = secrets.token_bytes(TOKEN_BYTES)
         self._group = f"tidemark-resident-{secrets.token_hex(8)}"
         self._sockets: list[socket.socket] = []
@@ -268,7 +279,14 @@ class ResidentCluster:
         context = self._spark.sparkContext
         try:
             context.setJobGroup(self._group, "tidemark resident shards", interruptOnCancel=True)
-            task = functools.partial(resident_task, host, port, self._token, self.shards)
+            task = functools.partial(
+                resident_task,
+                host,
+                port,
+                self._token,
+                self.shards,
+                state_budget=self._state_budget,
+            )
             context.parallelize(range(self.shards), self.shards).barrier().mapPartitions(
                 task
             ).collect()

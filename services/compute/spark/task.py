@@ -10,14 +10,22 @@ import os
 import socket
 from collections.abc import Iterable, Iterator
 
+from services.compute.dataflow.spill import TaskStateBudget
 from services.compute.spark.shard_host import ShardHost
 from services.compute.spark.wire import send_hello, tune
 
 
 def resident_task(
-    host: str, port: int, token: bytes, shards: int, partition: Iterable[int]
+    host: str,
+    port: int,
+    token: bytes,
+    shards: int,
+    partition: Iterable[int],
+    *,
+    state_budget: TaskStateBudget | None = None,
 ) -> Iterator[int]:
-    """Hosts the shard numbered by this task's partition until the driver says stop."""
+    """Hosts the shard numbered by this task's partition until the driver says stop, its
+    operator state held to ``state_budget`` (None: no bound)."""
     from pyspark import BarrierTaskContext
 
     shard = BarrierTaskContext.get().partitionId()
@@ -25,5 +33,9 @@ def resident_task(
         sock.settimeout(None)  # between requests a task may idle for as long as it likes
         tune(sock)
         send_hello(sock, token, shard, os.getpid())
-        ShardHost(shard, shards).serve(sock)
+        shard_host = ShardHost(shard, shards, None if state_budget is None else state_budget.open())
+        try:
+            shard_host.serve(sock)
+        finally:
+            shard_host.close()
     yield shard
