@@ -12,6 +12,7 @@ import asyncio
 from dataclasses import dataclass
 
 from services.compute.controller import CatalogController
+from services.compute.dataflow.spill import TaskStateBudget
 from services.compute.engines import Engine, LocalEngine, SparkEngine
 from services.compute.host import DataflowManager, HostSettings
 from services.compute.metrics import publish_dataflows
@@ -108,6 +109,21 @@ class ComputeConfig(ServiceConfig):
         "over it reports failed, the others go on (0: no budget)",
         metavar="MIB",
     )
+    task_state_memory_mb: int = setting(
+        2048,
+        help="with --engine spark, the operator state each resident task keeps in memory, "
+        "estimated from the rows it holds; past it, join arrangements move the keys held "
+        "longest to the executor's local disk, and dataflows go on, slower "
+        "(0: no bound)",
+        metavar="MIB",
+    )
+    task_state_disk_mb: int = setting(
+        0,
+        help="with --engine spark, how much operator state each resident task may spill to "
+        "local disk; a dataflow whose state needs more reports failed with "
+        "RESOURCE_EXHAUSTED (0: no limit)",
+        metavar="MIB",
+    )
     peek_wait: float = setting(
         30.0,
         help="how long a peek waits for a frontier when it names no wait of its own",
@@ -143,6 +159,9 @@ class ComputeConfig(ServiceConfig):
             app_name=f"tidemark-compute-{self.cluster}",
             budget_bytes=self.dataflow_memory_mb << 20,
             tls=self.tls(),
+            state_budget=TaskStateBudget(
+                self.task_state_memory_mb << 20, self.task_state_disk_mb << 20
+            ),
         )
 
 

@@ -22,6 +22,7 @@ from pyspark.sql import SparkSession
 from services.compute.dataflow import Dataflow, Index, Row, Update
 from services.compute.dataflow.dataflow import Batches
 from services.compute.dataflow.guard import Guard
+from services.compute.dataflow.spill import TaskStateBudget
 from services.compute.spark import ResidentCluster, SparkDataflow, spark_session
 from services.compute.spark.hydration import OutputTarget, stage
 from services.compute.spark.jobs import SparkJobs
@@ -392,9 +393,13 @@ class SparkEngine:
         app_name: str = "tidemark-compute",
         budget_bytes: int = 0,
         tls: TlsSettings | None = None,
+        state_budget: TaskStateBudget | None = None,
     ) -> None:
         """``budget_bytes``: each dataflow's memory budget for what its driver holds
-        (0: none). ``tls``: the compute's mTLS files, for the resident tasks' sockets too."""
+        (0: none). ``tls``: the compute's mTLS files, for the resident tasks' sockets too.
+        ``state_budget``: what each resident task may hold of operator state in memory and
+        spilled to its local disk (None: no bound)."""
+        self.state_budget = state_budget
         self.budget_bytes = budget_bytes
         self.tls = tls
         self.master = master
@@ -471,7 +476,9 @@ class SparkEngine:
             if current is not None:
                 log.warning("resident_cluster_replaced", failure=current.failure)
                 await current.astop()
-            fresh = ResidentCluster(session, self.shards, tls=self.tls)
+            fresh = ResidentCluster(
+                session, self.shards, tls=self.tls, state_budget=self.state_budget
+            )
             try:
                 await fresh.astart()
             except Exception:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from services.compute.dataflow import Dataflow, Index, Update
 from services.compute.dataflow.batch import consolidate
+from services.compute.dataflow.spill import StateBudget
 from tests.support import random_plans, reference_eval
 
 
@@ -35,6 +36,18 @@ def check_batch(updates: list[Update], lower: int, upper: int) -> None:
 def test_output_at_every_time_equals_the_reference(
     scenario: random_plans.Scenario, as_of: int, shards: int, compact_to: int
 ) -> None:
+    check_against_the_reference(scenario, as_of, shards, compact_to)
+
+
+def check_against_the_reference(
+    scenario: random_plans.Scenario,
+    as_of: int,
+    shards: int,
+    compact_to: int,
+    budget: StateBudget | None = None,
+) -> None:
+    """Runs ``scenario`` through a dataflow in random batches and checks every time's output
+    (and the index's, compacted to ``compact_to``) against the reference."""
     history = scenario.history
     try:
         expected = {
@@ -45,7 +58,7 @@ def test_output_at_every_time_equals_the_reference(
         assume(False)
         raise
 
-    dataflow = Dataflow(scenario.plan, as_of=as_of, shards=shards)
+    dataflow = Dataflow(scenario.plan, as_of=as_of, shards=shards, budget=budget)
     inputs = set(dataflow.input_ids)
     index = Index([0], since=as_of)
     snapshot = {

@@ -39,6 +39,7 @@ from services.compute.dataflow.graph import ConstantSource, GetSource, Graph, No
 from services.compute.dataflow.guard import UNGUARDED, Guard, row_bytes
 from services.compute.dataflow.lower import lower
 from services.compute.dataflow.operators.base import LinearOperator, StatefulOperator
+from services.compute.dataflow.spill import StateBudget
 from services.compute.dataflow.work import Work
 from services.compute.dataflow.worker import ShardWorker
 from tidemark.errors import FailedPrecondition, InvalidArgument
@@ -61,7 +62,9 @@ class Dataflow:
         as_of: int,
         shards: int = 1,
         guard: Guard = UNGUARDED,
+        budget: StateBudget | None = None,
     ) -> None:
+        """``budget``: a memory budget the operator state spills past (None: no bound)."""
         if not 0 <= as_of < MAX_TIME:
             raise InvalidArgument(f"as_of {as_of} is not a time before 2**64 - 1")
         if shards < 1:
@@ -70,7 +73,7 @@ class Dataflow:
         self.as_of = as_of
         self.shards = shards
         self.guard = guard
-        self.workers = [ShardWorker(self.graph, shard, guard) for shard in range(shards)]
+        self.workers = [ShardWorker(self.graph, shard, guard, budget) for shard in range(shards)]
         self._upper: int | None = None
 
     # -- description -----------------------------------------------------------------------

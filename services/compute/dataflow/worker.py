@@ -12,18 +12,35 @@ from services.compute.dataflow.batch import Update
 from services.compute.dataflow.graph import Graph
 from services.compute.dataflow.guard import UNGUARDED, Guard
 from services.compute.dataflow.operators.base import OperatorState, StatefulOperator
+from services.compute.dataflow.spill import StateBudget
 from services.compute.dataflow.work import Work
 
 
 class ShardWorker:
-    def __init__(self, graph: Graph, shard: int, guard: Guard = UNGUARDED) -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        shard: int,
+        guard: Guard = UNGUARDED,
+        budget: StateBudget | None = None,
+    ) -> None:
+        """``budget``: the task's memory budget for operator state, which the state spills
+        past (None: no bound)."""
         self.shard = shard
         self.states: dict[int, OperatorState] = {}
         for node in graph.stateful_nodes():
             assert isinstance(node.operator, StatefulOperator)
             state = node.operator.new_state()
             state.guard = guard
+            if budget is not None:
+                state.attach(budget)
             self.states[node.id] = state
+
+    def release(self) -> None:
+        """The shard is being dropped: its state stops counting against the budget, and
+        what it spilled is deleted."""
+        for state in self.states.values():
+            state.release()
 
     def process(self, node_id: int, inputs: Sequence[list[Update]]) -> list[Update]:
         """Runs stateful node ``node_id`` on this shard's share of the step's input."""

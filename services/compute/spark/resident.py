@@ -26,6 +26,7 @@ from types import TracebackType
 from pyspark.sql import SparkSession
 
 from services.compute.dataflow.batch import Row, Update
+from services.compute.dataflow.spill import TaskStateBudget
 from services.compute.dataflow.work import Work
 from services.compute.spark import requests as rq
 from services.compute.spark.secure import accept_secure, own_identity, server_context
@@ -55,14 +56,18 @@ class ResidentCluster:
         *,
         connect_timeout: float = 120.0,
         tls: TlsSettings | None = None,
+        state_budget: TaskStateBudget | None = None,
     ) -> None:
         """``tls``: the compute's mTLS files; the tasks' sockets then use TLS (``secure.py``),
-        and the executors must read the same files at the same paths."""
+        and the executors must read the same files at the same paths. ``state_budget``: what
+        each task may hold of operator state in memory and spilled to its local disk (None:
+        no bound)."""
         if shards < 1:
             raise InvalidArgument(f"a resident cluster needs at least one shard, not {shards}")
         self.shards = shards
         self._spark = spark
         self._connect_timeout = connect_timeout
+        self._state_budget = state_budget
         self._token = secrets.token_bytes(TOKEN_BYTES)
         self._tls = tls
         # Read now, so that files that do not make a TLS setup fail before any job starts.
@@ -284,7 +289,13 @@ class ResidentCluster:
         try:
             context.setJobGroup(self._group, "tidemark resident shards", interruptOnCancel=True)
             task = functools.partial(
-                resident_task, host, port, self._token, self.shards, tls=self._tls
+                resident_task,
+                host,
+                port,
+                self._token,
+                self.shards,
+                tls=self._tls,
+                state_budget=self._state_budget,
             )
             context.parallelize(range(self.shards), self.shards).barrier().mapPartitions(
                 task

@@ -14,6 +14,7 @@ from services.compute.dataflow.graph import Graph
 from services.compute.dataflow.index import Index
 from services.compute.dataflow.lower import lower
 from services.compute.dataflow.operators.linear import Normalize
+from services.compute.dataflow.spill import StateBudget
 from services.compute.dataflow.worker import ShardWorker
 from services.compute.spark.requests import (
     ApplyIndex,
@@ -43,10 +44,18 @@ class HostedDataflow:
 
 
 class ShardHost:
-    def __init__(self, shard: int, shards: int) -> None:
+    def __init__(self, shard: int, shards: int, budget: StateBudget | None = None) -> None:
+        """``budget``: the task's memory budget for the operator state of all its dataflows,
+        which spills to local disk past it (None: no bound)."""
         self.shard = shard
         self.shards = shards
+        self.budget = budget
         self.dataflows: dict[str, HostedDataflow] = {}
+
+    def close(self) -> None:
+        """Deletes the spilled state (the task is ending)."""
+        if self.budget is not None:
+            self.budget.close()
 
     def serve(self, sock: socket.socket) -> None:
         """Answers requests until ``Stop`` (or until the connection breaks, which raises)."""
@@ -66,7 +75,7 @@ class ShardHost:
             self._install(request)
             return None
         if isinstance(request, Drop):
-            self._hosted(request.dataflow_id)
+            self._hosted(request.dataflow_id).worker.release()
             del self.dataflows[request.dataflow_id]
             return None
         if isinstance(request, Process):
@@ -98,7 +107,7 @@ class ShardHost:
         if request.index_key_columns is not None:
             index = Index(request.index_key_columns, since=request.index_since)
         self.dataflows[request.dataflow_id] = HostedDataflow(
-            graph, ShardWorker(graph, self.shard), index
+            graph, ShardWorker(graph, self.shard, budget=self.budget), index
         )
 
     def _process(self, request: Process) -> list[Update]:

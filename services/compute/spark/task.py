@@ -10,6 +10,7 @@ import os
 import socket
 from collections.abc import Iterable, Iterator
 
+from services.compute.dataflow.spill import TaskStateBudget
 from services.compute.spark.secure import connect_secure
 from services.compute.spark.shard_host import ShardHost
 from services.compute.spark.wire import send_hello, tune
@@ -22,10 +23,13 @@ def resident_task(
     token: bytes,
     shards: int,
     partition: Iterable[int],
+    *,
     tls: TlsSettings | None = None,
+    state_budget: TaskStateBudget | None = None,
 ) -> Iterator[int]:
     """Hosts the shard numbered by this task's partition until the driver says stop. With
-    ``tls`` (paths this executor can read), the connection is mTLS."""
+    ``tls`` (paths this executor can read), the connection is mTLS; its operator state is
+    held to ``state_budget`` (None: no bound)."""
     from pyspark import BarrierTaskContext
 
     shard = BarrierTaskContext.get().partitionId()
@@ -33,5 +37,9 @@ def resident_task(
         sock.settimeout(None)  # between requests a task may idle for as long as it likes
         tune(sock)
         send_hello(sock, token, shard, os.getpid())
-        ShardHost(shard, shards).serve(sock)
+        shard_host = ShardHost(shard, shards, None if state_budget is None else state_budget.open())
+        try:
+            shard_host.serve(sock)
+        finally:
+            shard_host.close()
     yield shard

@@ -4,31 +4,81 @@ Operators keep only the current contents (as of the latest time they processed):
 handles times in increasing order and never receives an update at an earlier time, so older
 versions are never read again. Multi-versioned history is kept only where reads at past times
 are needed (``services.compute.dataflow.index``).
+
+Attached to a task's ``StateBudget`` (``services.compute.dataflow.spill``), an arrangement
+keeps only its recently used keys in memory: the budget moves its oldest keys to disk when the
+task's state outgrows the budget, and reading a spilled key brings it back. Reads go through
+``get`` and ``in`` for that reason; ``rows`` holds only the keys in memory.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from itertools import islice
 
 from services.compute.dataflow.batch import Key, Row
+from services.compute.dataflow.guard import row_bytes
+from services.compute.dataflow.spill import Location, StateBudget
+
+_SPILL_BATCH = 256
+"""Keys examined per round when choosing what to spill."""
 
 
 class Arrangement:
-    __slots__ = ("row_count", "rows")
+    __slots__ = (
+        "__weakref__",
+        "_budget",
+        "_cold",
+        "_hot_rows",
+        "_member_id",
+        "_row_bytes",
+        "row_count",
+        "rows",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, width: int = 1) -> None:
         self.rows: dict[Key, dict[Row, int]] = {}
+        """The keys held in memory (all of them unless spilled) and their rows."""
         self.row_count = 0
-        """Distinct rows held over all keys (kept as changes apply, for memory budgets)."""
+        """Distinct rows held over all keys, spilled or not (for budgets and status)."""
+        self._row_bytes = row_bytes(width)
+        self._hot_rows = 0
+        self._cold: dict[Key, Location] = {}
+        self._budget: StateBudget | None = None
+        self._member_id = 0
+
+    def attach(self, budget: StateBudget) -> None:
+        """Counts this arrangement's rows in memory against ``budget`` from now on."""
+        if self._budget is None:
+            self._budget = budget
+            self._member_id = budget.attach(self)
+
+    def release(self) -> None:
+        """Stops counting against the budget and deletes what was spilled (the state is
+        being dropped)."""
+        budget = self._budget
+        if budget is not None:
+            budget.detach(self, self._member_id)
+            self._budget = None
+            self._cold = {}
 
     def get(self, key: Key) -> dict[Row, int] | None:
-        """The rows under ``key`` (a live view: do not modify), or None when there are none."""
-        return self.rows.get(key)
+        """The rows under ``key`` (a live view: do not modify, and read it before the next
+        ``apply``, which may spill it), or None when there are none."""
+        rows = self.rows.get(key)
+        if rows is None and self._cold:
+            location = self._cold.pop(key, None)
+            if location is not None:
+                rows = self._unspill(key, location)
+        return rows
+
+    def __contains__(self, key: Key) -> bool:
+        return self.get(key) is not None
 
     def apply(self, key: Key, changes: Iterable[tuple[Row, int]]) -> None:
         """Adds ``changes`` to the rows under ``key``; rows that reach zero are removed, and so
         is a key with no rows left, so "no rows" always means "absent"."""
-        rows = self.rows.get(key)
+        rows = self.get(key)
         if rows is None:
             rows = self.rows[key] = {}
         before = len(rows)
@@ -38,9 +88,63 @@ class Arrangement:
                 rows[row] = total
             else:
                 rows.pop(row, None)
-        self.row_count += len(rows) - before
+        added = len(rows) - before
+        self.row_count += added
+        self._hot_rows += added
         if not rows:
             del self.rows[key]
+        budget = self._budget
+        # Also when nothing was added: the key may have just come back from disk.
+        if budget is not None and (added or budget.held_bytes > budget.budget_bytes):
+            budget.charge(added * self._row_bytes)
+
+    def items(self) -> Iterator[tuple[Key, dict[Row, int]]]:
+        """Every key and its rows, spilled ones included (for tests and diagnostics)."""
+        yield from self.rows.items()
+        if self._budget is not None:
+            spill_file = self._budget.file
+            for key, location in self._cold.items():
+                yield key, spill_file.read(location)
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self.rows) + len(self._cold)
+
+    # -- as a member of a StateBudget ----------------------------------------------------------
+
+    def held_in_memory(self) -> int:
+        return self._hot_rows * self._row_bytes
+
+    @property
+    def spilled(self) -> dict[Key, Location]:
+        return self._cold
+
+    def spill_oldest(self, bytes_wanted: int) -> int:
+        budget = self._budget
+        if budget is None:
+            return 0
+        freed = 0
+        rows = self.rows
+        while freed < bytes_wanted and rows:
+            chosen = []
+            for key in islice(rows, _SPILL_BATCH):
+                chosen.append(key)
+                freed += len(rows[key]) * self._row_bytes
+                if freed >= bytes_wanted:
+                    break
+            contents = [rows.pop(key) for key in chosen]
+            cold = self._cold
+            for key, location in zip(chosen, budget.file.put(contents), strict=True):
+                cold[key] = location
+            self._hot_rows -= sum(len(held) for held in contents)
+            budget.spilled_keys += len(chosen)
+        return freed
+
+    def _unspill(self, key: Key, location: Location) -> dict[Row, int]:
+        budget = self._budget
+        assert budget is not None
+        rows = budget.file.take(location)
+        self.rows[key] = rows
+        self._hot_rows += len(rows)
+        # Charged without relieving: the caller reads these rows before its next apply.
+        budget.held_bytes += len(rows) * self._row_bytes
+        return rows

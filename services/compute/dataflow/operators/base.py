@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from services.compute.dataflow.batch import Key, KeyFunction, Row, Update, keyed_by_time
 from services.compute.dataflow.guard import CHECK_EVERY, UNGUARDED, Guard, row_bytes
+from services.compute.dataflow.spill import StateBudget
 from services.compute.dataflow.work import Work
 
 
@@ -46,6 +47,15 @@ class OperatorState(ABC):
     @abstractmethod
     def key_count(self) -> int:
         """How many keys the arrangements hold (for diagnostics)."""
+
+    def attach(self, budget: StateBudget) -> None:
+        """Keeps the state within a task's memory budget from now on, spilling what does not
+        fit (``services.compute.dataflow.spill``). State that cannot spill ignores it."""
+        return
+
+    def release(self) -> None:
+        """The state is being dropped: let go of what ``attach`` took."""
+        return
 
     def held_bytes(self) -> int:
         """The estimated memory of the state (for budgets): one narrow row per key unless

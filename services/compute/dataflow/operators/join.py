@@ -21,6 +21,7 @@ from services.compute.dataflow.batch import Key, KeyFunction, Row, Update, keyed
 from services.compute.dataflow.guard import CHECK_EVERY, row_bytes
 from services.compute.dataflow.operators.arrangement import Arrangement
 from services.compute.dataflow.operators.base import OperatorState, StatefulOperator
+from services.compute.dataflow.spill import StateBudget
 
 Changes = dict[Key, list[tuple[Row, int]]]
 
@@ -51,14 +52,22 @@ class JoinState(OperatorState):
     def __init__(self, spec: JoinOperator) -> None:
         super().__init__()
         self.spec = spec
-        self.left = Arrangement()
-        self.right = Arrangement()
+        self.left = Arrangement(spec.left_width)
+        self.right = Arrangement(spec.right_width)
         # Appended to an unmatched left row, prepended to an unmatched right row.
         self.left_padding: Row = (None,) * spec.right_width
         self.right_padding: Row = (None,) * spec.left_width
 
     def key_count(self) -> int:
         return len(self.left) + len(self.right)
+
+    def attach(self, budget: StateBudget) -> None:
+        self.left.attach(budget)
+        self.right.attach(budget)
+
+    def release(self) -> None:
+        self.left.release()
+        self.right.release()
 
     def held_bytes(self) -> int:
         spec = self.spec
@@ -127,8 +136,8 @@ class JoinState(OperatorState):
         outer = spec.keep_left or spec.keep_right
         touched = left_changes.keys() | right_changes.keys() if outer else ()
         # Which keys had rows on each side before this time (for the outer transitions).
-        left_before = {key: key in left.rows for key in touched}
-        right_before = {key: key in right.rows for key in touched}
+        left_before = {key: key in left for key in touched}
+        right_before = {key: key in right for key in touched}
 
         for key, changes in left_changes.items():
             work.key_lookups += 1
@@ -175,7 +184,7 @@ class JoinState(OperatorState):
         """The padded rows of the preserved side ``kept`` for the keys touched at ``time``."""
         for key in touched:
             was_matched = other_before[key]
-            is_matched = key in other.rows
+            is_matched = key in other
             changes = kept_changes.get(key)
             if not was_matched and not is_matched:
                 if changes:

@@ -1,0 +1,114 @@
+"""Resident tasks over a tiny state budget: the join's arrangements spill to the executors'
+local disk, the view stays exact at every time, and state that cannot fit even on disk is
+refused with a clear error while the tasks keep serving."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from services.compute.dataflow import Index, Update
+from services.compute.dataflow.spill import TaskStateBudget
+from services.compute.spark import ResidentCluster, SparkDataflow
+from tests.support import reference_eval
+from tidemark.columnar import ColumnType, RelationSchema
+from tidemark.errors import ResourceExhausted
+from tidemark.plan import builders as pb
+from tidemark.plan import derive_schema
+from tidemark.v1 import plan_pb2
+
+pytestmark = pytest.mark.spark
+
+ORDERS = RelationSchema.of(
+    ("o_id", ColumnType.INT64), ("cust", ColumnType.INT64), ("amount", ColumnType.INT64)
+)
+CUSTOMERS = RelationSchema.of(("cust", ColumnType.INT64), ("region", ColumnType.TEXT))
+
+
+def view() -> plan_pb2.Plan:
+    joined = pb.join(pb.get("orders", ORDERS), pb.get("customers", CUSTOMERS), [1], [0])
+    root = pb.reduce(joined, [4], [pb.aggregate("count"), pb.aggregate("sum", 2)])
+    return pb.plan(root, derive_schema(root))
+
+
+@pytest.fixture(scope="module")
+def spill_directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("spill")
+
+
+@pytest.fixture(scope="module")
+def tight(spark: SparkSession, spill_directory: Path) -> Iterator[ResidentCluster]:
+    budget = TaskStateBudget(memory_bytes=4_000, disk_bytes=100_000, directory=str(spill_directory))
+    with ResidentCluster(spark, 2, state_budget=budget) as resident:
+        yield resident
+    # Each task deletes its spill file as it ends.
+    assert list(spill_directory.iterdir()) == []
+
+
+def test_a_view_over_the_budget_spills_and_stays_exact(
+    tight: ResidentCluster, spill_directory: Path
+) -> None:
+    rng = random.Random(3)
+    customers = {cust: f"r{cust % 4}" for cust in range(200)}
+    orders = {o_id: (rng.randrange(200), rng.randint(1, 99)) for o_id in range(600)}
+    history: dict[str, list[Update]] = {
+        "customers": [((c, r), 0, 1) for c, r in customers.items()],
+        "orders": [((o, c, a), 0, 1) for o, (c, a) in orders.items()],
+    }
+    dataflow = SparkDataflow(view(), as_of=0, cluster=tight)
+    try:
+        index = Index([0], since=0)
+        out, upper = dataflow.hydrate(history)
+        index.apply(out, upper)
+        spilled = [path.stat().st_size for path in spill_directory.iterdir()]
+        assert len(spilled) == 2 and min(spilled) > 0, "4,000 bytes cannot hold the state"
+        for step in range(1, 8):
+            changes: list[Update] = []
+            for o_id in rng.sample(sorted(orders), 40):
+                cust, amount = orders[o_id]
+                changes.append(((o_id, cust, amount), step, -1))
+                orders[o_id] = (rng.randrange(200), rng.randint(1, 99))
+                changes.append(((o_id, *orders[o_id]), step, 1))
+            history["orders"].extend(changes)
+            out, upper = dataflow.step({"orders": changes}, step + 1)
+            index.apply(out, upper)
+        for time in range(upper):
+            inputs: dict[str, dict[Any, int]] = {}
+            for name, updates in history.items():
+                contents = inputs.setdefault(name, {})
+                for row, at, diff in updates:
+                    if at <= time:
+                        contents[row] = contents.get(row, 0) + diff
+            expected = reference_eval.evaluate(view(), inputs)
+            assert reference_eval.canonical(index.contents_at(time)) == expected, time
+    finally:
+        dataflow.drop()
+
+
+def test_state_that_cannot_fit_on_disk_is_refused_and_the_tasks_go_on(
+    tight: ResidentCluster,
+) -> None:
+    wide = "x" * 200
+    history: dict[str, list[Update]] = {
+        "customers": [((c, wide), 0, 1) for c in range(2_000)],
+        "orders": [((o, o % 2_000, 1), 0, 1) for o in range(4_000)],
+    }
+    doomed = SparkDataflow(view(), as_of=0, cluster=tight)
+    try:
+        with pytest.raises(ResourceExhausted, match="does not fit"):
+            doomed.hydrate(history)
+    finally:
+        doomed.drop()
+    assert tight.failure is None
+    # The tasks still serve, and what the refused dataflow spilled was let go.
+    small = SparkDataflow(view(), as_of=0, cluster=tight)
+    try:
+        out, _ = small.hydrate({"customers": [((1, "r"), 0, 1)], "orders": [((1, 1, 5), 0, 1)]})
+        assert [(row, diff) for row, _, diff in out] == [(("r", 1, 5), 1)]
+    finally:
+        small.drop()
