@@ -60,6 +60,9 @@ class JoinState(OperatorState):
     def key_count(self) -> int:
         return len(self.left) + len(self.right)
 
+    def row_count(self) -> int:
+        return self.left.row_count + self.right.row_count
+
     def held_bytes(self) -> int:
         spec = self.spec
         return self.left.row_count * row_bytes(spec.left_width) + self.right.row_count * row_bytes(

@@ -1,15 +1,17 @@
 """TopK: per group, the rows at positions [offset, offset + limit) of a total order.
 
-A group keeps each row's multiplicity and a sorted list of the rows with a positive one (by the
-order's key, which ends with the whole row, so no two distinct rows tie). At each time the step
-touches a group it updates the list (a binary search per changed row), walks the list from the
-front until the window is filled, and emits the difference from the window it last emitted.
-That walk covers offset + limit positions, not the group.
+A group keeps each row's multiplicity and the rows with a positive one in order
+(``OrderedRows``: by the order's key, which ends with the whole row, so no two distinct rows
+tie). At each time the step touches a group it updates the order (O(log n) per changed row),
+reads the window from position ``offset`` (O(log n) to find it, then one step per row in it),
+and emits the difference from the window it last emitted: only rows entering or leaving the
+window, or changing their count in it. No step costs time in proportion to the group's size.
 """
 
 from __future__ import annotations
 
 from services.compute.dataflow.batch import Key, KeyFunction, Row, Update
+from services.compute.dataflow.guard import rows_bytes
 from services.compute.dataflow.operators.base import GroupedState, StatefulOperator
 from services.compute.dataflow.operators.ordered import OrderedRows
 from services.compute.dataflow.ordering import SortKey
@@ -43,9 +45,17 @@ class TopKState(GroupedState):
         self.spec = spec
         self.group_key = spec.group_key
         self.groups: dict[Key, TopKGroup] = {}
+        self.rows_held = 0
+        self.values_held = 0
 
     def key_count(self) -> int:
         return len(self.groups)
+
+    def row_count(self) -> int:
+        return self.rows_held
+
+    def held_bytes(self) -> int:
+        return rows_bytes(self.rows_held, self.values_held)
 
     def _update_group(
         self, key: Key, changes: list[tuple[Row, int]], time: int, out: list[Update]
@@ -55,8 +65,12 @@ class TopKState(GroupedState):
         if group is None:
             group = self.groups[key] = TopKGroup()
         sort_key = self.spec.sort_key
+        rows = group.rows
+        rows_before, values_before = len(rows.counts), rows.values
         for row, diff in changes:
-            group.rows.update(row, diff, sort_key)
+            rows.update(row, diff, sort_key)
+        self.rows_held += len(rows.counts) - rows_before
+        self.values_held += rows.values - values_before
         window = self._window(group)
         previous = group.output
         for row, count in window.items():
@@ -73,16 +87,6 @@ class TopKState(GroupedState):
     def _window(self, group: TopKGroup) -> dict[Row, int]:
         low = self.spec.offset
         high = None if self.spec.limit is None else low + self.spec.limit
-        window: dict[Row, int] = {}
-        position = 0
-        counts = group.rows.counts
-        for _, row in group.rows.ordered:
-            if high is not None and position >= high:
-                break
-            self.work.rows_visited += 1
-            end = position + counts[row]
-            kept = (end if high is None else min(end, high)) - max(position, low)
-            if kept > 0:
-                window[row] = kept
-            position = end
+        window = dict(group.rows.window(low, high))
+        self.work.rows_visited += len(window)
         return window
