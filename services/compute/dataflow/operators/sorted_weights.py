@@ -121,10 +121,14 @@ class SortedWeights:
         first costs O(log n); each next one O(1)."""
         if position >= self.total:
             return
-        block, offset = self._find(position)
-        cumulative = list(accumulate(self._weights[block]))
-        at = bisect_right(cumulative, offset)
-        start = position - offset + (cumulative[at - 1] if at else 0)
+        # A top-k without an offset reads from the front: no tree walk, no prefix sums.
+        block, offset = (0, position) if position < self._sums[0] else self._find(position)
+        if offset:
+            cumulative = list(accumulate(self._weights[block]))
+            at = bisect_right(cumulative, offset)
+            start = position - offset + (cumulative[at - 1] if at else 0)
+        else:
+            at, start = 0, position
         for index in range(block, len(self._keys)):
             keys, weights = self._keys[index], self._weights[index]
             for key, weight in zip(keys[at:], weights[at:], strict=True):
