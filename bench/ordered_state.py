@@ -15,8 +15,9 @@ a removal shifts the list's tail, O(n)) to ``SortedWeights`` (O(log n)):
 "Before" is the list structure as it was, copied here (``_ListExtreme``, ``_ListRows``), so
 the two run side by side on the same data in one process. A state is filled by sorting once
 (filling a list by insertion would take O(n^2)); each cell times many updates and reports the
-mean microseconds per row change (a retraction and an insertion are two). Writes
-``bench/results/ordered_state.json`` with the load average: the machine is shared.
+CPU microseconds per row change (a retraction and an insertion are two), the median of
+five rounds. Writes ``bench/results/ordered_state.json`` with the load average: the machine
+is shared.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import bisect
 import json
 import random
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -42,6 +44,7 @@ from tidemark.columnar import ColumnType
 
 SIZES = (1_000, 10_000, 100_000, 1_000_000)
 LIMIT = 10
+ROUNDS = 5
 RESULTS = REPO_ROOT / "bench" / "results" / "ordered_state.json"
 _TYPES = [ScalarType(ColumnType.INT64), ScalarType(ColumnType.INT64)]
 SORT_KEY = compile_sort_key([(1, False, False)], _TYPES)
@@ -114,15 +117,21 @@ def _ordered_rows(rows: list[tuple[int, int]]) -> OrderedRows:
 def _time_updates(
     present: list[Any], fresh: Callable[[], Any], apply: Callable[[Any, Any], None], updates: int
 ) -> float:
-    """Mean microseconds per row change over ``updates`` (retraction, insertion) pairs."""
+    """CPU microseconds per row change over ``updates`` (retraction, insertion) pairs: the
+    median of ``ROUNDS`` rounds' means. CPU time, not wall time, and a median, because the
+    machine is shared: another process taking the core does not count against the update."""
     chooser = random.Random(7)
-    start = time.perf_counter()
-    for _ in range(updates):
-        slot = chooser.randrange(len(present))
-        new = fresh()
-        apply(present[slot], new)
-        present[slot] = new
-    return (time.perf_counter() - start) / (2 * updates) * 1e6
+    per_round = max(1, updates // ROUNDS)
+    means = []
+    for _ in range(ROUNDS):
+        start = time.process_time()
+        for _ in range(per_round):
+            slot = chooser.randrange(len(present))
+            new = fresh()
+            apply(present[slot], new)
+            present[slot] = new
+        means.append((time.process_time() - start) / (2 * per_round) * 1e6)
+    return statistics.median(means)
 
 
 def _updates_for(size: int, before: bool) -> int:

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import Any
 from unittest import mock
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -258,3 +259,18 @@ def test_topk_emits_exactly_the_change_of_its_window(
             assert consolidate(out) == _difference(new_window, window, time)
             window = new_window
     assert state.row_count() == sum(1 for c in counts.values() if c)
+
+
+@pytest.mark.parametrize("limit", [None, 3])
+def test_a_topk_update_visits_the_window_not_the_group(limit: int | None) -> None:
+    types = [ScalarType(T.INT64), ScalarType(T.INT64)]
+    sort_key = compile_sort_key([(0, False, False)], types)
+    state = TopKOperator(lambda row: (row[1],), sort_key, 2, limit).new_state()
+    state.process([[((value, 0), 0, 1) for value in range(5000)]])
+    state.work.reset()
+    # A new first row: two rows move across the window's edges (one at the offset, one at
+    # the end when there is a limit), whatever the group's size.
+    out = state.process([[((-1, 0), 1, 1)]])
+    expected = [((1, 0), 1, 1)] + ([((4, 0), 1, -1)] if limit else [])
+    assert consolidate(out) == expected
+    assert state.work.rows_visited <= 2 + (limit or 0)

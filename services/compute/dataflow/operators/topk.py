@@ -5,7 +5,9 @@ A group keeps each row's multiplicity and the rows with a positive one in order
 tie). At each time the step touches a group it updates the order (O(log n) per changed row),
 reads the window from position ``offset`` (O(log n) to find it, then one step per row in it),
 and emits the difference from the window it last emitted: only rows entering or leaving the
-window, or changing their count in it. No step costs time in proportion to the group's size.
+window, or changing their count in it. Without a limit, the window is everything past the
+first ``offset`` copies, so the group keeps those copies instead and emits the changed rows'
+own change less theirs. No step costs time in proportion to the group's size.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ class TopKGroup:
     def __init__(self) -> None:
         self.rows = OrderedRows()
         self.output: dict[Row, int] = {}
+        """With a limit, the window last emitted; without one, the first ``offset`` copies
+        (the rows not emitted), so that neither holds more than offset + limit copies."""
 
 
 class TopKState(GroupedState):
@@ -66,12 +70,27 @@ class TopKState(GroupedState):
             group = self.groups[key] = TopKGroup()
         sort_key = self.spec.sort_key
         rows = group.rows
-        rows_before, values_before = len(rows.counts), rows.values
+        counts = rows.counts
+        rows_before, values_before = len(counts), rows.values
+        present_before = {row: max(counts.get(row, 0), 0) for row, _ in changes}
         for row, diff in changes:
             rows.update(row, diff, sort_key)
-        self.rows_held += len(rows.counts) - rows_before
+        self.rows_held += len(counts) - rows_before
         self.values_held += rows.values - values_before
-        window = self._window(group)
+        if self.spec.limit is None:
+            self._emit_past_offset(group, present_before, time, out)
+        else:
+            self._emit_window(group, time, out)
+        if not rows:
+            del self.groups[key]
+
+    def _emit_window(self, group: TopKGroup, time: int, out: list[Update]) -> None:
+        """The difference between the window now and the one last emitted: O(log n) to find
+        the window, then O(limit)."""
+        low = self.spec.offset
+        assert self.spec.limit is not None
+        window = dict(group.rows.window(low, low + self.spec.limit))
+        self.work.rows_visited += len(window)
         previous = group.output
         for row, count in window.items():
             change = count - previous.get(row, 0)
@@ -81,12 +100,23 @@ class TopKState(GroupedState):
             if row not in window:
                 out.append((row, time, -count))
         group.output = window
-        if not group.rows:
-            del self.groups[key]
 
-    def _window(self, group: TopKGroup) -> dict[Row, int]:
-        low = self.spec.offset
-        high = None if self.spec.limit is None else low + self.spec.limit
-        window = dict(group.rows.window(low, high))
-        self.work.rows_visited += len(window)
-        return window
+    def _emit_past_offset(
+        self, group: TopKGroup, present_before: dict[Row, int], time: int, out: list[Update]
+    ) -> None:
+        """Without a limit the window is every copy but the first ``offset``: its change is
+        the changed rows' own change less the change of those first copies, so the work is
+        O(log n + offset), not the group's size."""
+        offset = self.spec.offset
+        prefix = dict(group.rows.window(0, offset)) if offset else {}
+        self.work.rows_visited += len(prefix)
+        counts = group.rows.counts
+        change: dict[Row, int] = {}
+        for row, before in present_before.items():
+            change[row] = max(counts.get(row, 0), 0) - before
+        for row, count in prefix.items():
+            change[row] = change.get(row, 0) - count
+        for row, count in group.output.items():
+            change[row] = change.get(row, 0) + count
+        out.extend((row, time, diff) for row, diff in change.items() if diff)
+        group.output = prefix
