@@ -134,14 +134,26 @@ def _time_updates(
     return statistics.median(means)
 
 
+def _initial(size: int) -> list[int]:
+    """``size`` distinct even numbers below ``20 * size``."""
+    return [2 * value for value in random.Random(size).sample(range(size * 10), size)]
+
+
+def _fresh(size: int) -> Callable[[], int]:
+    """New values: odd, so never one already there, and anywhere in the range (an insertion
+    lands at a random position of the order, as a removal does)."""
+    chooser = random.Random(-size)
+    return lambda: 2 * chooser.randrange(size * 10) + 1
+
+
 def _updates_for(size: int, before: bool) -> int:
     # The list's shift at 10^6 costs about a millisecond: fewer updates keep the run short.
     return max(200, min(5000, 50_000_000 // size)) if before else 5000
 
 
 def measure_extreme(size: int, before: bool) -> float:
-    values = random.Random(size).sample(range(size * 10), size)
-    counter = iter(range(size * 10, size * 100))
+    values = _initial(size)
+    fresh = _fresh(size)
     if before:
         old = _ListExtreme(values)
 
@@ -150,7 +162,7 @@ def measure_extreme(size: int, before: bool) -> float:
             old.add(into, 1)
             old.result()
 
-        return _time_updates(list(values), counter.__next__, apply_old, _updates_for(size, True))
+        return _time_updates(list(values), fresh, apply_old, _updates_for(size, True))
     new = Extreme(maximum=False, is_float=False)
     for value in values:
         new.add(value, 1)
@@ -160,15 +172,15 @@ def measure_extreme(size: int, before: bool) -> float:
         new.add(into, 1)
         new.result(0)
 
-    return _time_updates(list(values), counter.__next__, apply_new, _updates_for(size, False))
+    return _time_updates(list(values), fresh, apply_new, _updates_for(size, False))
 
 
 def measure_topk(size: int, before: bool, offset: int) -> float:
-    rows = [(0, value) for value in random.Random(size).sample(range(size * 10), size)]
-    counter = iter(range(size * 10, size * 100))
+    rows = [(0, value) for value in _initial(size)]
+    value = _fresh(size)
 
     def fresh() -> tuple[int, int]:
-        return (0, next(counter))
+        return (0, value())
 
     if before:
         old = _ListRows(rows)
@@ -191,17 +203,17 @@ def measure_topk(size: int, before: bool, offset: int) -> float:
 
 def measure_topk_operator(size: int) -> float:
     """The whole operator, one update (a retraction and an insertion) per step."""
-    rows = [(0, value) for value in random.Random(size).sample(range(size * 10), size)]
+    rows = [(0, value) for value in _initial(size)]
     state = TopKOperator(lambda row: (row[0],), SORT_KEY, 0, LIMIT).new_state()
     state.process([[(row, 0, 1) for row in rows]])
-    counter = iter(range(size * 10, size * 100))
+    value = _fresh(size)
     steps = iter(range(1, 10**9))
 
     def apply(out: tuple[int, int], into: tuple[int, int]) -> None:
         step = next(steps)
         state.process([[(out, step, -1), (into, step, 1)]])
 
-    return _time_updates(list(rows), lambda: (0, next(counter)), apply, 5000)
+    return _time_updates(list(rows), lambda: (0, value()), apply, 5000)
 
 
 def main() -> None:

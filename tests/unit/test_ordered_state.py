@@ -49,14 +49,12 @@ def _check_weights(weights: SortedWeights, counts: dict[int, int]) -> None:
     if present:
         assert weights.first() == present[0][0] and weights.last() == present[-1][0]
     units = [key for key, count in present for _ in range(count)]
-    for position in range(len(units) + 1):
-        got = [(key, weight) for key, weight, _ in weights.from_position(position)]
-        expected = [(k, c) for k, c in present if k >= units[position]] if units[position:] else []
-        assert got == expected
-        starts = [start for _, _, start in weights.from_position(position)]
-        if starts:
-            assert units[starts[0]] == got[0][0] and starts[0] <= position
-            assert starts[0] + got[0][1] > position
+    for low in range(len(units) + 1):
+        for high in (None, low, low + 1, low + 3, len(units) + 1):
+            expected: dict[int, int] = {}
+            for key in units[low:high]:
+                expected[key] = expected.get(key, 0) + 1
+            assert weights.between(low, high) == list(expected.items())
 
 
 @settings(max_examples=300, deadline=None)
@@ -97,9 +95,9 @@ def test_sorted_weights_stay_exact_through_many_splits_and_merges() -> None:
             assert list(weights) == present
             if present:
                 middle = sum(count for _, count in present) // 2
-                first = next(weights.from_position(middle))
-                assert first[2] <= middle < first[2] + first[1]
-                assert first[2] == sum(count for k, count in present if k < first[0])
+                key, _ = weights.between(middle, middle + 1)[0]
+                before = sum(count for k, count in present if k < key)
+                assert before <= middle < before + counts[key]
         assert not weights and weights.total == 0
 
 

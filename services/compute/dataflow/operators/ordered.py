@@ -8,7 +8,6 @@ update costs O(log n) and so does finding the row at a position counted in copie
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 from services.compute.dataflow.batch import Row
 from services.compute.dataflow.operators.sorted_weights import SortedWeights
@@ -53,17 +52,10 @@ class OrderedRows:
             for _ in range(count):
                 yield row
 
-    def window(self, low: int, high: int | None) -> Iterator[tuple[Row, int]]:
+    def window(self, low: int, high: int | None) -> list[tuple[Row, int]]:
         """The present rows at positions [low, high) of the order (counting each copy; None:
         to the end), each with how many of its copies fall there. O(log n) to the first."""
-        if high is not None and high <= low:
-            return
-        entry: tuple[Any, Row]
-        for entry, count, start in self.ordered.from_position(low):
-            if high is not None and start >= high:
-                return
-            end = start + count if high is None else min(start + count, high)
-            yield entry[1], end - max(start, low)
+        return [(entry[1], count) for entry, count in self.ordered.between(low, high)]
 
     def __bool__(self) -> bool:
         return bool(self.counts)

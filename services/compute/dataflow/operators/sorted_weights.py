@@ -115,26 +115,30 @@ class SortedWeights:
         for keys, weights in zip(self._keys, self._weights, strict=True):
             yield from zip(keys, weights, strict=True)
 
-    def from_position(self, position: int) -> Iterator[tuple[Any, int, int]]:
-        """``(key, weight, start)`` in order from the key covering unit ``position`` of the
-        cumulative weight (0-based), where ``start`` is the units before the key. Finding the
+    def between(self, low: int, high: int | None) -> list[tuple[Any, int]]:
+        """The keys with units at positions [low, high) of the cumulative weight (0-based;
+        None: to the end), in order, each with how many of its units fall there. Finding the
         first costs O(log n); each next one O(1)."""
-        if position >= self.total:
-            return
+        end = self.total if high is None else min(high, self.total)
+        if low >= end:
+            return []
         # A top-k without an offset reads from the front: no tree walk, no prefix sums.
-        block, offset = (0, position) if position < self._sums[0] else self._find(position)
+        block, offset = (0, low) if low < self._sums[0] else self._find(low)
+        at, start = 0, low - offset
         if offset:
             cumulative = list(accumulate(self._weights[block]))
             at = bisect_right(cumulative, offset)
-            start = position - offset + (cumulative[at - 1] if at else 0)
-        else:
-            at, start = 0, position
-        for index in range(block, len(self._keys)):
-            keys, weights = self._keys[index], self._weights[index]
-            for key, weight in zip(keys[at:], weights[at:], strict=True):
-                yield key, weight, start
-                start += weight
-            at = 0
+            start += cumulative[at - 1] if at else 0
+        found = []
+        while True:  # ends by the last key's units, since end <= total
+            keys, weights = self._keys[block], self._weights[block]
+            for index in range(at, len(keys)):
+                stop = start + weights[index]
+                found.append((keys[index], min(stop, end) - max(start, low)))
+                if stop >= end:
+                    return found
+                start = stop
+            block, at = block + 1, 0
 
     # -- blocks ----------------------------------------------------------------------------
 
