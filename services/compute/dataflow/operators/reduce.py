@@ -32,6 +32,11 @@ class ReduceOperator(StatefulOperator):
         self.group_key = group_key
         self.aggregates = list(aggregates)
         self.routes = (group_key,)
+        # Only MIN/MAX and DISTINCT keep values; COUNT and SUM groups skip counting them.
+        self.keeps_values = any(
+            type(spec.new_state()).values_held is not Aggregate.values_held
+            for spec in self.aggregates
+        )
 
     def new_state(self) -> ReduceState:
         return ReduceState(self)
@@ -85,12 +90,14 @@ class ReduceState(GroupedState):
         self.key_width = len(key)
         states = group.aggregates
         readers = [a.value for a in self.spec.aggregates]
-        values_before = sum(state.values_held() for state in states)
+        keeps_values = self.spec.keeps_values
+        values_before = sum(state.values_held() for state in states) if keeps_values else 0
         for row, diff in changes:
             group.rows += diff
             for state, read in zip(states, readers, strict=True):
                 state.add(read(row) if read is not None else None, diff)
-        self.values += sum(state.values_held() for state in states) - values_before
+        if keeps_values:
+            self.values += sum(state.values_held() for state in states) - values_before
         output: Row | None = None
         if group.rows > 0:
             output = (*key, *(state.result(group.rows) for state in states))
