@@ -23,6 +23,7 @@ from services.compute.dataflow import Dataflow, Index, Row, Update
 from services.compute.dataflow.dataflow import Batches
 from services.compute.dataflow.guard import Guard
 from services.compute.dataflow.spill import TaskStateBudget
+from services.compute.dataflow.work import StateSize
 from services.compute.spark import ResidentCluster, SparkDataflow, spark_session
 from services.compute.spark.hydration import OutputTarget, stage
 from services.compute.spark.jobs import SparkJobs
@@ -91,7 +92,9 @@ class EngineDataflow(Protocol):
         to it into its base (``FailedPrecondition`` without an index)."""
         ...
 
-    async def key_count(self) -> int: ...
+    async def state_size(self) -> StateSize:
+        """Keys, entries and estimated bytes of the operator state, over all shards."""
+        ...
 
     async def drop(self) -> None: ...
 
@@ -211,12 +214,8 @@ class LocalDataflow:
     async def compact_index(self, since: int) -> None:
         await asyncio.to_thread(self._compact_index, since)
 
-    async def key_count(self) -> int:
-        return self._dataflow.key_count()
-
-    def held_bytes(self) -> int:
-        """The estimated memory of the operator state (``dataflow/guard.py``)."""
-        return self._dataflow.held_bytes()
+    async def state_size(self) -> StateSize:
+        return self._dataflow.state_size()
 
     async def drop(self) -> None:
         self.guard.cancel("the dataflow was dropped")
@@ -363,8 +362,8 @@ class SparkEngineDataflow:
     async def compact_index(self, since: int) -> None:
         await asyncio.to_thread(self._dataflow.compact_index, since)
 
-    async def key_count(self) -> int:
-        return await asyncio.to_thread(self._dataflow.key_count)
+    async def state_size(self) -> StateSize:
+        return await asyncio.to_thread(self._dataflow.state_size)
 
     async def drop(self) -> None:
         self._dataflow.guard.cancel("the dataflow was dropped")

@@ -685,6 +685,7 @@ async def _status(running: RunningDataflow) -> compute_pb2.DataflowStatus:
     lag = 0
     if upper is not None and input_upper is not None and input_upper > upper:
         lag = input_upper - upper
+    size = await running.state_size()
     status = compute_pb2.DataflowStatus(
         dataflow_id=running.dataflow_id,
         state=running.state,
@@ -699,7 +700,9 @@ async def _status(running: RunningDataflow) -> compute_pb2.DataflowStatus:
         hydration_parts_done=running.hydration_parts_done,
         hydration_parts_total=running.hydration_parts_total,
         lag_ms=lag,
-        arrangement_keys=await running.arrangement_keys(),
+        arrangement_keys=size.keys,
+        state_rows=size.rows,
+        state_bytes=size.bytes,
         index_rows=running.output_rows if running.has_index else 0,
         from_catalog=running.spec.from_catalog,
         error=running.error,

@@ -4,7 +4,8 @@ Step and hydration times are observed as they happen (``running.py``). The per-d
 gauges (hydration progress, arrangement sizes, lag, state) are taken from the same
 description Status gives, every ``interval`` seconds by :func:`publish_dataflows`: reading an
 arrangement's size may need a round trip to the resident Spark tasks, which a scrape should
-not wait for. A dropped dataflow's series disappear at the next round.
+not wait for. A dropped dataflow's series disappear at the next round. The same rounds write
+the ``dataflow_state`` log lines (``state_log.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from services.compute.state_log import StateLog
 from tidemark.errors import TidemarkError
 from tidemark.logging import get_logger
 
@@ -72,7 +74,7 @@ ARRANGEMENT_KEYS = Gauge(
 )
 ARRANGEMENT_BYTES = Gauge(
     "tidemark_compute_arrangement_bytes",
-    "estimated bytes of a dataflow's operator state (dataflows held in this process)",
+    "estimated bytes of a dataflow's operator state, over all shards",
     _LABELS,
 )
 INDEX_ROWS = Gauge("tidemark_compute_index_rows", "rows in a dataflow's index", _LABELS)
@@ -96,12 +98,18 @@ _GAUGES = (
 )
 
 
-async def publish_once(host: DataflowManager, shown: set[str]) -> set[str]:
-    """Sets the per-dataflow gauges from the host's description; removes the series of the
-    dataflows in ``shown`` that are gone. Returns the dataflows shown now."""
+async def publish_once(
+    host: DataflowManager, shown: set[str], state_log: StateLog | None = None
+) -> set[str]:
+    """Sets the per-dataflow gauges from the host's description (and writes the
+    ``dataflow_state`` lines due, given ``state_log``); removes the series of the dataflows
+    in ``shown`` that are gone. Returns the dataflows shown now."""
     ONE_SHOTS_IN_FLIGHT.set(host.one_shots.in_flight)
     by_id = {running.dataflow_id: running for running in host.running()}
-    for status in await host.status():
+    statuses = await host.status()
+    if state_log is not None:
+        state_log.observe(statuses)
+    for status in statuses:
         dataflow_id = status.dataflow_id
         HYDRATED_ROWS.labels(dataflow_id).set(status.hydrated_rows)
         HYDRATION_ROWS_TOTAL.labels(dataflow_id).set(status.hydration_rows_total)
@@ -113,10 +121,7 @@ async def publish_once(host: DataflowManager, shown: set[str]) -> set[str]:
         ARRANGEMENT_KEYS.labels(dataflow_id).set(status.arrangement_keys)
         INDEX_ROWS.labels(dataflow_id).set(status.index_rows)
         LAG_SECONDS.labels(dataflow_id).set(status.lag_ms / 1000)
-        running = by_id.get(dataflow_id)
-        held = getattr(running.engine, "held_bytes", None) if running is not None else None
-        if held is not None:
-            ARRANGEMENT_BYTES.labels(dataflow_id).set(held())
+        ARRANGEMENT_BYTES.labels(dataflow_id).set(status.state_bytes)
     current = set(by_id)
     for gone in shown - current:
         for gauge in _GAUGES:
@@ -128,11 +133,13 @@ async def publish_once(host: DataflowManager, shown: set[str]) -> set[str]:
 
 
 async def publish_dataflows(host: DataflowManager, interval: float = 2.0) -> None:
-    """Keeps the per-dataflow gauges current, until cancelled."""
+    """Keeps the per-dataflow gauges and the ``dataflow_state`` log current, until
+    cancelled."""
     shown: set[str] = set()
+    state_log = StateLog()
     while True:
         try:
-            shown = await publish_once(host, shown)
+            shown = await publish_once(host, shown, state_log)
         except TidemarkError as exc:
             log.info("metrics_publish_failed", error=exc.message)
         except Exception:  # metrics must not take the process down; the log has the bug

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from services.compute.changes import ChangeFeed, Step
 from services.compute.dataflow import Row, Update
+from services.compute.dataflow.work import StateSize
 from services.compute.engines import EngineDataflow
 from services.compute.inputs import MAX_TIME, InputFollower
 from services.compute.metrics import STEP_SECONDS
@@ -464,13 +465,15 @@ class RunningDataflow:
             self._fail(exc)
             raise
 
-    async def arrangement_keys(self) -> int:
+    async def state_size(self) -> StateSize:
+        """The operator state's size (zero while failed, or when the engine does not answer
+        in time: Status must not hang on a busy or lost task)."""
         if self.state == FAILED:
-            return 0
+            return StateSize()
         try:
-            return await asyncio.wait_for(self.engine.key_count(), 5.0)
+            return await asyncio.wait_for(self.engine.state_size(), 5.0)
         except (TidemarkError, TimeoutError):
-            return 0
+            return StateSize()
 
 
 def _difference(target: list[Update], existing: dict[Row, int], time: int) -> list[Update]:

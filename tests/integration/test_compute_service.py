@@ -294,6 +294,8 @@ async def test_index_peeks_wait_refuse_and_finish(
     assert status.has_index and status.since == u64_frontier(5)
     assert status.input_collection_ids == [values] and status.output_collection_ids == []
     assert status.index_rows == 2 and status.arrangement_keys > 0
+    # The resident tasks' state, summed: the Reduce's two groups (count and sum keep no values).
+    assert status.state_rows == status.arrangement_keys == 2 and status.state_bytes > 0
     assert status.hydrated_rows == status.hydration_rows_total == 1
 
     # Many steps later the index is compacted: its since trails the latest complete time by

@@ -101,6 +101,10 @@ def test_join_and_aggregate_match_the_in_process_dataflow_at_every_step(
         drive(single, updates, 4, uppers)
         assert on_spark.key_count() == single.key_count()
         assert on_spark.work().key_lookups == single.work().key_lookups
+        # The size Status reports is the tasks' shares summed: that of the one shard.
+        size = on_spark.state_size()
+        assert size == single.state_size() and size.rows >= size.keys > 0
+        assert size.bytes == single.held_bytes() > 0
     finally:
         on_spark.drop()
 

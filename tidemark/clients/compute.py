@@ -119,6 +119,10 @@ class DataflowInfo:
     last_failure: str = ""
     hydration_parts_done: int = 0
     hydration_parts_total: int = 0
+    state_rows: int = 0
+    """Entries the operator state holds under ``arrangement_keys``, over all shards."""
+    state_bytes: int = 0
+    """The operator state's estimated bytes, over all shards."""
 
     @classmethod
     def from_proto(cls, proto: compute_pb2.DataflowStatus) -> DataflowInfo:
@@ -142,6 +146,8 @@ class DataflowInfo:
             last_failure=proto.last_failure,
             hydration_parts_done=proto.hydration_parts_done,
             hydration_parts_total=proto.hydration_parts_total,
+            state_rows=proto.state_rows,
+            state_bytes=proto.state_bytes,
         )
 
 

@@ -40,7 +40,7 @@ from services.compute.dataflow.guard import UNGUARDED, Guard, row_bytes
 from services.compute.dataflow.lower import lower
 from services.compute.dataflow.operators.base import LinearOperator, StatefulOperator
 from services.compute.dataflow.spill import StateBudget
-from services.compute.dataflow.work import Work
+from services.compute.dataflow.work import StateSize, Work
 from services.compute.dataflow.worker import ShardWorker
 from tidemark.errors import FailedPrecondition, InvalidArgument
 from tidemark.plan.scalar_types import ScalarType
@@ -110,6 +110,10 @@ class Dataflow:
     def held_bytes(self) -> int:
         """The estimated memory of the operator state, over all shards (``guard.py``)."""
         return sum(worker.held_bytes() for worker in self.workers)
+
+    def state_size(self) -> StateSize:
+        """Keys, entries and estimated bytes of the operator state, over all shards."""
+        return sum((worker.state_size() for worker in self.workers), StateSize())
 
     # -- driving ---------------------------------------------------------------------------
 

@@ -39,6 +39,12 @@ def row_bytes(width: int) -> int:
     return UPDATE_BYTES + VALUE_BYTES * width
 
 
+def rows_bytes(rows: int, values: int) -> int:
+    """The estimated cost of holding ``rows`` rows with ``values`` column values among them:
+    :func:`row_bytes` summed over rows of mixed widths."""
+    return UPDATE_BYTES * rows + VALUE_BYTES * values
+
+
 def format_bytes(count: int) -> str:
     """``count`` bytes in MiB or GiB, for messages."""
     if count >= 1 << 30:

@@ -25,3 +25,17 @@ class Work:
     def reset(self) -> None:
         self.key_lookups = 0
         self.rows_visited = 0
+
+
+@dataclass(frozen=True)
+class StateSize:
+    """How much state a dataflow's operators hold: keys in their arrangements, the entries
+    under those keys (distinct rows, or kept values such as MIN/MAX's), and the bytes they are
+    estimated to take, costed as ``guard.row_bytes`` costs rows (the figure budgets check)."""
+
+    keys: int = 0
+    rows: int = 0
+    bytes: int = 0
+
+    def __add__(self, other: StateSize) -> StateSize:
+        return StateSize(self.keys + other.keys, self.rows + other.rows, self.bytes + other.bytes)

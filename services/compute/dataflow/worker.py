@@ -13,7 +13,7 @@ from services.compute.dataflow.graph import Graph
 from services.compute.dataflow.guard import UNGUARDED, Guard
 from services.compute.dataflow.operators.base import OperatorState, StatefulOperator
 from services.compute.dataflow.spill import StateBudget
-from services.compute.dataflow.work import Work
+from services.compute.dataflow.work import StateSize, Work
 
 
 class ShardWorker:
@@ -62,3 +62,10 @@ class ShardWorker:
     def held_bytes(self) -> int:
         """The estimated memory of this shard's operator state (for budgets)."""
         return sum(state.held_bytes() for state in self.states.values())
+
+    def row_count(self) -> int:
+        """Entries held under the keys of this shard's operator state."""
+        return sum(state.row_count() for state in self.states.values())
+
+    def state_size(self) -> StateSize:
+        return StateSize(self.key_count(), self.row_count(), self.held_bytes())

@@ -68,7 +68,8 @@ class Peek:
 
 @dataclass(frozen=True)
 class Stats:
-    """Keys held and work done by this shard of a dataflow."""
+    """Keys held, work done, entries held and their estimated bytes, by this shard of a
+    dataflow (the reply is ``(keys, Work, rows, bytes)``)."""
 
     dataflow_id: str
 

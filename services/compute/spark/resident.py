@@ -27,7 +27,7 @@ from pyspark.sql import SparkSession
 
 from services.compute.dataflow.batch import Row, Update
 from services.compute.dataflow.spill import TaskStateBudget
-from services.compute.dataflow.work import Work
+from services.compute.dataflow.work import StateSize, Work
 from services.compute.spark import requests as rq
 from services.compute.spark.secure import accept_secure, own_identity, server_context
 from services.compute.spark.session import local_slots
@@ -235,14 +235,15 @@ class ResidentCluster:
             contents.update(part)  # shards own disjoint keys
         return contents
 
-    def stats(self, dataflow_id: str) -> tuple[int, Work]:
-        """Keys held and work done, summed over the shards."""
-        keys, total = 0, Work()
+    def stats(self, dataflow_id: str) -> tuple[int, Work, StateSize]:
+        """Keys held, work done and the state's size, summed over the shards."""
+        keys, total, size = 0, Work(), StateSize()
         for result in self.broadcast(rq.Stats(dataflow_id)):
             assert isinstance(result, tuple)
             keys += result[0]
             total.add(result[1])
-        return keys, total
+            size += StateSize(result[0], result[2], result[3])
+        return keys, total, size
 
     async def astart(self) -> None:
         await asyncio.to_thread(self.start)

@@ -91,8 +91,9 @@ class ShardHost:
         if isinstance(request, Peek):
             return self._index(request.dataflow_id).contents_at(request.time)
         if isinstance(request, Stats):
-            hosted = self._hosted(request.dataflow_id)
-            return hosted.worker.key_count(), hosted.worker.work()
+            worker = self._hosted(request.dataflow_id).worker
+            size = worker.state_size()
+            return size.keys, worker.work(), size.rows, size.bytes
         raise InvalidArgument(f"unknown request {type(request).__name__}")
 
     def _install(self, request: Install) -> None:

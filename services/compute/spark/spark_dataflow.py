@@ -24,7 +24,7 @@ from services.compute.dataflow.graph import ConstantSource, GetSource
 from services.compute.dataflow.guard import UNGUARDED, Guard, row_bytes
 from services.compute.dataflow.keys import shard_of
 from services.compute.dataflow.operators.base import LinearOperator, StatefulOperator
-from services.compute.dataflow.work import Work
+from services.compute.dataflow.work import StateSize, Work
 from services.compute.spark.requests import Hydrate
 from services.compute.spark.resident import ResidentCluster
 from services.compute.spark.transport import normalizer
@@ -59,6 +59,9 @@ class SparkDataflow(Dataflow):
 
     def key_count(self) -> int:
         return self.cluster.stats(self.dataflow_id)[0]
+
+    def state_size(self) -> StateSize:
+        return self.cluster.stats(self.dataflow_id)[2]
 
     def hydrate(self, snapshots: Batches) -> tuple[list[Update], int]:
         output, upper = super().hydrate(snapshots)

@@ -1,5 +1,6 @@
 """Incremental aggregate states: each folds in ``(value, diff)`` changes and can say its
-current result in O(1) (O(log n) for MIN/MAX), independent of the order changes arrive in.
+current result in O(1) (MIN/MAX: O(log n) per change in the group's distinct values, O(1) to
+read), independent of the order changes arrive in.
 
 Exactness is what makes results deterministic: integer and decimal sums are kept as exact
 integers, and float sums as an exact integer count of 2**-1074 units (every finite double is a
@@ -9,11 +10,11 @@ correctly rounded exact sum, which is what ``math.fsum`` returns.
 
 from __future__ import annotations
 
-import bisect
 from abc import ABC, abstractmethod
 from typing import Any
 
 from services.compute.dataflow.functions import decimals
+from services.compute.dataflow.operators.sorted_weights import SortedWeights
 from services.compute.dataflow.ordering import NAN, canonical_float, float_key
 
 _FLOAT_UNIT_BITS = 1074
@@ -37,6 +38,10 @@ class Aggregate(ABC):
     @abstractmethod
     def is_empty(self) -> bool:
         """Whether the state is that of an empty group (so the group can be dropped)."""
+
+    def values_held(self) -> int:
+        """How many distinct values the state keeps (for the state's size); O(1)."""
+        return 0
 
 
 class CountRows(Aggregate):
@@ -191,8 +196,9 @@ class AvgFloat(SumFloat):
 
 
 class Extreme(Aggregate):
-    """MIN or MAX: the multiset of values with a sorted list of those present, so a removed
-    extreme is replaced by the next one without a scan."""
+    """MIN or MAX: the multiset of values with the present ones in order (``SortedWeights``),
+    so a removed extreme is replaced by the next one without a scan, and an update costs
+    O(log n) in the group's distinct values."""
 
     __slots__ = ("counts", "is_float", "maximum", "present")
 
@@ -200,10 +206,10 @@ class Extreme(Aggregate):
         self.maximum = maximum
         self.is_float = is_float
         self.counts: dict[Any, int] = {}
-        self.present: list[Any] = []
+        self.present = SortedWeights()
 
     def add(self, value: Any, diff: int) -> None:
-        if value is None:
+        if value is None or not diff:
             return
         before = self.counts.get(value, 0)
         after = before + diff
@@ -211,22 +217,24 @@ class Extreme(Aggregate):
             self.counts[value] = after
         else:
             self.counts.pop(value, None)
-        key = float_key(value) if self.is_float else value
         if before <= 0 < after:
-            bisect.insort(self.present, key)
+            self.present.insert(float_key(value) if self.is_float else value, 1)
         elif after <= 0 < before:
-            del self.present[bisect.bisect_left(self.present, key)]
+            self.present.remove(float_key(value) if self.is_float else value)
 
     def result(self, rows: int) -> Any:
         if not self.present:
             return None
-        key = self.present[-1] if self.maximum else self.present[0]
+        key = self.present.last() if self.maximum else self.present.first()
         if self.is_float:
             return NAN if key[0] else key[1]
         return key
 
     def is_empty(self) -> bool:
         return not self.counts
+
+    def values_held(self) -> int:
+        return len(self.counts)
 
 
 class Distinct(Aggregate):
@@ -258,3 +266,6 @@ class Distinct(Aggregate):
 
     def is_empty(self) -> bool:
         return not self.counts
+
+    def values_held(self) -> int:
+        return len(self.counts) + self.inner.values_held()

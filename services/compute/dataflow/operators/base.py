@@ -57,9 +57,14 @@ class OperatorState(ABC):
         """The state is being dropped: let go of what ``attach`` took."""
         return
 
+    def row_count(self) -> int:
+        """How many entries (distinct rows or values) the state holds: one per key unless the
+        operator knows better. Kept as changes apply, so reading it costs O(1)."""
+        return self.key_count()
+
     def held_bytes(self) -> int:
-        """The estimated memory of the state (for budgets): one narrow row per key unless
-        the operator knows better."""
+        """The estimated memory of the state (for budgets and ``Status``): one narrow row per
+        key unless the operator knows better. O(1): it is read before every node runs."""
         return self.key_count() * row_bytes(1)
 
 

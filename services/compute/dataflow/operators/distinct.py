@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from services.compute.dataflow.batch import Row, Update, by_time
+from services.compute.dataflow.guard import rows_bytes
 from services.compute.dataflow.operators.base import OperatorState, StatefulOperator
 
 
@@ -33,9 +34,13 @@ class DistinctState(OperatorState):
         super().__init__()
         self.threshold = threshold
         self.counts: dict[Row, int] = {}
+        self.values = 0
 
     def key_count(self) -> int:
         return len(self.counts)
+
+    def held_bytes(self) -> int:
+        return rows_bytes(len(self.counts), self.values)
 
     def process(self, inputs: Sequence[list[Update]]) -> list[Update]:
         (updates,) = inputs
@@ -50,8 +55,11 @@ class DistinctState(OperatorState):
                 after = before + diff
                 if after:
                     counts[row] = after
+                    if not before:
+                        self.values += len(row)
                 else:
                     del counts[row]
+                    self.values -= len(row)
                 if self.threshold:
                     change = max(after, 0) - max(before, 0)
                 else:

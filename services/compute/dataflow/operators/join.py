@@ -69,6 +69,9 @@ class JoinState(OperatorState):
         self.left.release()
         self.right.release()
 
+    def row_count(self) -> int:
+        return self.left.row_count + self.right.row_count
+
     def held_bytes(self) -> int:
         spec = self.spec
         return self.left.row_count * row_bytes(spec.left_width) + self.right.row_count * row_bytes(

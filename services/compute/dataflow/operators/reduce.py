@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from services.compute.dataflow.batch import Key, KeyFunction, Row, Update
+from services.compute.dataflow.guard import row_bytes, rows_bytes
 from services.compute.dataflow.operators.aggregates import Aggregate
 from services.compute.dataflow.operators.base import GroupedState, StatefulOperator
 
@@ -31,6 +32,11 @@ class ReduceOperator(StatefulOperator):
         self.group_key = group_key
         self.aggregates = list(aggregates)
         self.routes = (group_key,)
+        # Only MIN/MAX and DISTINCT keep values; COUNT and SUM groups skip counting them.
+        self.keeps_values = any(
+            type(spec.new_state()).values_held is not Aggregate.values_held
+            for spec in self.aggregates
+        )
 
     def new_state(self) -> ReduceState:
         return ReduceState(self)
@@ -58,9 +64,21 @@ class ReduceState(GroupedState):
         self.spec = spec
         self.group_key = spec.group_key
         self.groups: dict[Key, Group] = {}
+        self.key_width = 0
+        self.values = 0
+        """Distinct values the groups' MIN/MAX and DISTINCT states keep."""
 
     def key_count(self) -> int:
         return len(self.groups)
+
+    def row_count(self) -> int:
+        return len(self.groups) + self.values
+
+    def held_bytes(self) -> int:
+        # A group holds its output row; a kept value costs about a one-column row.
+        groups = len(self.groups)
+        width = self.key_width + len(self.spec.aggregates)
+        return rows_bytes(groups, groups * width) + row_bytes(1) * self.values
 
     def _update_group(
         self, key: Key, changes: list[tuple[Row, int]], time: int, out: list[Update]
@@ -69,12 +87,17 @@ class ReduceState(GroupedState):
         group = self.groups.get(key)
         if group is None:
             group = self.groups[key] = Group([a.new_state() for a in self.spec.aggregates])
+        self.key_width = len(key)
         states = group.aggregates
         readers = [a.value for a in self.spec.aggregates]
+        keeps_values = self.spec.keeps_values
+        values_before = sum(state.values_held() for state in states) if keeps_values else 0
         for row, diff in changes:
             group.rows += diff
             for state, read in zip(states, readers, strict=True):
                 state.add(read(row) if read is not None else None, diff)
+        if keeps_values:
+            self.values += sum(state.values_held() for state in states) - values_before
         output: Row | None = None
         if group.rows > 0:
             output = (*key, *(state.result(group.rows) for state in states))

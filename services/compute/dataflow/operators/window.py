@@ -1,13 +1,13 @@
 """Window: per partition, every row extended with its window functions' values.
 
 A partition keeps its rows in order (``OrderedRows``, sorted by the window's order and then
-the whole row) and the output it last emitted. At each time the step touches a partition, the
-partition folds in that time's changes, computes its whole output again, and emits the
-difference from the last output. Partitions the step does not touch cost nothing, so the work
-follows the partitions that changed; within a changed partition it is O(n log n) in the
-partition's size n (a sort-free pass over the ordered rows; sliding aggregate states, where
-only MIN/MAX pay a log factor). Recomputing a partition whole is simple and always right: a
-change at one position can move every later row number, rank and frame.
+the whole row; O(log n) per changed row) and the output it last emitted. At each time the step
+touches a partition, the partition folds in that time's changes, computes its whole output
+again, and emits the difference from the last output. Partitions the step does not touch
+cost nothing, so the work follows the partitions that changed; within a changed partition it
+is O(n log n) in the partition's size n (a sort-free pass over the ordered rows; sliding
+aggregate states, where only MIN/MAX pay a log factor). Recomputing a partition whole is
+simple and always right: a change at one position can move every later row number, rank and frame.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.compute.dataflow.batch import Key, KeyFunction, Row, Update
+from services.compute.dataflow.guard import rows_bytes
 from services.compute.dataflow.operators.aggregates import Aggregate
 from services.compute.dataflow.operators.base import GroupedState, StatefulOperator
 from services.compute.dataflow.operators.ordered import OrderedRows
@@ -81,9 +82,19 @@ class WindowState(GroupedState):
         self.spec = spec
         self.group_key = spec.partition_key
         self.partitions: dict[Key, WindowPartition] = {}
+        self.rows_held = 0
+        self.values_held = 0
 
     def key_count(self) -> int:
         return len(self.partitions)
+
+    def row_count(self) -> int:
+        return self.rows_held
+
+    def held_bytes(self) -> int:
+        # The rows, and the output: each row again, extended by one value per function.
+        extended = self.values_held + self.rows_held * len(self.spec.functions)
+        return rows_bytes(self.rows_held, self.values_held) + rows_bytes(self.rows_held, extended)
 
     def _update_group(
         self, key: Key, changes: list[tuple[Row, int]], time: int, out: list[Update]
@@ -93,8 +104,12 @@ class WindowState(GroupedState):
         if partition is None:
             partition = self.partitions[key] = WindowPartition()
         sort_key = self.spec.sort_key
+        rows = partition.rows
+        rows_before, values_before = len(rows.counts), rows.values
         for row, diff in changes:
-            partition.rows.update(row, diff, sort_key)
+            rows.update(row, diff, sort_key)
+        self.rows_held += len(rows.counts) - rows_before
+        self.values_held += rows.values - values_before
         copies = list(partition.rows.copies())
         self.work.rows_visited += len(copies)
         output = evaluate_partition(copies, self.spec.peer_key, self.spec.functions)
