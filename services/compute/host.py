@@ -703,6 +703,7 @@ async def _status(running: RunningDataflow) -> compute_pb2.DataflowStatus:
         arrangement_keys=size.keys,
         state_rows=size.rows,
         state_bytes=size.bytes,
+        state_spilled_bytes=size.spilled_bytes,
         index_rows=running.output_rows if running.has_index else 0,
         from_catalog=running.spec.from_catalog,
         error=running.error,

@@ -38,7 +38,12 @@ class StateLog:
             seen.add(dataflow_id)
             if status.state == "failed":
                 continue  # its size reads as zero while failed; the failure has its own line
-            size = StateSize(status.arrangement_keys, status.state_rows, status.state_bytes)
+            size = StateSize(
+                status.arrangement_keys,
+                status.state_rows,
+                status.state_bytes,
+                status.state_spilled_bytes,
+            )
             if self._moved(self._logged.get(dataflow_id), size):
                 self._logged[dataflow_id] = size
                 log.info(
@@ -49,6 +54,7 @@ class StateLog:
                     rows=size.rows,
                     bytes=size.bytes,
                     size=format_bytes(size.bytes),
+                    spilled_bytes=size.spilled_bytes,
                 )
         for gone in self._logged.keys() - seen:
             del self._logged[gone]

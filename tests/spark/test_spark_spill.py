@@ -67,6 +67,9 @@ def test_a_view_over_the_budget_spills_and_stays_exact(
         index.apply(out, upper)
         spilled = [path.stat().st_size for path in spill_directory.iterdir()]
         assert len(spilled) == 2 and min(spilled) > 0, "4,000 bytes cannot hold the state"
+        size = dataflow.state_size()
+        assert size.rows == 600 + 200 + 4  # both join inputs, and the four regions' groups
+        assert 0 < size.spilled_bytes < size.bytes
         for step in range(1, 8):
             changes: list[Update] = []
             for o_id in rng.sample(sorted(orders), 40):

@@ -123,6 +123,8 @@ class DataflowInfo:
     """Entries the operator state holds under ``arrangement_keys``, over all shards."""
     state_bytes: int = 0
     """The operator state's estimated bytes, over all shards."""
+    state_spilled_bytes: int = 0
+    """Of ``state_bytes``, the rows the resident tasks moved to their local disk."""
 
     @classmethod
     def from_proto(cls, proto: compute_pb2.DataflowStatus) -> DataflowInfo:
@@ -148,6 +150,7 @@ class DataflowInfo:
             hydration_parts_total=proto.hydration_parts_total,
             state_rows=proto.state_rows,
             state_bytes=proto.state_bytes,
+            state_spilled_bytes=proto.state_spilled_bytes,
         )
 
 

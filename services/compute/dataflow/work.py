@@ -31,11 +31,19 @@ class Work:
 class StateSize:
     """How much state a dataflow's operators hold: keys in their arrangements, the entries
     under those keys (distinct rows, or kept values such as MIN/MAX's), and the bytes they are
-    estimated to take, costed as ``guard.row_bytes`` costs rows (the figure budgets check)."""
+    estimated to take, costed as ``guard.row_bytes`` costs rows (the figure budgets check);
+    ``spilled_bytes`` of those bytes are rows a task's state budget moved to local disk
+    (``spill.py``), costed the same way."""
 
     keys: int = 0
     rows: int = 0
     bytes: int = 0
+    spilled_bytes: int = 0
 
     def __add__(self, other: StateSize) -> StateSize:
-        return StateSize(self.keys + other.keys, self.rows + other.rows, self.bytes + other.bytes)
+        return StateSize(
+            self.keys + other.keys,
+            self.rows + other.rows,
+            self.bytes + other.bytes,
+            self.spilled_bytes + other.spilled_bytes,
+        )

@@ -68,4 +68,5 @@ class ShardWorker:
         return sum(state.row_count() for state in self.states.values())
 
     def state_size(self) -> StateSize:
-        return StateSize(self.key_count(), self.row_count(), self.held_bytes())
+        spilled = sum(state.spilled_bytes() for state in self.states.values())
+        return StateSize(self.key_count(), self.row_count(), self.held_bytes(), spilled)

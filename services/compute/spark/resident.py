@@ -242,7 +242,7 @@ class ResidentCluster:
             assert isinstance(result, tuple)
             keys += result[0]
             total.add(result[1])
-            size += StateSize(result[0], result[2], result[3])
+            size += StateSize(result[0], result[2], result[3], result[4])
         return keys, total, size
 
     async def astart(self) -> None:

@@ -93,7 +93,7 @@ class ShardHost:
         if isinstance(request, Stats):
             worker = self._hosted(request.dataflow_id).worker
             size = worker.state_size()
-            return size.keys, worker.work(), size.rows, size.bytes
+            return size.keys, worker.work(), size.rows, size.bytes, size.spilled_bytes
         raise InvalidArgument(f"unknown request {type(request).__name__}")
 
     def _install(self, request: Install) -> None:

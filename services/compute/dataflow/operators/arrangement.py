@@ -106,6 +106,11 @@ class Arrangement:
             for key, location in self._cold.items():
                 yield key, spill_file.read(location)
 
+    @property
+    def spilled_rows(self) -> int:
+        """Rows held on disk (spilled keys' rows)."""
+        return self.row_count - self._hot_rows
+
     def __len__(self) -> int:
         return len(self.rows) + len(self._cold)
 

@@ -57,6 +57,10 @@ class OperatorState(ABC):
         """The state is being dropped: let go of what ``attach`` took."""
         return
 
+    def spilled_bytes(self) -> int:
+        """Of ``held_bytes``, the rows moved to local disk by the budget."""
+        return 0
+
     def row_count(self) -> int:
         """How many entries (distinct rows or values) the state holds: one per key unless the
         operator knows better. Kept as changes apply, so reading it costs O(1)."""

@@ -72,6 +72,12 @@ class JoinState(OperatorState):
     def row_count(self) -> int:
         return self.left.row_count + self.right.row_count
 
+    def spilled_bytes(self) -> int:
+        spec = self.spec
+        return self.left.spilled_rows * row_bytes(
+            spec.left_width
+        ) + self.right.spilled_rows * row_bytes(spec.right_width)
+
     def held_bytes(self) -> int:
         spec = self.spec
         return self.left.row_count * row_bytes(spec.left_width) + self.right.row_count * row_bytes(
