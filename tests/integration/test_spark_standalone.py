@@ -29,7 +29,7 @@ from tests.support.compute import (
 )
 from tests.support.ports import free_port
 from tests.support.reference_eval import canonical, evaluate
-from tests.support.spark_standalone import StandaloneCluster, standalone_cluster
+from tests.support.spark_standalone import StandaloneCluster, remote_ports, standalone_cluster
 from tidemark.clients.compute import ComputeClient, one_shot
 from tidemark.clients.storage import StorageClient
 from tidemark.columnar import ColumnType as T
@@ -54,12 +54,19 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneClus
 
 
 @pytest.fixture(scope="module")
-def stack(cluster: StandaloneCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    ports = {
+def ports() -> dict[str, int]:
+    """The compute process's fixed Spark ports, by flag."""
+    return {
         "--spark-driver-port": free_port(),
         "--spark-block-manager-port": free_port(),
         "--spark-resident-port": free_port(),
     }
+
+
+@pytest.fixture(scope="module")
+def stack(
+    cluster: StandaloneCluster, ports: dict[str, int], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
     extra = [
         *("--spark-driver-host", "127.0.0.1"),
         *("--spark-executor-memory", "512m"),
@@ -181,18 +188,25 @@ async def exact_history(
     return changed
 
 
-def assert_on_executors(cluster: StandaloneCluster, task_pids: tuple[int, ...]) -> set[int]:
-    """The workers whose executors run the tasks ``task_pids`` (each one must run in one)."""
-    workers = set()
+def assert_on_executors(
+    cluster: StandaloneCluster, task_pids: tuple[int, ...], ports: dict[str, int]
+) -> None:
+    """Each of the resident tasks ``task_pids`` runs in an executor of a worker and is
+    connected to the driver's fixed resident port, and its executor to the driver's fixed
+    RPC port."""
     for pid in task_pids:
         placed = cluster.worker_of(pid)
         assert placed is not None, f"resident task {pid} runs in no worker's executor"
-        workers.add(placed[0])
-    return workers
+        assert ports["--spark-resident-port"] in remote_ports(pid)
+        assert ports["--spark-driver-port"] in remote_ports(placed[1])
 
 
 async def test_views_and_one_shot_queries_run_on_the_standalone_cluster(
-    cluster: StandaloneCluster, stack: Stack, storage: StorageClient, compute: ComputeClient
+    cluster: StandaloneCluster,
+    ports: dict[str, int],
+    stack: Stack,
+    storage: StorageClient,
+    compute: ComputeClient,
 ) -> None:
     collections = Collections(storage)
     orders = await collections.create(ORDERS)
@@ -213,7 +227,7 @@ async def test_views_and_one_shot_queries_run_on_the_standalone_cluster(
     assert status.spark_master == cluster.master_url
     assert status.spark_application_id.startswith("app-")
     # The shards live in the workers' executors, not in the compute process.
-    assert_on_executors(cluster, resident_task_pids(stack.compute()))
+    assert_on_executors(cluster, resident_task_pids(stack.compute()), ports)
     assert [app["id"] for app in cluster.state()["activeapps"]] == [  # type: ignore[index]
         status.spark_application_id
     ]
@@ -248,7 +262,11 @@ async def test_views_and_one_shot_queries_run_on_the_standalone_cluster(
 
 
 async def test_an_executor_killed_mid_stream_leaves_the_output_exact(
-    cluster: StandaloneCluster, stack: Stack, storage: StorageClient, compute: ComputeClient
+    cluster: StandaloneCluster,
+    ports: dict[str, int],
+    stack: Stack,
+    storage: StorageClient,
+    compute: ComputeClient,
 ) -> None:
     collections = Collections(storage)
     orders = await collections.create(ORDERS)
@@ -290,7 +308,7 @@ async def test_an_executor_killed_mid_stream_leaves_the_output_exact(
     await compute.peek("survivor", final - 1, wait_ms=PATIENT_MS)
     after = resident_task_pids(stack.compute())
     assert not set(after) & set(before)
-    assert_on_executors(cluster, after)
+    assert_on_executors(cluster, after, ports)
 
     def relaunched() -> list[int]:
         fresh = [pid for pid in cluster.executor_pids(worker) if pid != executor]
@@ -299,15 +317,14 @@ async def test_an_executor_killed_mid_stream_leaves_the_output_exact(
 
     await eventually(lambda: asyncio.to_thread(relaunched), 120)
     assert await exact_history(collections, plan, output, [orders, customers], final) > 5
-    peeked = await compute.peek("survivor", final - 1)
-    expected = canonical(
-        evaluate(
-            plan,
-            {
-                cid: contents_at(await collections.history(cid, final), final - 1)
-                for cid in (orders, customers)
-            },
+    # The restarted view's index answers exactly at every time since it restarted.
+    info = (await compute.status()).dataflow("survivor")
+    assert info is not None and 0 < info.as_of < final - 1
+    histories = {cid: await collections.history(cid, final) for cid in (orders, customers)}
+    for time in range(info.as_of, final):
+        expected = canonical(
+            evaluate(plan, {cid: contents_at(h, time) for cid, h in histories.items()})
         )
-    )
-    assert canonical(dict(peeked.rows)) == expected
+        peeked = await compute.peek("survivor", time)
+        assert canonical(dict(peeked.rows)) == expected, f"index at {time}"
     await compute.drop_view("survivor")

@@ -202,6 +202,33 @@ def _wait_registered(cluster: StandaloneCluster, workers: int) -> None:
     )
 
 
+def remote_ports(pid: int) -> set[int]:
+    """The remote ports of process ``pid``'s established TCP connections (IPv4 and IPv6)."""
+    inodes = set()
+    try:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    except OSError:
+        return set()
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            # remote address as hex ADDRESS:PORT, state 01 is ESTABLISHED, then the inode
+            if fields[3] == "01" and fields[9] in inodes:
+                ports.add(int(fields[2].rsplit(":", 1)[1], 16))
+    return ports
+
+
 def _children(pid: int) -> list[int]:
     # A JVM starts processes from any of its threads, so /proc/<pid>/task/*/children would
     # have to be read for each thread: the parents of all processes tell it at once.
