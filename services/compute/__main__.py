@@ -169,23 +169,27 @@ class ComputeConfig(ServiceConfig):
             spark_hydration_rows=self.spark_hydration_rows,
         )
 
+    def spark_settings(self) -> dict[str, str]:
+        """The Spark session's settings these flags give (beside ``session._SETTINGS``)."""
+        return {
+            "spark.driver.memory": self.spark_driver_memory,
+            "spark.executor.memory": self.spark_executor_memory,
+            **network_settings(
+                driver_host=self.spark_driver_host,
+                bind_address=self.spark_bind_address,
+                driver_port=self.spark_driver_port,
+                block_manager_port=self.spark_block_manager_port,
+                resident_port=self.spark_resident_port,
+            ),
+        }
+
     def make_engine(self) -> Engine:
         if self.engine == "local":
             return LocalEngine(self.dataflow_memory_mb << 20)
         return SparkEngine(
             self.spark_master,
             self.shards,
-            {
-                "spark.driver.memory": self.spark_driver_memory,
-                "spark.executor.memory": self.spark_executor_memory,
-                **network_settings(
-                    driver_host=self.spark_driver_host,
-                    bind_address=self.spark_bind_address,
-                    driver_port=self.spark_driver_port,
-                    block_manager_port=self.spark_block_manager_port,
-                    resident_port=self.spark_resident_port,
-                ),
-            },
+            self.spark_settings(),
             app_name=f"tidemark-compute-{self.cluster}",
             budget_bytes=self.dataflow_memory_mb << 20,
         )
