@@ -40,6 +40,10 @@ _SETTINGS: dict[str, str] = {
     "spark.python.worker.reuse": "true",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.log.level": "ERROR",
+    # Inputs are parts in a blob store, local to no executor; on a cluster a file split's
+    # preferred host ("localhost") matches no executor, and waiting for one cost each stage
+    # seconds of a one-shot query's latency.
+    "spark.locality.wait": "0",
     # A barrier job that cannot get all its slots at once fails fast rather than waiting.
     "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "1",
 }
