@@ -57,13 +57,12 @@ class Daemon:
         return "\n".join([f"== {self.name} ({self.log}):", *lines[-LOG_TAIL_LINES:]])
 
     def stop(self) -> None:
-        """Kills the process group: the daemon, and for a worker the executors it started."""
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.process.wait()
+        """Kills the process group: the daemon, and for a worker the executors it started
+        (also when the daemon itself is gone already)."""
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         self.process.wait()
 
 
