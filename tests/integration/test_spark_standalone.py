@@ -2,10 +2,10 @@
 compute process whose driver runs with ``--spark-master spark://…`` and fixed ports.
 
 The resident tasks of a maintained view run in the workers' executors and dial back to the
-driver's fixed resident port; one-shot queries run as Spark jobs there. Then one executor JVM
-is killed (``kill -9``) while inputs keep changing: the master launches a new executor, the
-process replaces its resident cluster and restarts the view, and the output is exact at every
-time, with no update missing or doubled.
+driver's fixed resident port; views hydrate and one-shot queries run as Spark jobs there.
+Then one executor JVM is killed (``kill -9``) while inputs keep changing: the master launches a
+new executor, the process replaces its resident cluster and restarts the view (hydrated again
+by Spark), and the output is exact at every time, with no update missing or doubled.
 """
 
 from __future__ import annotations
@@ -70,8 +70,10 @@ def stack(
     extra = [
         *("--spark-driver-host", "127.0.0.1"),
         *("--spark-executor-memory", "512m"),
-        # Every one-shot query runs as Spark jobs on the executors, however small.
+        # Every one-shot query runs as Spark jobs on the executors, however small, and every
+        # view hydrates (again, after a restart) by Spark jobs there.
         *("--spark-one-shot-rows", "0"),
+        *("--spark-hydration-rows", "0"),
         *(item for flag, port in ports.items() for item in (flag, str(port))),
     ]
     with running_stack(
@@ -240,6 +242,9 @@ async def test_views_and_one_shot_queries_run_on_the_standalone_cluster(
     await feed.run(pause=0.0)
     final = feed.final_upper
     await compute.peek("standalone", final - 1, wait_ms=PATIENT_MS)
+    info = (await compute.status()).dataflow("standalone")
+    # Hydrated by Spark jobs on the executors, from every part storage listed.
+    assert info is not None and info.hydration_parts_done == info.hydration_parts_total > 0
     assert await exact_history(collections, plan, output, [orders, customers], final) > 5
 
     histories = {
@@ -327,6 +332,8 @@ async def test_an_executor_killed_mid_stream_leaves_the_output_exact(
     # The restarted view's index answers exactly at every time since it restarted.
     info = (await compute.status()).dataflow("survivor")
     assert info is not None and 0 < info.as_of < final - 1
+    # Hydrated again by Spark jobs, from the parts at the restart's as_of.
+    assert info.hydration_parts_done == info.hydration_parts_total > 0
     histories = {cid: await collections.history(cid, final) for cid in (orders, customers)}
     for time in range(info.as_of, final):
         expected = canonical(
