@@ -68,7 +68,7 @@ class ComputeConfig(ServiceConfig):
     spark_driver_host: str = setting(
         "",
         help="the address executors reach this process's Spark driver and resident listener "
-        "at, on a cluster master (empty: this machine's host name)",
+        "at, on a cluster master (empty: Spark's choice of this machine's name or address)",
         metavar="HOST",
     )
     spark_bind_address: str = setting(
@@ -170,7 +170,7 @@ class ComputeConfig(ServiceConfig):
         )
 
     def spark_settings(self) -> dict[str, str]:
-        """The Spark session's settings these flags give (beside ``session._SETTINGS``)."""
+        """The Spark settings these flags give (the session adds its own, ``session.py``)."""
         return {
             "spark.driver.memory": self.spark_driver_memory,
             "spark.executor.memory": self.spark_executor_memory,
