@@ -68,7 +68,7 @@ def stack(
     cluster: StandaloneCluster, ports: dict[str, int], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
     extra = [
-        *("--spark-driver-host", "127.0.0.1"),
+        *("--spark-driver-host", "127.0.0.1", "--spark-bind-address", "127.0.0.1"),
         *("--spark-executor-memory", "512m"),
         # Every one-shot query runs as Spark jobs on the executors, however small, and every
         # view hydrates (again, after a restart) by Spark jobs there.
