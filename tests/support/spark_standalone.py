@@ -5,9 +5,10 @@ from the classes ``pyspark`` ships (``bin/spark-class``), so nothing is download
         ... --spark-master cluster.master_url ...
         cluster.executor_pids(0)      # the executor JVMs worker 0 runs now
 
-Everything binds 127.0.0.1 on free ports. Each process runs in its own process group and is
-killed with it on exit, also when the test failed; each one's log is kept in the directory
-and quoted when the cluster does not come up.
+Everything binds 127.0.0.1 on free ports (``SPARK_LOCAL_IP``). Each process runs in its own
+process group and is killed with it on exit, also when the test failed; each one's log is kept
+in the directory and quoted when the cluster does not come up (the executors' logs are under
+each worker's work directory).
 
 Workers start with ``PYTHONPATH`` set to the repository, so the Python workers of their
 executors import Tidemark as a deployment's executor image would provide it.
@@ -167,6 +168,8 @@ def _start(
         SPARK_LOG_DIR=str(directory),
         SPARK_DAEMON_MEMORY=DAEMON_MEMORY,
         SPARK_DAEMON_JAVA_OPTS=options,
+        # Every daemon, UI and executor on loopback: nothing of the test listens outside.
+        SPARK_LOCAL_IP="127.0.0.1",
         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")])),
     )
     with log.open("wb") as output:
