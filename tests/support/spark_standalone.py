@@ -51,11 +51,7 @@ class Daemon:
     log: Path
 
     def tail(self) -> str:
-        try:
-            lines = self.log.read_text(errors="replace").splitlines()
-        except OSError:
-            return f"== {self.name}: no log"
-        return "\n".join([f"== {self.name} ({self.log}):", *lines[-LOG_TAIL_LINES:]])
+        return _tail(self.name, self.log)
 
     def stop(self) -> None:
         """Kills the process group: the daemon, and for a worker the executors it started
@@ -110,7 +106,11 @@ class StandaloneCluster:
         return None
 
     def logs(self) -> str:
-        return "\n".join(daemon.tail() for daemon in [self.master, *self.workers])
+        """The tail of each daemon's log and of each executor's (``<work dir>/<app>/<id>``)."""
+        tails = [daemon.tail() for daemon in [self.master, *self.workers]]
+        for stderr in sorted(self.directory.glob("worker-*/app-*/*/stderr")):
+            tails.append(_tail(f"executor {stderr.parent.name} of {stderr.parts[-4]}", stderr))
+        return "\n".join(tails)
 
     def stop(self) -> None:
         for daemon in [*self.workers, self.master]:
@@ -202,6 +202,14 @@ def _wait_registered(cluster: StandaloneCluster, workers: int) -> None:
     raise RuntimeError(
         f"{alive} of {workers} workers registered within {START_TIMEOUT} s:\n{cluster.logs()}"
     )
+
+
+def _tail(name: str, log: Path) -> str:
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return f"== {name}: no log"
+    return "\n".join([f"== {name} ({log}):", *lines[-LOG_TAIL_LINES:]])
 
 
 def remote_ports(pid: int) -> set[int]:
