@@ -195,6 +195,15 @@ async def exact_history(
     return changed
 
 
+async def started_task_pids(stack: Stack) -> tuple[int, ...]:
+    """The latest resident cluster's task pids, once its log line has been read."""
+
+    async def logged() -> tuple[int, ...]:
+        return resident_task_pids(stack.compute())
+
+    return await eventually(logged, 30)
+
+
 def assert_on_executors(
     cluster: StandaloneCluster, task_pids: tuple[int, ...], ports: dict[str, int]
 ) -> None:
@@ -234,7 +243,7 @@ async def test_views_and_one_shot_queries_run_on_the_standalone_cluster(
     assert status.spark_master == cluster.master_url
     assert status.spark_application_id.startswith("app-")
     # The shards live in the workers' executors, not in the compute process.
-    assert_on_executors(cluster, resident_task_pids(stack.compute()), ports)
+    assert_on_executors(cluster, await started_task_pids(stack), ports)
     assert [app["id"] for app in cluster.state()["activeapps"]] == [  # type: ignore[index]
         status.spark_application_id
     ]
@@ -292,7 +301,7 @@ async def test_an_executor_killed_mid_stream_leaves_the_output_exact(
         output=await collections.write_capability(output),
         index_key_columns=[0],
     )
-    before = resident_task_pids(stack.compute())
+    before = await started_task_pids(stack)
     placed = cluster.worker_of(before[0])
     assert placed is not None
     worker, executor = placed
