@@ -19,6 +19,7 @@ from services.compute.metrics import publish_dataflows
 from services.compute.progress import log_progress
 from services.compute.readiness import ComputeReadiness
 from services.compute.service import compute_service
+from services.compute.spark.session import network_settings
 from tidemark import timelines
 from tidemark.clients.catalog import CatalogClient
 from tidemark.clients.oracle import OracleClient
@@ -59,6 +60,41 @@ class ComputeConfig(ServiceConfig):
         "local[*]", help="the Spark master of this cluster's application", metavar="URL"
     )
     spark_driver_memory: str = setting("1g", help="the Spark driver's JVM heap", metavar="SIZE")
+    spark_executor_memory: str = setting(
+        "1g",
+        help="each Spark executor's JVM heap, on a cluster master (a worker must offer at "
+        "least this much memory)",
+        metavar="SIZE",
+    )
+    spark_driver_host: str = setting(
+        "",
+        help="the address executors reach this process's Spark driver and resident listener "
+        "at, on a cluster master (empty: Spark's choice of this machine's name or address)",
+        metavar="HOST",
+    )
+    spark_bind_address: str = setting(
+        "",
+        help="the local address the Spark driver and the resident listener bind, when it "
+        "differs from --spark-driver-host (empty: the driver host for Spark, every interface "
+        "for the resident listener)",
+        metavar="ADDRESS",
+    )
+    spark_driver_port: int = setting(
+        0,
+        help="the Spark driver's RPC port, which executors connect to (0: any free port)",
+        metavar="PORT",
+    )
+    spark_block_manager_port: int = setting(
+        0,
+        help="the block managers' port, the driver's and each executor's (0: any free port)",
+        metavar="PORT",
+    )
+    spark_resident_port: int = setting(
+        0,
+        help="the port resident Spark tasks connect back to this process on (0: any free "
+        "port; fix it, like the driver and block manager ports, for a NetworkPolicy)",
+        metavar="PORT",
+    )
     shards: int = setting(2, help="resident Spark tasks, each holding one shard of the state")
     lease_ms: int = setting(
         60_000,
@@ -149,13 +185,27 @@ class ComputeConfig(ServiceConfig):
             spark_hydration_rows=self.spark_hydration_rows,
         )
 
+    def spark_settings(self) -> dict[str, str]:
+        """The Spark settings these flags give (the session adds its own, ``session.py``)."""
+        return {
+            "spark.driver.memory": self.spark_driver_memory,
+            "spark.executor.memory": self.spark_executor_memory,
+            **network_settings(
+                driver_host=self.spark_driver_host,
+                bind_address=self.spark_bind_address,
+                driver_port=self.spark_driver_port,
+                block_manager_port=self.spark_block_manager_port,
+                resident_port=self.spark_resident_port,
+            ),
+        }
+
     def make_engine(self) -> Engine:
         if self.engine == "local":
             return LocalEngine(self.dataflow_memory_mb << 20)
         return SparkEngine(
             self.spark_master,
             self.shards,
-            {"spark.driver.memory": self.spark_driver_memory},
+            self.spark_settings(),
             app_name=f"tidemark-compute-{self.cluster}",
             budget_bytes=self.dataflow_memory_mb << 20,
             tls=self.tls(),

@@ -65,6 +65,12 @@ DASHBOARD = MONITORING / "tidemark-dashboard.json"
 CUSTOM_RESOURCE_GROUPS = frozenset({"monitoring.coreos.com"})
 
 # Read by the S3 blob store from the environment rather than declared as settings.
+# Compute's container ports for its Spark executors, and the settings that fix them.
+SPARK_DRIVER_PORTS = {
+    "spark-driver": "spark_driver_port",
+    "spark-blocks": "spark_block_manager_port",
+    "spark-resident": "spark_resident_port",
+}
 S3_CREDENTIAL_VARIABLES = {"TIDEMARK_S3_ACCESS_KEY", "TIDEMARK_S3_SECRET_KEY"}
 
 
@@ -629,6 +635,11 @@ def test_tidemark_processes_listen_where_probes_and_services_look(
             # The adapter also speaks the PostgreSQL wire protocol, on a port of its own.
             expected["postgres"] = container_port(container, "postgres")
             assert settings["pgwire_listen"] == f"0.0.0.0:{expected['postgres']}"
+        if module == "services.compute":
+            # The Spark driver's fixed ports, which executors dial, are the process's own.
+            for name, setting in SPARK_DRIVER_PORTS.items():
+                expected[name] = container_port(container, name)
+                assert int(settings[setting]) == expected[name], setting
         assert ports == expected, module
 
 
@@ -939,7 +950,7 @@ def test_network_policies_allow_the_service_graph_and_nothing_across_tenants(
         # Spark driver <-> executors within the tenant's namespace.
         (executor(a), compute(a), 7078),
         (executor(a), compute(a), 7079),
-        (executor(a), compute(a), 40000),
+        (executor(a), compute(a), 7080),  # the resident tasks' fixed port
         (compute(a), executor(a), 7079),
         (executor(a), executor(a), 7079),
     ]
@@ -960,6 +971,14 @@ def test_network_policies_allow_the_service_graph_and_nothing_across_tenants(
         (executor(a), compute(b), 7078),
         (compute(b), compute(a), 6879),
         (executor(b), executor(a), 7079),
+        (executor(b), compute(a), 7080),
+        # The driver's ports are fixed: nothing else on it is open to executors, and only
+        # executors reach those.
+        (executor(a), compute(a), 40000),
+        (executor(a), compute(a), 7081),
+        (adapter, compute(a), 7078),
+        (adapter, compute(a), 7080),
+        (compute(b), compute(a), 7080),
         (compute(a), default, 6879),
         (compute(a), etcd, 2379),
         (compute(a), adapter, 6875),

@@ -30,7 +30,7 @@ from services.compute.dataflow.spill import TaskStateBudget
 from services.compute.dataflow.work import StateSize, Work
 from services.compute.spark import requests as rq
 from services.compute.spark.secure import accept_secure, own_identity, server_context
-from services.compute.spark.session import local_slots
+from services.compute.spark.session import RESIDENT_PORT, local_slots
 from services.compute.spark.task import resident_task
 from services.compute.spark.wire import (
     TOKEN_BYTES,
@@ -95,8 +95,8 @@ class ResidentCluster:
             raise FailedPrecondition(
                 f"{self.shards} resident tasks cannot run on a session with {slots} task slots"
             )
-        host, bind = self._addresses()
-        listener = socket.create_server((bind, 0), backlog=self.shards)
+        host, bind, port = self._addresses()
+        listener = socket.create_server((bind, port), backlog=self.shards)
         listener.settimeout(0.2)
         port = listener.getsockname()[1]
         self._started = True
@@ -277,13 +277,21 @@ class ResidentCluster:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _addresses(self) -> tuple[str, str]:
-        """Where tasks reach the driver, and the address to listen on."""
+    def _addresses(self) -> tuple[str, str, int]:
+        """Where tasks reach the driver, the address to listen on, and the port (0: any).
+
+        Tasks dial the address Spark's executors reach the driver at (``spark.driver.host``),
+        on the session's resident port when one is set (``session.RESIDENT_PORT``) so that a
+        NetworkPolicy can allow it. The listener binds ``spark.driver.bindAddress`` when set
+        (a pod's address behind a Service name), else every interface. Local tasks run on
+        this machine and use loopback."""
+        conf = self._spark.sparkContext.getConf()
+        port = int(conf.get(RESIDENT_PORT) or 0)
         master = self._spark.sparkContext.master or ""
         if master.startswith("local"):
-            return "127.0.0.1", "127.0.0.1"
-        host = self._spark.sparkContext.getConf().get("spark.driver.host") or socket.getfqdn()
-        return host, ""
+            return "127.0.0.1", "127.0.0.1", port
+        host = conf.get("spark.driver.host") or socket.getfqdn()
+        return host, conf.get("spark.driver.bindAddress") or "", port
 
     def _run_job(self, host: str, port: int) -> None:
         context = self._spark.sparkContext

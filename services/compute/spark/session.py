@@ -21,6 +21,10 @@ from pyspark.sql import SparkSession
 
 DEFAULT_MASTER = "local[*]"
 
+RESIDENT_PORT = "spark.tidemark.resident.port"
+"""The driver's port for its resident tasks to connect to (0 or unset: any free port). Kept in
+the session's conf beside the driver's other ports, so every resident cluster finds it."""
+
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[3])
 
 # Latency over throughput: no UI, no progress bars, tiny shuffles, no speculative or
@@ -36,6 +40,10 @@ _SETTINGS: dict[str, str] = {
     "spark.python.worker.reuse": "true",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.log.level": "ERROR",
+    # Inputs are parts in a blob store, local to no executor; on a cluster a file split's
+    # preferred host ("localhost") matches no executor, and waiting for one cost each stage
+    # seconds of a one-shot query's latency.
+    "spark.locality.wait": "0",
     # A barrier job that cannot get all its slots at once fails fast rather than waiting.
     "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "1",
 }
@@ -58,6 +66,36 @@ def local_slots(master: str) -> int | None:
     if count is None:
         return 1
     return (os.cpu_count() or 1) if count == "*" else int(count)
+
+
+def network_settings(
+    *,
+    driver_host: str = "",
+    bind_address: str = "",
+    driver_port: int = 0,
+    block_manager_port: int = 0,
+    resident_port: int = 0,
+) -> dict[str, str]:
+    """The Spark settings that fix where the driver listens, so that a firewall or a
+    NetworkPolicy between the driver and its executors can allow exactly these ports. Empty
+    and 0 leave Spark's defaults (the machine's host name, ephemeral ports).
+
+    ``driver_host`` is the address executors dial the driver at (Spark's RPC and the resident
+    tasks alike); ``bind_address`` the local address the driver listens on, when that differs
+    (a pod's own IP behind a Service name). ``block_manager_port`` is used by the executors'
+    block managers as well as the driver's."""
+    settings: dict[str, str] = {}
+    if driver_host:
+        settings["spark.driver.host"] = driver_host
+    if bind_address:
+        settings["spark.driver.bindAddress"] = bind_address
+    if driver_port:
+        settings["spark.driver.port"] = str(driver_port)
+    if block_manager_port:
+        settings["spark.blockManager.port"] = str(block_manager_port)
+    if resident_port:
+        settings[RESIDENT_PORT] = str(resident_port)
+    return settings
 
 
 def spark_session(
