@@ -7,7 +7,7 @@ INSTALLED := $(VENV)/.installed
 PROTOS    := $(wildcard protos/tidemark/v1/*.proto)
 GENERATED := tidemark/v1/.generated
 
-.PHONY: setup system-deps protos run test chaos lint format bench bench-oracle bench-storage bench-catalog bench-compute bench-tpch bench-tpch-spark bench-hydration bench-loading bench-pg-source bench-pgwire bench-wire clean
+.PHONY: setup system-deps protos run test chaos lint format bench bench-oracle bench-storage bench-catalog bench-compute bench-tpch bench-tpch-spark bench-hydration bench-loading bench-pg-source bench-pgwire bench-wire bench-spill clean
 
 setup: $(INSTALLED) $(GENERATED)
 
@@ -51,7 +51,7 @@ format: setup
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-bench: bench-oracle bench-storage bench-catalog bench-compute bench-tpch bench-tpch-spark bench-hydration bench-loading bench-pg-source bench-pgwire bench-wire
+bench: bench-oracle bench-storage bench-catalog bench-compute bench-tpch bench-tpch-spark bench-hydration bench-loading bench-pg-source bench-pgwire bench-wire bench-spill
 
 bench-oracle: setup system-deps
 	$(BIN)/python bench/oracle.py
@@ -92,6 +92,11 @@ bench-pgwire: setup system-deps
 # plaintext and over mTLS (a few seconds, no services).
 bench-wire: setup
 	$(BIN)/python bench/wire_codec.py
+
+# Benchmark (i): the compute benchmark's view with its state three times its memory budget,
+# spilling to local disk, against the same view in memory; both checked against DuckDB.
+bench-spill: setup
+	$(BIN)/python bench/spill.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
