@@ -10,20 +10,31 @@ import os
 import socket
 from collections.abc import Iterable, Iterator
 
+from services.compute.spark.liveness import Liveness, keep_alive
 from services.compute.spark.shard_host import ShardHost
 from services.compute.spark.wire import send_hello, tune
 
 
 def resident_task(
-    host: str, port: int, token: bytes, shards: int, partition: Iterable[int]
+    host: str,
+    port: int,
+    token: bytes,
+    shards: int,
+    liveness: Liveness,
+    partition: Iterable[int],
 ) -> Iterator[int]:
-    """Hosts the shard numbered by this task's partition until the driver says stop."""
+    """Hosts the shard numbered by this task's partition until the driver says stop, or
+    until the driver falls silent for ``liveness.deadline_s`` (the task then fails, which
+    ends the job and frees its slot)."""
     from pyspark import BarrierTaskContext
 
     shard = BarrierTaskContext.get().partitionId()
     with socket.create_connection((host, port), timeout=60) as sock:
-        sock.settimeout(None)  # between requests a task may idle for as long as it likes
+        # Blocking: the request loop bounds its waits itself, and a large reply may take
+        # its time to send to a live driver.
+        sock.settimeout(None)
         tune(sock)
+        keep_alive(sock, liveness)
         send_hello(sock, token, shard, os.getpid())
-        ShardHost(shard, shards).serve(sock)
+        ShardHost(shard, shards).serve(sock, liveness)
     yield shard

@@ -1,0 +1,183 @@
+"""Heartbeats and deadlines on a driver<->task connection.
+
+Both ends prove they are alive by talking: a task sends a ``Heartbeat`` every
+``heartbeat_s`` from a small thread (while idle and while working on a request), and the
+driver sends a ``Ping`` every ``heartbeat_s`` to every task. Either end that hears nothing
+from the other for ``deadline_s`` gives the connection up. The deadline is on silence, never
+on how long a request takes: a task loading millions of rows keeps beating meanwhile.
+
+A ``Channel`` wraps one connected socket: its sends go through one lock (a heartbeat thread
+and the request loop share the socket, and a message's bytes must never interleave), and it
+remembers when the peer was last heard. Every frame still goes through ``wire``'s
+``send_message``/``receive_message``.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from services.compute.spark.requests import Heartbeat, Ping
+from services.compute.spark.wire import ConnectionLost, receive_message, send_message
+from tidemark.errors import InvalidArgument
+
+_READABLE = select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """``heartbeat_s``: how often each end speaks when it has nothing else to say;
+    ``deadline_s``: the silence after which the other end is given up. The deadline spans
+    several heartbeats, so one late beat (a busy machine, a pause) is not a failure."""
+
+    heartbeat_s: float = 2.0
+    deadline_s: float = 15.0
+
+    def __post_init__(self) -> None:
+        if self.heartbeat_s <= 0:
+            raise InvalidArgument(
+                f"the heartbeat interval must be positive, not {self.heartbeat_s}"
+            )
+        if self.deadline_s < 2 * self.heartbeat_s:
+            raise InvalidArgument(
+                f"a deadline of {self.deadline_s} s must be at least two heartbeats "
+                f"({self.heartbeat_s} s each)"
+            )
+
+
+class PeerLost(Exception):
+    """Peer ``index`` broke its connection, or said nothing for longer than the deadline."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        super().__init__(reason)
+        self.index = index
+
+
+class Channel:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.last_heard = time.monotonic()
+        self._send_lock = threading.Lock()
+
+    def send(self, message: object) -> None:
+        with self._send_lock:
+            send_message(self.sock, message)
+
+    def receive(self) -> object:
+        message = receive_message(self.sock)
+        self.last_heard = time.monotonic()
+        return message
+
+    def readable(self, timeout: float) -> bool:
+        """Whether a frame (or the end of the connection) arrives within ``timeout`` s."""
+        poller = select.poll()
+        poller.register(self.sock, _READABLE)
+        return bool(poller.poll(max(0.0, timeout) * 1000))
+
+    def shut(self) -> None:
+        """Ends the connection both ways, waking any thread blocked on it (closing the file
+        descriptor alone would not, and could let it be reused under that thread)."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # already ended by the peer
+            pass
+
+
+def keep_alive(sock: socket.socket, liveness: Liveness) -> None:
+    """TCP keepalive as well, so a connection whose peer host vanished errors at the socket
+    level even when nothing is being sent (the heartbeats are what bound the time)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    idle = max(1, int(liveness.deadline_s))
+    for option, value in (
+        ("TCP_KEEPIDLE", idle),
+        ("TCP_KEEPINTVL", max(1, int(liveness.heartbeat_s))),
+        ("TCP_KEEPCNT", 3),
+    ):
+        if hasattr(socket, option):  # Linux names; other systems keep their defaults
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+
+
+def collect(channels: Sequence[Channel], deadline_s: float) -> list[object]:
+    """The next message from every channel other than heartbeats, read as they come (the
+    peers work in parallel). Raises ``PeerLost`` for the first channel that broke or stayed
+    silent for ``deadline_s``."""
+    replies: list[object] = [None] * len(channels)
+    poller = select.poll()
+    by_fd: dict[int, int] = {}
+    for index, channel in enumerate(channels):
+        by_fd[channel.sock.fileno()] = index
+        poller.register(channel.sock, _READABLE)
+    pending = set(range(len(channels)))
+    while pending:
+        oldest = min(channels[index].last_heard for index in pending)
+        wait = oldest + deadline_s - time.monotonic()
+        ready = {by_fd[fd] for fd, _ in poller.poll(max(0.0, wait) * 1000)}
+        for index in sorted(ready):
+            message = _receive(channels[index], index)
+            if isinstance(message, Heartbeat):
+                continue
+            replies[index] = message
+            pending.discard(index)
+            poller.unregister(channels[index].sock)
+        _check_silence(channels, pending - ready, deadline_s)
+    return replies
+
+
+def drain(channels: Sequence[Channel], deadline_s: float) -> None:
+    """Reads the heartbeats idle peers sent (anything else is a broken exchange), then
+    raises ``PeerLost`` for a peer not heard from in ``deadline_s``."""
+    for index, channel in enumerate(channels):
+        while channel.readable(0):
+            message = _receive(channel, index)
+            if not isinstance(message, Heartbeat):
+                raise PeerLost(index, f"sent an unrequested {type(message).__name__}")
+    _check_silence(channels, set(range(len(channels))), deadline_s)
+
+
+def _receive(channel: Channel, index: int) -> object:
+    try:
+        return channel.receive()
+    except ConnectionLost as error:
+        raise PeerLost(index, f"is gone ({error})") from error
+
+
+def _check_silence(channels: Sequence[Channel], candidates: set[int], deadline_s: float) -> None:
+    """Only called for channels a poll just found with nothing to read: a driver that was
+    itself paused finds the beats its peers sent meanwhile waiting, not silence."""
+    now = time.monotonic()
+    for index in sorted(candidates):
+        silence = now - channels[index].last_heard
+        if silence >= deadline_s:
+            raise PeerLost(index, f"said nothing for {silence:.1f} s")
+
+
+@contextmanager
+def heartbeats(channel: Channel, interval_s: float) -> Iterator[None]:
+    """Sends a ``Heartbeat`` on ``channel`` every ``interval_s`` until the block ends."""
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(interval_s):
+            try:
+                channel.send(Heartbeat())
+            except ConnectionLost:
+                return  # the request loop notices the broken connection itself
+
+    beating = threading.Thread(target=beat, name="tidemark-heartbeat", daemon=True)
+    beating.start()
+    try:
+        yield
+    finally:
+        done.set()
+        # A beat blocked on a dead peer is left to its daemon thread: the loop's exit must
+        # not wait on it.
+        beating.join(interval_s)
+
+
+def ping(channel: Channel) -> None:
+    channel.send(Ping())
