@@ -109,6 +109,25 @@ def test_a_stopped_task_fails_the_next_call_instead_of_hanging_it(
     assert_free_slots(spark, cluster)
 
 
+def test_an_idle_task_that_stops_is_noticed_without_a_call(
+    spark: SparkSession, cluster: ResidentCluster
+) -> None:
+    idle = ResidentCluster(spark, 2, liveness=QUICK)
+    idle.start()
+    victim = idle.task_pids[0]
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        # Nothing is asked of the tasks: the driver's keepalive notices the missing beats.
+        wait_until(lambda: idle.failure is not None, 60 * QUICK.deadline_s, "never noticed")
+        assert idle.failure is not None
+        assert idle.failure.startswith("the resident task of shard 0 said nothing for")
+        with pytest.raises(Unavailable, match="shard 0 said nothing"):
+            idle.stats("any")
+        idle.stop()
+    finally:
+        os.kill(victim, signal.SIGCONT)
+
+
 def test_tasks_whose_driver_falls_silent_end_and_free_their_slots(
     spark: SparkSession, cluster: ResidentCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
