@@ -73,8 +73,16 @@ class Channel:
         self.last_heard = time.monotonic()
         return message
 
+    def buffered(self) -> bool:
+        """Whether bytes already wait in the socket object itself (a TLS socket decrypts
+        ahead, where a poll of its file descriptor cannot see them)."""
+        pending = getattr(self.sock, "pending", None)
+        return pending is not None and pending() > 0
+
     def readable(self, timeout: float) -> bool:
         """Whether a frame (or the end of the connection) arrives within ``timeout`` s."""
+        if self.buffered():
+            return True
         poller = select.poll()
         poller.register(self.sock, _READABLE)
         return bool(poller.poll(max(0.0, timeout) * 1000))
@@ -116,7 +124,10 @@ def collect(channels: Sequence[Channel], deadline_s: float) -> list[object]:
     while pending:
         oldest = min(channels[index].last_heard for index in pending)
         wait = oldest + deadline_s - time.monotonic()
-        ready = {by_fd[fd] for fd, _ in poller.poll(max(0.0, wait) * 1000)}
+        ready = {index for index in pending if channels[index].buffered()}
+        if ready:
+            wait = 0.0
+        ready |= {by_fd[fd] for fd, _ in poller.poll(max(0.0, wait) * 1000)}
         for index in sorted(ready):
             message = _receive(channels[index], index)
             if isinstance(message, Heartbeat):
