@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import select
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -94,6 +95,18 @@ class Channel:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:  # already ended by the peer
             pass
+
+
+def bound_stalls(sock: socket.socket, seconds: float) -> None:
+    """Makes a blocking receive or send on ``sock`` fail once it has made no progress for
+    ``seconds`` (kernel timeouts, ``SO_RCVTIMEO``/``SO_SNDTIMEO``): an idle wait that no
+    frame ends, a frame that stops half way, a send to a peer that stopped reading. Unlike
+    ``settimeout``, the socket stays blocking, so the hot path pays no poll per call, and a
+    large transfer that keeps moving is never cut."""
+    whole = int(seconds)
+    value = struct.pack("@ll", whole, int((seconds - whole) * 1_000_000))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
 
 
 def keep_alive(sock: socket.socket, liveness: Liveness) -> None:

@@ -37,6 +37,7 @@ from services.compute.spark.liveness import (
     Channel,
     Liveness,
     PeerLost,
+    bound_stalls,
     collect,
     drain,
     keep_alive,
@@ -131,9 +132,9 @@ class ResidentCluster:
                 self._stopped = True
                 raise
         for sock, _ in connected:
-            # A send (however large) that the task does not take in within the deadline
-            # means the task stopped reading; so does a frame that stops half way.
-            sock.settimeout(self._liveness.deadline_s)
+            # A send the task stops taking in, or a frame that stops half way, fails after
+            # the deadline (silence between frames is the request rounds' and keepalive's).
+            bound_stalls(sock, self._liveness.deadline_s)
             keep_alive(sock, self._liveness)
         self._channels = [Channel(sock) for sock, _ in connected]
         self._pids = [pid for _, pid in connected]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from dataclasses import dataclass
 from typing import cast
 
@@ -17,7 +18,7 @@ from services.compute.dataflow.index import Index
 from services.compute.dataflow.lower import lower
 from services.compute.dataflow.operators.linear import Normalize
 from services.compute.dataflow.worker import ShardWorker
-from services.compute.spark.liveness import Channel, Liveness, heartbeats
+from services.compute.spark.liveness import Channel, Liveness, bound_stalls, heartbeats
 from services.compute.spark.requests import (
     ApplyIndex,
     CompactIndex,
@@ -74,6 +75,7 @@ class ShardHost:
         if liveness is None:
             self._serve(channel, None)
         else:
+            bound_stalls(sock, liveness.deadline_s)
             with heartbeats(channel, liveness.heartbeat_s):
                 self._serve(channel, liveness.deadline_s)
         # Stopped: the last frame is the answer to Stop, after the heartbeats ended.
@@ -81,10 +83,15 @@ class ShardHost:
 
     def _serve(self, channel: Channel, deadline_s: float | None) -> None:
         while True:
-            if deadline_s is not None and not channel.readable(deadline_s):
-                channel.shut()
-                raise ConnectionLost(f"no frame from the driver in {deadline_s} s")
-            request = channel.receive()
+            waiting = time.monotonic()
+            try:
+                request = channel.receive()
+            except ConnectionLost as error:
+                # The socket's receive timeout: not even a ping came (``bound_stalls``).
+                if deadline_s is not None and time.monotonic() - waiting >= deadline_s:
+                    channel.shut()
+                    raise ConnectionLost(f"no frame from the driver in {deadline_s} s") from error
+                raise
             if isinstance(request, Ping):
                 continue
             if isinstance(request, Stop):
