@@ -60,10 +60,16 @@ class PeerLost(Exception):
 
 
 class Channel:
-    def __init__(self, sock: socket.socket) -> None:
+    """``deadline_s``: bound every blocking receive and send on ``sock`` to that long without
+    progress (``bound_stalls``), and give the peer up after that long without a frame."""
+
+    def __init__(self, sock: socket.socket, deadline_s: float | None = None) -> None:
         self.sock = sock
+        self.deadline_s = deadline_s
         self.last_heard = time.monotonic()
         self._send_lock = threading.Lock()
+        if deadline_s is not None:
+            bound_stalls(sock, deadline_s)
 
     def send(self, message: object) -> None:
         with self._send_lock:
@@ -123,61 +129,64 @@ def keep_alive(sock: socket.socket, liveness: Liveness) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
-def collect(channels: Sequence[Channel], deadline_s: float) -> list[object]:
-    """The next message from every channel other than heartbeats, read as they come (the
-    peers work in parallel). Raises ``PeerLost`` for the first channel that broke or stayed
-    silent for ``deadline_s``."""
-    replies: list[object] = [None] * len(channels)
-    poller = select.poll()
-    by_fd: dict[int, int] = {}
+def collect(channels: Sequence[Channel]) -> list[object]:
+    """The next message other than heartbeats from every channel, read in order: the peers
+    work in parallel meanwhile, and a round of quick answers costs no more than plain
+    receives (no poll). Each wait is bounded by the channel's deadline (its receive timeout).
+    While a peer's heartbeats show it is still working on a long request, the peers not read
+    yet are looked at too, so one that fell silent meanwhile is noticed at once rather than
+    after the busy one answers. Raises ``PeerLost``."""
+    replies: dict[int, object] = {}
     for index, channel in enumerate(channels):
-        by_fd[channel.sock.fileno()] = index
-        poller.register(channel.sock, _READABLE)
-    pending = set(range(len(channels)))
-    while pending:
-        oldest = min(channels[index].last_heard for index in pending)
-        wait = oldest + deadline_s - time.monotonic()
-        ready = {index for index in pending if channels[index].buffered()}
-        if ready:
-            wait = 0.0
-        ready |= {by_fd[fd] for fd, _ in poller.poll(max(0.0, wait) * 1000)}
-        for index in sorted(ready):
-            message = _receive(channels[index], index)
+        while index not in replies:
+            message = _receive(channel, index)
             if isinstance(message, Heartbeat):
-                continue
-            replies[index] = message
-            pending.discard(index)
-            poller.unregister(channels[index].sock)
-        _check_silence(channels, pending - ready, deadline_s)
-    return replies
+                _look_at_others(channels, replies, index)
+            else:
+                replies[index] = message
+    return [replies[index] for index in range(len(channels))]
 
 
-def drain(channels: Sequence[Channel], deadline_s: float) -> None:
+def drain(channels: Sequence[Channel]) -> None:
     """Reads the heartbeats idle peers sent (anything else is a broken exchange), then
-    raises ``PeerLost`` for a peer not heard from in ``deadline_s``."""
+    raises ``PeerLost`` for a peer not heard from in its deadline."""
     for index, channel in enumerate(channels):
         while channel.readable(0):
             message = _receive(channel, index)
             if not isinstance(message, Heartbeat):
                 raise PeerLost(index, f"sent an unrequested {type(message).__name__}")
-    _check_silence(channels, set(range(len(channels))), deadline_s)
+        _check_silence(channel, index)
+
+
+def _look_at_others(channels: Sequence[Channel], replies: dict[int, object], busy: int) -> None:
+    for index, channel in enumerate(channels):
+        if index == busy or index in replies:
+            continue
+        while index not in replies and channel.readable(0):
+            message = _receive(channel, index)
+            if not isinstance(message, Heartbeat):
+                replies[index] = message
+        if index not in replies:
+            _check_silence(channel, index)
 
 
 def _receive(channel: Channel, index: int) -> object:
+    waiting = time.monotonic()
     try:
         return channel.receive()
     except ConnectionLost as error:
+        silence = time.monotonic() - waiting
+        if channel.deadline_s is not None and silence >= channel.deadline_s:
+            raise PeerLost(index, f"said nothing for {silence:.1f} s") from error
         raise PeerLost(index, f"is gone ({error})") from error
 
 
-def _check_silence(channels: Sequence[Channel], candidates: set[int], deadline_s: float) -> None:
-    """Only called for channels a poll just found with nothing to read: a driver that was
+def _check_silence(channel: Channel, index: int) -> None:
+    """Only called for a channel a poll just found with nothing to read: a driver that was
     itself paused finds the beats its peers sent meanwhile waiting, not silence."""
-    now = time.monotonic()
-    for index in sorted(candidates):
-        silence = now - channels[index].last_heard
-        if silence >= deadline_s:
-            raise PeerLost(index, f"said nothing for {silence:.1f} s")
+    silence = time.monotonic() - channel.last_heard
+    if channel.deadline_s is not None and silence >= channel.deadline_s:
+        raise PeerLost(index, f"said nothing for {silence:.1f} s")
 
 
 @contextmanager

@@ -37,7 +37,6 @@ from services.compute.spark.liveness import (
     Channel,
     Liveness,
     PeerLost,
-    bound_stalls,
     collect,
     drain,
     keep_alive,
@@ -132,11 +131,10 @@ class ResidentCluster:
                 self._stopped = True
                 raise
         for sock, _ in connected:
-            # A send the task stops taking in, or a frame that stops half way, fails after
-            # the deadline (silence between frames is the request rounds' and keepalive's).
-            bound_stalls(sock, self._liveness.deadline_s)
             keep_alive(sock, self._liveness)
-        self._channels = [Channel(sock) for sock, _ in connected]
+        # Every wait on a task, and every send to it, fails after deadline_s without
+        # progress: a silent task, one that stopped reading, a frame that stops half way.
+        self._channels = [Channel(sock, self._liveness.deadline_s) for sock, _ in connected]
         self._pids = [pid for _, pid in connected]
         self._keeper = threading.Thread(
             target=self._keep_alive, name=f"{self._group()}-keepalive", daemon=True
@@ -178,7 +176,7 @@ class ResidentCluster:
                 try:
                     for channel in self._channels:
                         channel.send(rq.Stop())
-                    collect(self._channels, self._liveness.deadline_s)
+                    collect(self._channels)
                 except (ConnectionLost, PeerLost):
                     pass  # a task gone already; cancelling the job below ends the rest
             for channel in self._channels:
@@ -234,7 +232,7 @@ class ResidentCluster:
                 while shard < self.shards:
                     self._channels[shard].send(requests[shard])
                     shard += 1
-                answers = collect(self._channels, self._liveness.deadline_s)
+                answers = collect(self._channels)
             except ConnectionLost as error:
                 self._fail(f"the resident task of shard {shard} is gone ({error})")
                 raise Unavailable(self._failure or "") from error
@@ -422,7 +420,7 @@ class ResidentCluster:
             return
         try:
             if self._failure is None and not self._stopped:
-                drain(self._channels, self._liveness.deadline_s)
+                drain(self._channels)
         finally:
             self._lock.release()
 

@@ -18,7 +18,7 @@ from services.compute.dataflow.index import Index
 from services.compute.dataflow.lower import lower
 from services.compute.dataflow.operators.linear import Normalize
 from services.compute.dataflow.worker import ShardWorker
-from services.compute.spark.liveness import Channel, Liveness, bound_stalls, heartbeats
+from services.compute.spark.liveness import Channel, Liveness, heartbeats
 from services.compute.spark.requests import (
     ApplyIndex,
     CompactIndex,
@@ -71,11 +71,11 @@ class ShardHost:
         """Answers requests until ``Stop``; raises ``ConnectionLost`` when the connection
         breaks. With ``liveness``, beats while serving and gives the driver up (raising
         ``ConnectionLost``) after ``deadline_s`` without any frame from it."""
-        channel = Channel(sock)
         if liveness is None:
+            channel = Channel(sock)
             self._serve(channel, None)
         else:
-            bound_stalls(sock, liveness.deadline_s)
+            channel = Channel(sock, liveness.deadline_s)
             with heartbeats(channel, liveness.heartbeat_s):
                 self._serve(channel, liveness.deadline_s)
         # Stopped: the last frame is the answer to Stop, after the heartbeats ended.
