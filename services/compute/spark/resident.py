@@ -213,10 +213,6 @@ class ResidentCluster:
         """Whether the barrier job still runs (its tasks hold their slots)."""
         return self._job is not None and not self._job.done.is_set()
 
-    @property
-    def liveness(self) -> Liveness:
-        return self._liveness
-
     # -- requests ----------------------------------------------------------------------------
 
     def call(self, requests: Sequence[rq.Request]) -> list[object]:
