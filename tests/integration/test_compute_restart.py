@@ -1,12 +1,15 @@
 """A dataflow that fails while its resident Spark cluster stays healthy: the compute process
 restarts it on the same tasks (its failed state dropped there first), its output stays exact
-at every time, and the other dataflows on those tasks keep running untouched.
+at every time, and the other dataflows on those tasks keep running untouched. Then a task
+that falls silent: its cluster is given up and the dataflows move to a new one.
 
 The failure is injected by the tasks' test-only fault hook (``shard_host.FAULT_ENV``): every
 task fails one ``Process`` round of the one dataflow it names, once."""
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -131,3 +134,52 @@ async def test_a_dataflow_failing_on_a_healthy_cluster_restarts_on_the_same_task
     assert restarts == [FAULTY]
     for dataflow_id in outputs:
         await compute.drop_view(dataflow_id)
+
+
+async def test_a_stopped_task_fails_its_cluster_and_the_dataflows_move_to_a_new_one(
+    stack: Stack, storage: StorageClient, compute: ComputeClient
+) -> None:
+    """A task that goes silent (SIGSTOP: its socket stays open) while the dataflows are idle:
+    the driver's keepalive gives it up after the deadline, and the process restarts the
+    dataflows on a new cluster, exactly."""
+    collections = Collections(storage)
+    values = await collections.create(KV)
+    plan = sums_by_key(values)
+    history = [((1, 1), 0, 1)]
+    await collections.append(values, history, 2)
+    output = await collections.create(check_plan(plan), initial=0)
+    dataflow_id = "silenced"
+    await compute.maintain_view(
+        dataflow_id,
+        plan,
+        [await collections.read_capability(values)],
+        output=await collections.write_capability(output),
+        index_key_columns=[0],
+    )
+    assert (await compute.peek(dataflow_id, 1, wait_ms=PATIENT_MS)).rows == [((1, 1, 1), 1)]
+    victim = resident_task_pids(stack.compute())[1]
+    os.kill(victim, signal.SIGSTOP)
+    try:
+
+        async def moved() -> None:
+            info = (await compute.status()).dataflow(dataflow_id)
+            assert info is not None and info.restarts >= 1
+            assert "shard 1 said nothing for" in info.last_failure
+            assert info.state == "running" and not info.error
+            assert victim not in resident_task_pids(stack.compute())
+
+        await eventually(moved, 300.0)
+    finally:
+        os.kill(victim, signal.SIGCONT)
+    more = [((1, 1), 2, 1), ((2, 5), 3, 1)]
+    await collections.append(values, more, 4)
+    history += more
+    assert sorted((await compute.peek(dataflow_id, 3, wait_ms=PATIENT_MS)).rows) == [
+        ((1, 2, 2), 1),
+        ((2, 1, 5), 1),
+    ]
+    written = await collections.history(output, 4)
+    for time in range(4):
+        expected = canonical(evaluate(plan, {values: contents_at(history, time)}))
+        assert canonical(contents_at(written, time)) == expected, f"output at {time}"
+    await compute.drop_view(dataflow_id)
