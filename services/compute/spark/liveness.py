@@ -60,16 +60,19 @@ class PeerLost(Exception):
 
 
 class Channel:
-    """``deadline_s``: bound every blocking receive and send on ``sock`` to that long without
-    progress (``bound_stalls``), and give the peer up after that long without a frame."""
+    """``deadline_s``: bound every blocking receive on ``sock`` (and every send, with
+    ``bound_sends``) to that long without progress (``bound_stalls``), and give the peer up
+    after that long without a frame."""
 
-    def __init__(self, sock: socket.socket, deadline_s: float | None = None) -> None:
+    def __init__(
+        self, sock: socket.socket, deadline_s: float | None = None, *, bound_sends: bool = True
+    ) -> None:
         self.sock = sock
         self.deadline_s = deadline_s
         self.last_heard = time.monotonic()
         self._send_lock = threading.Lock()
         if deadline_s is not None:
-            bound_stalls(sock, deadline_s)
+            bound_stalls(sock, deadline_s, sends=bound_sends)
 
     def send(self, message: object) -> None:
         with self._send_lock:
@@ -103,7 +106,7 @@ class Channel:
             pass
 
 
-def bound_stalls(sock: socket.socket, seconds: float) -> None:
+def bound_stalls(sock: socket.socket, seconds: float, *, sends: bool = True) -> None:
     """Makes a blocking receive or send on ``sock`` fail once it has made no progress for
     ``seconds`` (kernel timeouts, ``SO_RCVTIMEO``/``SO_SNDTIMEO``): an idle wait that no
     frame ends, a frame that stops half way, a send to a peer that stopped reading. Unlike
@@ -112,7 +115,8 @@ def bound_stalls(sock: socket.socket, seconds: float) -> None:
     whole = int(seconds)
     value = struct.pack("@ll", whole, int((seconds - whole) * 1_000_000))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+    if sends:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
 
 
 def keep_alive(sock: socket.socket, liveness: Liveness) -> None:

@@ -75,7 +75,9 @@ class ShardHost:
             channel = Channel(sock)
             self._serve(channel, None)
         else:
-            channel = Channel(sock, liveness.deadline_s)
+            # Sends stay unbounded: the driver reads the shards' answers one after the
+            # other, so a large answer may wait for another shard's to be read first.
+            channel = Channel(sock, liveness.deadline_s, bound_sends=False)
             with heartbeats(channel, liveness.heartbeat_s):
                 self._serve(channel, liveness.deadline_s)
         # Stopped: the last frame is the answer to Stop, after the heartbeats ended.
