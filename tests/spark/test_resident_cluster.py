@@ -1,5 +1,6 @@
-"""The resident cluster's life: tasks that die are reported clearly, and stopping a cluster
-gives its task slots back to Spark."""
+"""The resident cluster's life: tasks that die or fall silent are reported clearly, tasks
+whose driver falls silent end by themselves, a start waits for slots still coming up, and
+stopping a cluster gives its task slots back to Spark."""
 
 from __future__ import annotations
 
@@ -7,12 +8,17 @@ import os
 import re
 import signal
 import socket
+import threading
+import time
+from collections.abc import Callable
 
 import pytest
+import structlog
 from pyspark.sql import SparkSession
 
 from services.compute.spark import ResidentCluster, SparkDataflow
 from services.compute.spark import requests as rq
+from services.compute.spark.liveness import Liveness
 from services.compute.spark.resident import Hello, authenticate
 from services.compute.spark.session import local_slots
 from services.compute.spark.wire import TOKEN_BYTES, send_hello, send_message
@@ -64,6 +70,123 @@ def test_a_killed_task_is_reported_and_stopping_frees_the_slots(
         assert flow.hydrate({"numbers": numbers})[0] == [((n, 1), 0, 1) for n in range(20)]
         assert flow.key_count() == 20
     assert spark.range(10).count() == 10
+
+
+def wait_until(condition: Callable[[], bool], seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def assert_free_slots(spark: SparkSession, cluster: ResidentCluster) -> None:
+    """A barrier job as wide as every slot the shared cluster does not hold starts: no slot
+    is held by anything else."""
+    with ResidentCluster(spark, slots(spark) - cluster.shards, connect_timeout=60) as wide:
+        flow = SparkDataflow(counted(), as_of=0, cluster=wide)
+        assert flow.hydrate({"numbers": [((7,), 0, 1)]})[0] == [((7, 1), 0, 1)]
+
+
+QUICK = Liveness(heartbeat_s=0.5, deadline_s=5.0)
+
+
+def test_a_stopped_task_fails_the_next_call_instead_of_hanging_it(
+    spark: SparkSession, cluster: ResidentCluster
+) -> None:
+    doomed = ResidentCluster(spark, 2, liveness=QUICK)
+    doomed.start()
+    dataflow = SparkDataflow(counted(), as_of=0, cluster=doomed)
+    assert dataflow.hydrate({"numbers": [((1,), 0, 1)]})[0] == [((1, 1), 0, 1)]
+    victim = doomed.task_pids[1]
+    os.kill(victim, signal.SIGSTOP)  # alive to the kernel (its socket stays open), but mute
+    try:
+        with pytest.raises(Unavailable, match="resident task of shard 1 said nothing for"):
+            dataflow.step({"numbers": [((2,), 1, 1)]}, 2)
+        assert doomed.failure is not None and "shard 1" in doomed.failure
+        doomed.stop()
+    finally:
+        os.kill(victim, signal.SIGCONT)
+    # Spark took the tasks' slots back: the cluster can be replaced.
+    assert_free_slots(spark, cluster)
+
+
+def test_an_idle_task_that_stops_is_noticed_without_a_call(
+    spark: SparkSession, cluster: ResidentCluster
+) -> None:
+    idle = ResidentCluster(spark, 2, liveness=QUICK)
+    idle.start()
+    victim = idle.task_pids[0]
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        # Nothing is asked of the tasks: the driver's keepalive notices the missing beats.
+        wait_until(lambda: idle.failure is not None, 60 * QUICK.deadline_s, "never noticed")
+        assert idle.failure is not None
+        assert idle.failure.startswith("the resident task of shard 0 said nothing for")
+        with pytest.raises(Unavailable, match="shard 0 said nothing"):
+            idle.stats("any")
+        idle.stop()
+    finally:
+        os.kill(victim, signal.SIGCONT)
+
+
+def test_tasks_whose_driver_falls_silent_end_and_free_their_slots(
+    spark: SparkSession, cluster: ResidentCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    orphaned = ResidentCluster(spark, 2, liveness=QUICK)
+    orphaned.start()
+    assert orphaned.job_running
+    # The driver neither pings nor reads any more, and closes nothing: as if its host or
+    # network vanished, seen from the tasks.
+    monkeypatch.setattr(orphaned, "_keep_alive_once", lambda: None)
+    wait_until(lambda: not orphaned.job_running, 60 * QUICK.deadline_s, "the tasks kept running")
+    assert orphaned.failure is None  # the driver did nothing: the tasks ended by themselves
+    assert_free_slots(spark, cluster)
+    orphaned.stop()
+
+
+def test_a_start_waits_for_slots_that_come_up_late(
+    spark: SparkSession, cluster: ResidentCluster
+) -> None:
+    # Every slot but the shared cluster's is held, so a new cluster's first launch cannot
+    # get its slots; they come back only once that launch has failed.
+    blocker = ResidentCluster(spark, slots(spark) - cluster.shards)
+    blocker.start()
+    late = ResidentCluster(spark, 2, connect_timeout=5, start_attempts=6)
+    outcome: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            late.start()
+        except BaseException as error:
+            outcome.append(error)
+
+    with structlog.testing.capture_logs() as logs:
+        starting = threading.Thread(target=start)
+        starting.start()
+        wait_until(
+            lambda: any(log["event"] == "resident_cluster_start_retry" for log in logs),
+            120,
+            "no retry",
+        )
+        blocker.stop()
+        starting.join(300)
+    assert not starting.is_alive() and outcome == []
+    retried = [log for log in logs if log["event"] == "resident_cluster_start_retry"]
+    assert retried[0]["attempt"] == 1 and "tasks connected within 5 s" in retried[0]["error"]
+    try:
+        flow = SparkDataflow(counted(), as_of=0, cluster=late)
+        assert flow.hydrate({"numbers": [((3,), 0, 1)]})[0] == [((3, 1), 0, 1)]
+    finally:
+        late.stop()
+
+
+def test_a_start_gives_up_after_its_attempts(spark: SparkSession, cluster: ResidentCluster) -> None:
+    with ResidentCluster(spark, slots(spark) - cluster.shards):
+        hopeless = ResidentCluster(spark, 2, connect_timeout=1, start_attempts=2)
+        with pytest.raises(Unavailable, match="only 0 of 2 resident tasks connected within 1 s"):
+            hopeless.start()
+        with pytest.raises(FailedPrecondition, match="not running"):
+            hopeless.stats("any")
 
 
 def test_a_stopped_cluster_refuses_requests(spark: SparkSession) -> None:

@@ -15,6 +15,7 @@ from pyspark.sql import SparkSession
 from services.compute.dataflow import Dataflow
 from services.compute.spark import ResidentCluster, SparkDataflow
 from services.compute.spark import requests as rq
+from services.compute.spark.liveness import Channel, Liveness, collect
 from services.compute.spark.resident import Hello, authenticate
 from services.compute.spark.secure import (
     PeerRefused,
@@ -31,6 +32,7 @@ from services.compute.spark.wire import (
     send_hello,
     send_message,
 )
+from tests.spark.test_liveness import SlowStats
 from tests.spark.test_spark_dataflow import drive, history, orders_by_region
 from tests.support.tls_certs import CertificateSet, KeyPair
 from tidemark.columnar import ColumnType as T
@@ -203,3 +205,50 @@ def test_a_dataflow_runs_on_resident_tasks_over_tls(spark: SparkSession, tmp_pat
             assert repr(got) == repr(expected) and sum(len(step) for step in got) > 10
         finally:
             on_spark.drop()
+
+
+def test_heartbeats_pings_and_a_long_request_share_one_tls_connection(tmp_path: Path) -> None:
+    """Both ends write from a second thread (the task's heartbeats, the driver's pings) while
+    the first one reads: over TLS those must take turns, and the exchange must stay intact."""
+    certs = CertificateSet.create(tmp_path)
+    driver = Driver(settings(certs.server, certs.ca_file))
+    liveness = Liveness(heartbeat_s=0.05, deadline_s=1.0)
+    host = SlowStats(seconds=1.5)  # longer than the deadline: only the heartbeats carry it
+    errors: list[BaseException] = []
+
+    def task() -> None:
+        tls = settings(certs.client, certs.ca_file)
+        try:
+            with connect_secure(socket.create_connection(driver.address, timeout=10), tls) as sock:
+                sock.settimeout(None)
+                send_hello(sock, TOKEN, 0, os.getpid())
+                host.serve(sock, liveness)
+        except BaseException as error:
+            errors.append(error)
+
+    serving = threading.Thread(target=task, daemon=True)
+    serving.start()
+    sock, hello = driver.accept()
+    assert sock is not None and hello is not None
+    channel = Channel(sock, liveness.deadline_s)
+    stop = threading.Event()
+
+    def pings() -> None:
+        while not stop.wait(liveness.heartbeat_s):
+            channel.send(rq.Ping())
+
+    pinging = threading.Thread(target=pings, daemon=True)
+    pinging.start()
+    try:
+        for _ in range(2):
+            channel.send(rq.Stats("v"))
+            assert collect([channel]) == [rq.Reply("done")]
+    finally:
+        stop.set()
+        pinging.join(5)
+    channel.send(rq.Stop())
+    assert collect([channel]) == [rq.Reply()]
+    serving.join(10)
+    sock.close()
+    driver.close()
+    assert not errors and not serving.is_alive()

@@ -54,6 +54,7 @@ class Stack:
     engine: str = "spark"
     spark_master: str = SPARK_MASTER
     compute_extra: tuple[str, ...] = ()
+    compute_env: dict[str, str] = field(default_factory=dict)
     catalog_extra: tuple[str, ...] = ()
     computes: dict[str, ServiceProcess] = field(default_factory=dict)
 
@@ -82,7 +83,9 @@ class Stack:
     def start_compute(self, cluster: str = "default", extra: Sequence[str] = ()) -> ServiceProcess:
         """Starts (or restarts, after a kill) the compute process of ``cluster``; ``extra``:
         flags for this process only."""
-        process = ServiceProcess("services.compute", [*self.compute_args(cluster), *extra])
+        process = ServiceProcess(
+            "services.compute", [*self.compute_args(cluster), *extra], env=self.compute_env
+        )
         self.computes[cluster] = process
         return process
 
@@ -126,6 +129,7 @@ def running_stack(
     engine: str = "spark",
     spark_master: str = SPARK_MASTER,
     compute_extra: Sequence[str] = (),
+    compute_env: dict[str, str] | None = None,
 ) -> Iterator[Stack]:
     """Storage (+ oracle and catalog when ``catalog``) and one compute process per cluster,
     all killed on exit."""
@@ -136,6 +140,7 @@ def running_stack(
         engine=engine,
         spark_master=spark_master,
         compute_extra=tuple(compute_extra),
+        compute_env=dict(compute_env or {}),
     )
     try:
         if catalog:

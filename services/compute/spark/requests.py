@@ -1,7 +1,9 @@
 """What the driver asks a resident task to do, and what the task answers.
 
 Every request gets exactly one ``Reply``; a request that fails inside the task is answered
-with the error (the task keeps serving), while a task that dies closes its socket.
+with the error (the task keeps serving), while a task that dies closes its socket. Besides
+them, the two liveness frames ``Ping`` (driver to task) and ``Heartbeat`` (task to driver)
+flow both ways unanswered (``liveness.py``).
 """
 
 from __future__ import annotations
@@ -94,6 +96,18 @@ class Hydrate:
 @dataclass(frozen=True)
 class Stop:
     """Finish the task (its Spark slot is freed once every task of the job has finished)."""
+
+
+@dataclass(frozen=True)
+class Ping:
+    """The driver is alive (sent every heartbeat interval; never answered). A task that
+    receives no frame at all for the deadline gives its driver up and ends."""
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """The task is alive (sent every heartbeat interval from a thread of its own, also while
+    a request runs; never answered). The driver gives up a task silent for the deadline."""
 
 
 Request = Install | Drop | Process | Hydrate | ApplyIndex | CompactIndex | Peek | Stats | Stop

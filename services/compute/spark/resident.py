@@ -6,6 +6,11 @@ belongs to this cluster with a random token carried in the job's closure, and th
 requests for shard ``p`` (``shard_host.ShardHost``) until told to stop. A barrier job gets
 all its slots at once or not at all, so the P shards always live together.
 
+Both sides watch the other (``liveness.py``): a task that says nothing for the deadline (not
+even the heartbeat it sends while working) fails the cluster and frees the caller, and a task
+that hears nothing from its driver for the deadline ends by itself. Starting waits for slots
+that are still coming up, relaunching the job a bounded number of times.
+
 The blocking methods are thread-safe (one request round at a time); the ``a``-prefixed ones
 run them in a thread for asyncio callers.
 """
@@ -20,7 +25,7 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 
 from pyspark.sql import SparkSession
@@ -29,23 +34,36 @@ from services.compute.dataflow.batch import Row, Update
 from services.compute.dataflow.spill import TaskStateBudget
 from services.compute.dataflow.work import StateSize, Work
 from services.compute.spark import requests as rq
+from services.compute.spark.liveness import (
+    Channel,
+    Liveness,
+    PeerLost,
+    collect,
+    drain,
+    keep_alive,
+)
 from services.compute.spark.secure import accept_secure, own_identity, server_context
 from services.compute.spark.session import RESIDENT_PORT, local_slots
 from services.compute.spark.task import resident_task
-from services.compute.spark.wire import (
-    TOKEN_BYTES,
-    ConnectionLost,
-    receive_hello,
-    receive_message,
-    send_message,
-    tune,
-)
+from services.compute.spark.wire import TOKEN_BYTES, ConnectionLost, receive_hello, tune
 from tidemark import errors
 from tidemark.errors import FailedPrecondition, Internal, InvalidArgument, Unavailable
+from tidemark.logging import get_logger
 from tidemark.rpc.tls import TlsSettings
 from tidemark.v1 import plan_pb2
 
+log = get_logger("compute.spark.resident")
+
 _STOP_WAIT_SECONDS = 30.0
+
+
+@dataclass
+class _Job:
+    """One launch of the barrier job (a start may launch several)."""
+
+    group: str
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
 
 
 class ResidentCluster:
@@ -55,32 +73,40 @@ class ResidentCluster:
         shards: int,
         *,
         connect_timeout: float = 120.0,
+        start_attempts: int = 3,
+        liveness: Liveness | None = None,
         tls: TlsSettings | None = None,
         state_budget: TaskStateBudget | None = None,
     ) -> None:
-        """``tls``: the compute's mTLS files; the tasks' sockets then use TLS (``secure.py``),
-        and the executors must read the same files at the same paths. ``state_budget``: what
-        each task may hold of operator state in memory and spilled to its local disk (None:
-        no bound)."""
+        """``connect_timeout``: how long one launch of the job may take until every task
+        has connected; ``start_attempts``: launches before ``start`` gives up (slots may still
+        be coming up); ``liveness``: heartbeat interval and silence deadline. ``tls``: the
+        compute's mTLS files; the tasks' sockets then use TLS (``secure.py``), and the
+        executors must read the same files at the same paths. ``state_budget``: what each
+        task may hold of operator state in memory and spilled to its local disk (None: no
+        bound)."""
         if shards < 1:
             raise InvalidArgument(f"a resident cluster needs at least one shard, not {shards}")
+        if start_attempts < 1:
+            raise InvalidArgument(f"a start needs at least one attempt, not {start_attempts}")
         self.shards = shards
         self._spark = spark
         self._connect_timeout = connect_timeout
-        self._state_budget = state_budget
+        self._start_attempts = start_attempts
+        self._liveness = liveness or Liveness()
         self._token = secrets.token_bytes(TOKEN_BYTES)
+        self._state_budget = state_budget
         self._tls = tls
         # Read now, so that files that do not make a TLS setup fail before any job starts.
         self._tls_context = None if tls is None else server_context(tls)
         self._tls_identity = None if tls is None else own_identity(tls)
-        self._group = f"tidemark-resident-{secrets.token_hex(8)}"
-        self._sockets: list[socket.socket] = []
+        self._channels: list[Channel] = []
         self._pids: list[int] = []
-        self._lock = threading.Lock()
-        self._job_done = threading.Event()
-        self._job_error: BaseException | None = None
+        self._lock = threading.Lock()  # one request round at a time
+        self._job: _Job | None = None
         self._failure: str | None = None
-        self._job: threading.Thread | None = None
+        self._closing = threading.Event()
+        self._keeper: threading.Thread | None = None
         self._started = False
         self._stopped = False
 
@@ -95,49 +121,84 @@ class ResidentCluster:
             raise FailedPrecondition(
                 f"{self.shards} resident tasks cannot run on a session with {slots} task slots"
             )
+        self._started = True
+        attempt = 1
+        while True:
+            try:
+                connected = self._launch()
+                break
+            except Unavailable as error:
+                if attempt >= self._start_attempts:
+                    self._stopped = True
+                    raise
+                wait_s = retry_delay(attempt)
+                log.warning(
+                    "resident_cluster_start_retry",
+                    attempt=attempt,
+                    attempts=self._start_attempts,
+                    wait_s=wait_s,
+                    error=error.message,
+                )
+                time.sleep(wait_s)
+                attempt += 1
+            except BaseException:
+                self._stopped = True
+                raise
+        for sock, _ in connected:
+            keep_alive(sock, self._liveness)
+        # Every wait on a task, and every send to it, fails after deadline_s without
+        # progress: a silent task, one that stopped reading, a frame that stops half way.
+        self._channels = [Channel(sock, self._liveness.deadline_s) for sock, _ in connected]
+        self._pids = [pid for _, pid in connected]
+        self._keeper = threading.Thread(
+            target=self._keep_alive, name=f"{self._group()}-keepalive", daemon=True
+        )
+        self._keeper.start()
+
+    def _launch(self) -> list[tuple[socket.socket, int]]:
+        """One launch of the barrier job, until every task has connected. A launch that
+        fails is cancelled (its slots, if it got any, come back) before this raises."""
         host, bind, port = self._addresses()
         listener = socket.create_server((bind, port), backlog=self.shards)
         listener.settimeout(0.2)
         port = listener.getsockname()[1]
-        self._started = True
-        self._job = threading.Thread(
-            target=self._run_job, args=(host, port), name=self._group, daemon=True
-        )
-        self._job.start()
+        job = _Job(f"tidemark-resident-{secrets.token_hex(8)}")
+        self._job = job
+        threading.Thread(
+            target=self._run_job, args=(job, host, port), name=job.group, daemon=True
+        ).start()
         try:
-            connected = self._accept_all(listener)
+            return self._accept_all(listener, job)
         except BaseException:
-            self._abandon()
+            self._cancel_job()
             raise
         finally:
             # Closed at once so that a retried attempt of the job cannot connect again.
             listener.close()
-        self._sockets = [sock for sock, _ in connected]
-        self._pids = [pid for _, pid in connected]
 
     def stop(self) -> None:
         """Stops every task and waits for the job to end, freeing its slots. Idempotent."""
+        self._closing.set()
+        if self._keeper is not None:
+            self._keeper.join()
         with self._lock:
             if self._stopped or not self._started:
                 self._stopped = True
                 return
             self._stopped = True
             if self._failure is None:
-                for sock in self._sockets:
-                    try:
-                        send_message(sock, rq.Stop())
-                    except ConnectionLost:
-                        pass
-                for sock in self._sockets:
-                    try:
-                        receive_message(sock)
-                    except ConnectionLost:
-                        pass
-            for sock in self._sockets:
-                sock.close()
-        if not self._job_done.wait(_STOP_WAIT_SECONDS):
+                try:
+                    for channel in self._channels:
+                        channel.send(rq.Stop())
+                    collect(self._channels)
+                except (ConnectionLost, PeerLost):
+                    pass  # a task gone already; cancelling the job below ends the rest
+            for channel in self._channels:
+                channel.sock.close()
+        job = self._job
+        if job is not None and not job.done.wait(_STOP_WAIT_SECONDS):
             self._cancel_job()
-            self._job_done.wait(_STOP_WAIT_SECONDS)
+            job.done.wait(_STOP_WAIT_SECONDS)
 
     def __enter__(self) -> ResidentCluster:
         self.start()
@@ -161,6 +222,11 @@ class ResidentCluster:
         """Why the cluster is unusable, once a task has been lost."""
         return self._failure
 
+    @property
+    def job_running(self) -> bool:
+        """Whether the barrier job still runs (its tasks hold their slots)."""
+        return self._job is not None and not self._job.done.is_set()
+
     # -- requests ----------------------------------------------------------------------------
 
     def call(self, requests: Sequence[rq.Request]) -> list[object]:
@@ -171,19 +237,19 @@ class ResidentCluster:
             raise InvalidArgument(f"{len(requests)} requests for {self.shards} shards")
         with self._lock:
             self._check_usable()
-            replies: list[rq.Reply] = []
             shard = 0
             try:
                 while shard < self.shards:
-                    send_message(self._sockets[shard], requests[shard])
+                    self._channels[shard].send(requests[shard])
                     shard += 1
-                shard = 0
-                while shard < self.shards:
-                    replies.append(receive_message(self._sockets[shard]))
-                    shard += 1
+                answers = collect(self._channels)
             except ConnectionLost as error:
                 self._fail(f"the resident task of shard {shard} is gone ({error})")
                 raise Unavailable(self._failure or "") from error
+            except PeerLost as error:
+                self._fail(f"the resident task of shard {error.index} {error}")
+                raise Unavailable(self._failure or "") from error
+        replies = [_reply(answer) for answer in answers]
         for reply in replies:
             if reply.error_class is not None:
                 raise _task_error(reply)
@@ -293,16 +359,17 @@ class ResidentCluster:
         host = conf.get("spark.driver.host") or socket.getfqdn()
         return host, conf.get("spark.driver.bindAddress") or "", port
 
-    def _run_job(self, host: str, port: int) -> None:
+    def _run_job(self, job: _Job, host: str, port: int) -> None:
         context = self._spark.sparkContext
         try:
-            context.setJobGroup(self._group, "tidemark resident shards", interruptOnCancel=True)
+            context.setJobGroup(job.group, "tidemark resident shards", interruptOnCancel=True)
             task = functools.partial(
                 resident_task,
                 host,
                 port,
                 self._token,
                 self.shards,
+                self._liveness,
                 tls=self._tls,
                 state_budget=self._state_budget,
             )
@@ -310,19 +377,19 @@ class ResidentCluster:
                 task
             ).collect()
         except BaseException as error:  # reported by start() or noticed as lost sockets
-            self._job_error = error
+            job.error = error
         finally:
-            self._job_done.set()
+            job.done.set()
 
-    def _accept_all(self, listener: socket.socket) -> list[tuple[socket.socket, int]]:
+    def _accept_all(self, listener: socket.socket, job: _Job) -> list[tuple[socket.socket, int]]:
         by_shard: dict[int, tuple[socket.socket, int]] = {}
         deadline = time.monotonic() + self._connect_timeout
         try:
             while len(by_shard) < self.shards:
-                if self._job_done.is_set():
+                if job.done.is_set():
                     raise Unavailable(
                         f"the resident job ended before all {self.shards} tasks connected: "
-                        f"{_describe(self._job_error)}"
+                        f"{_describe(job.error)}"
                     )
                 if time.monotonic() > deadline:
                     raise Unavailable(
@@ -354,18 +421,46 @@ class ResidentCluster:
             raise FailedPrecondition("the resident cluster is not running")
 
     def _fail(self, reason: str) -> None:
-        self._failure = reason
-        for sock in self._sockets:
-            sock.close()
+        """Marks the cluster failed (the first reason stays) and ends its tasks. The sockets
+        are shut rather than closed: a request round or the keepalive may be using them."""
+        if self._failure is None:
+            self._failure = reason
+            log.warning("resident_cluster_failed", reason=reason)
+        for channel in self._channels:
+            channel.shut()
         self._cancel_job()
 
-    def _abandon(self) -> None:
-        self._stopped = True
-        self._cancel_job()
+    def _keep_alive(self) -> None:
+        """Pings every task each heartbeat and, when no request round is running (a round
+        watches the tasks itself), reads their heartbeats and gives up a silent one."""
+        while not self._closing.wait(self._liveness.heartbeat_s) and self._failure is None:
+            try:
+                self._keep_alive_once()
+            except PeerLost as error:
+                self._fail(f"the resident task of shard {error.index} {error}")
+
+    def _keep_alive_once(self) -> None:
+        for shard, channel in enumerate(self._channels):
+            try:
+                channel.send(rq.Ping())
+            except ConnectionLost as error:
+                raise PeerLost(shard, f"is gone ({error})") from error
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            if self._failure is None and not self._stopped:
+                drain(self._channels)
+        finally:
+            self._lock.release()
+
+    def _group(self) -> str:
+        return self._job.group if self._job is not None else "tidemark-resident"
 
     def _cancel_job(self) -> None:
+        if self._job is None:
+            return
         try:
-            self._spark.sparkContext.cancelJobGroup(self._group)
+            self._spark.sparkContext.cancelJobGroup(self._job.group)
         except Exception:  # the session may be gone already; nothing is left to cancel then
             pass
 
@@ -409,6 +504,18 @@ def _task_error(reply: rq.Reply) -> Exception:
     if isinstance(cls, type) and issubclass(cls, errors.TidemarkError):
         return cls(reply.error_message)
     return Internal(f"resident task failed: {reply.error_class}: {reply.error_message}")
+
+
+def retry_delay(attempt: int) -> float:
+    """Seconds to wait after failed launch ``attempt`` (from 1): doubling from 2 s, at most
+    30 s, as executors take seconds to tens of seconds to register."""
+    return float(min(2**attempt, 30))
+
+
+def _reply(answer: object) -> rq.Reply:
+    if not isinstance(answer, rq.Reply):
+        raise Internal(f"a resident task answered with a {type(answer).__name__}")
+    return answer
 
 
 def _updates(value: object) -> list[Update]:

@@ -6,8 +6,11 @@ can be exercised without Spark.
 
 from __future__ import annotations
 
+import os
 import socket
+import time
 from dataclasses import dataclass
+from typing import cast
 
 from services.compute.dataflow.batch import Update
 from services.compute.dataflow.graph import Graph
@@ -16,6 +19,7 @@ from services.compute.dataflow.lower import lower
 from services.compute.dataflow.operators.linear import Normalize
 from services.compute.dataflow.spill import StateBudget
 from services.compute.dataflow.worker import ShardWorker
+from services.compute.spark.liveness import Channel, Liveness, heartbeats
 from services.compute.spark.requests import (
     ApplyIndex,
     CompactIndex,
@@ -23,6 +27,7 @@ from services.compute.spark.requests import (
     Hydrate,
     Install,
     Peek,
+    Ping,
     Process,
     Reply,
     Request,
@@ -31,9 +36,21 @@ from services.compute.spark.requests import (
 )
 from services.compute.spark.staging import decode, get_all, rows_and_diffs
 from services.compute.spark.transport import normalizer
-from services.compute.spark.wire import receive_message, send_message
-from tidemark.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from services.compute.spark.wire import ConnectionLost
+from tidemark.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    NotFound,
+)
 from tidemark.v1 import plan_pb2
+
+FAULT_ENV = "TIDEMARK_TEST_FAULT_ONCE"
+"""Test-only fault injection, ``<dataflow id>@<n>``: on each task, the n-th ``Process``
+request for that dataflow fails, once (every task gets every request round, so they all fail
+the same round). The dataflow fails while its resident cluster stays healthy. Unset in
+production."""
 
 
 @dataclass
@@ -51,24 +68,50 @@ class ShardHost:
         self.shards = shards
         self.budget = budget
         self.dataflows: dict[str, HostedDataflow] = {}
+        self._fault = _fault_from(os.environ.get(FAULT_ENV, ""))
+        self._fault_count = 0
 
     def close(self) -> None:
         """Deletes the spilled state (the task is ending)."""
         if self.budget is not None:
             self.budget.close()
 
-    def serve(self, sock: socket.socket) -> None:
-        """Answers requests until ``Stop`` (or until the connection breaks, which raises)."""
+    def serve(self, sock: socket.socket, liveness: Liveness | None = None) -> None:
+        """Answers requests until ``Stop``; raises ``ConnectionLost`` when the connection
+        breaks. With ``liveness``, beats while serving and gives the driver up (raising
+        ``ConnectionLost``) after ``deadline_s`` without any frame from it."""
+        if liveness is None:
+            channel = Channel(sock)
+            self._serve(channel, None)
+        else:
+            # Sends stay unbounded: the driver reads the shards' answers one after the
+            # other, so a large answer may wait for another shard's to be read first.
+            channel = Channel(sock, liveness.deadline_s, bound_sends=False)
+            with heartbeats(channel, liveness.heartbeat_s):
+                self._serve(channel, liveness.deadline_s)
+        # Stopped: the last frame is the answer to Stop, after the heartbeats ended.
+        channel.send(Reply())
+
+    def _serve(self, channel: Channel, deadline_s: float | None) -> None:
         while True:
-            request = receive_message(sock)
+            waiting = time.monotonic()
+            try:
+                request = channel.receive()
+            except ConnectionLost as error:
+                # The socket's receive timeout: not even a ping came (``bound_stalls``).
+                if deadline_s is not None and time.monotonic() - waiting >= deadline_s:
+                    channel.shut()
+                    raise ConnectionLost(f"no frame from the driver in {deadline_s} s") from error
+                raise
+            if isinstance(request, Ping):
+                continue
             if isinstance(request, Stop):
-                send_message(sock, Reply())
                 return
             try:
-                reply = Reply(self.handle(request))
+                reply = Reply(self.handle(cast(Request, request)))
             except Exception as error:  # reported to the driver; the task keeps serving
                 reply = Reply(error_class=type(error).__name__, error_message=str(error))
-            send_message(sock, reply)
+            channel.send(reply)
 
     def handle(self, request: Request) -> object:
         if isinstance(request, Install):
@@ -113,6 +156,10 @@ class ShardHost:
 
     def _process(self, request: Process) -> list[Update]:
         hosted = self._hosted(request.dataflow_id)
+        if self._fault is not None and self._fault[0] == request.dataflow_id:
+            self._fault_count += 1
+            if self._fault_count == self._fault[1]:
+                raise Internal(f"injected fault ({FAULT_ENV}) in Process {self._fault_count}")
         node = hosted.graph.nodes[request.node_id]
         if not node.is_stateful or len(request.inputs) != len(node.inputs):
             raise InvalidArgument(f"{node.label} cannot process {len(request.inputs)} inputs")
@@ -169,3 +216,10 @@ class ShardHost:
         if index is None:
             raise FailedPrecondition(f"dataflow {dataflow_id!r} was installed without an index")
         return index
+
+
+def _fault_from(setting: str) -> tuple[str, int] | None:
+    if not setting:
+        return None
+    dataflow_id, _, count = setting.rpartition("@")
+    return dataflow_id, int(count)

@@ -11,6 +11,7 @@ import socket
 from collections.abc import Iterable, Iterator
 
 from services.compute.dataflow.spill import TaskStateBudget
+from services.compute.spark.liveness import Liveness, keep_alive
 from services.compute.spark.secure import connect_secure
 from services.compute.spark.shard_host import ShardHost
 from services.compute.spark.wire import send_hello, tune
@@ -22,24 +23,29 @@ def resident_task(
     port: int,
     token: bytes,
     shards: int,
+    liveness: Liveness,
     partition: Iterable[int],
     *,
     tls: TlsSettings | None = None,
     state_budget: TaskStateBudget | None = None,
 ) -> Iterator[int]:
-    """Hosts the shard numbered by this task's partition until the driver says stop. With
-    ``tls`` (paths this executor can read), the connection is mTLS; its operator state is
-    held to ``state_budget`` (None: no bound)."""
+    """Hosts the shard numbered by this task's partition until the driver says stop, or
+    until the driver falls silent for ``liveness.deadline_s`` (the task then fails, which
+    ends the job and frees its slot). With ``tls`` (paths this executor can read), the
+    connection is mTLS; its operator state is held to ``state_budget`` (None: no bound)."""
     from pyspark import BarrierTaskContext
 
     shard = BarrierTaskContext.get().partitionId()
     with connect_secure(socket.create_connection((host, port), timeout=60), tls) as sock:
-        sock.settimeout(None)  # between requests a task may idle for as long as it likes
+        # Blocking: the request loop bounds its waits itself, and a large reply may take
+        # its time to send to a live driver.
+        sock.settimeout(None)
         tune(sock)
+        keep_alive(sock, liveness)
         send_hello(sock, token, shard, os.getpid())
         shard_host = ShardHost(shard, shards, None if state_budget is None else state_budget.open())
         try:
-            shard_host.serve(sock)
+            shard_host.serve(sock, liveness)
         finally:
             shard_host.close()
     yield shard

@@ -44,6 +44,8 @@ CODEC.register(8, rq.Hydrate)
 CODEC.register(9, rq.Stop)
 CODEC.register(10, rq.Reply)
 CODEC.register(11, Work)
+CODEC.register(12, rq.Ping)
+CODEC.register(13, rq.Heartbeat)
 
 
 class ConnectionLost(Exception):
