@@ -235,3 +235,28 @@ def test_a_deadline_must_span_heartbeats(
 
 def test_launches_are_retried_after_growing_waits() -> None:
     assert [retry_delay(attempt) for attempt in range(1, 7)] == [2, 4, 8, 16, 30, 30]
+
+
+class OddAnswer(ShardHost):
+    """A host whose Stats answer holds a value the typed wire cannot carry."""
+
+    def handle(self, request: rq.Request) -> object:
+        if isinstance(request, rq.Stats):
+            return {1, 2}  # a set: no engine value is one
+        return super().handle(request)
+
+
+def test_an_answer_the_wire_cannot_carry_fails_its_request_and_the_task_serves_on() -> None:
+    served = Served(OddAnswer(0, 1), LIVENESS)
+    served.channel.send(rq.Stats("v"))
+    (reply,) = collect([served.channel])
+    assert isinstance(reply, rq.Reply) and reply.error_class == "Internal"
+    assert "set" in reply.error_message
+    served.channel.send(rq.Drop("missing"))
+    (reply,) = collect([served.channel])
+    assert isinstance(reply, rq.Reply) and reply.error_class == "NotFound"
+    served.channel.send(rq.Stop())
+    assert collect([served.channel]) == [rq.Reply()]
+    served.thread.join(10)
+    assert served.outcome is None
+    served.driver.close()

@@ -111,7 +111,13 @@ class ShardHost:
                 reply = Reply(self.handle(cast(Request, request)))
             except Exception as error:  # reported to the driver; the task keeps serving
                 reply = Reply(error_class=type(error).__name__, error_message=str(error))
-            channel.send(reply)
+            try:
+                channel.send(reply)
+            except TypeError as error:
+                # An answer holding a value the typed wire cannot carry (nothing was sent
+                # yet: a frame is encoded whole first): an error for this request, not the
+                # end of the task and of every dataflow on it.
+                channel.send(Reply(error_class="Internal", error_message=str(error)))
 
     def handle(self, request: Request) -> object:
         if isinstance(request, Install):
