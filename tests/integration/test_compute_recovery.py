@@ -14,21 +14,23 @@ from typing import Any
 
 import pytest
 
-from tests.support.compute import Collections, Stack, contents_at, eventually, running_stack
+from tests.support.compute import (
+    Collections,
+    Stack,
+    contents_at,
+    eventually,
+    exact_history,
+    running_stack,
+)
+from tests.support.orders_workload import CUSTOMERS, ORDERS, RandomChanges, totals_by_region
 from tests.support.reference_eval import canonical, evaluate
 from tidemark.clients.compute import ComputeClient
 from tidemark.clients.storage import StorageClient
-from tidemark.columnar import ColumnType as T
-from tidemark.columnar import RelationSchema
-from tidemark.plan import builders as pb
 from tidemark.plan import check_plan
-from tidemark.v1 import plan_pb2
 
 pytestmark = pytest.mark.spark
 
 Row = tuple[Any, ...]
-ORDERS = RelationSchema.of(("order", T.INT64), ("customer", T.INT64), ("amount", T.INT64))
-CUSTOMERS = RelationSchema.of(("customer", T.INT64), ("region", T.TEXT))
 BATCHES = 40
 TIMES_PER_BATCH = 3
 PATIENT_MS = 180_000
@@ -40,18 +42,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield running
 
 
-def totals_by_region(orders: str, customers: str) -> plan_pb2.Plan:
-    """Per region: how many orders, their total, and the largest."""
-    joined = pb.join(pb.get(orders, ORDERS), pb.get(customers, CUSTOMERS), [1], [0])
-    return pb.plan(
-        pb.reduce(
-            joined,
-            [4],
-            [pb.aggregate("count"), pb.aggregate("sum", 2), pb.aggregate("max", 2)],
-        )
-    )
-
-
 class Feed:
     """Random inserts, deletes and updates of orders (and now and then a customer moving
     region), several times per batch."""
@@ -61,47 +51,23 @@ class Feed:
         self.orders = orders
         self.customers = customers
         self.random = random.Random(7)
-        self.live: dict[int, Row] = {}
-        self.regions = {c: "north" if c % 2 else "south" for c in range(6)}
+        self.changes = RandomChanges(self.random)
         self.batches_done = 0
 
     async def start(self) -> None:
-        rows = [((c, r), 0, 1) for c, r in self.regions.items()]
-        await self.collections.append(self.customers, rows, 1)
+        await self.collections.append(self.customers, self.changes.customers(0), 1)
         await self.collections.advance(self.orders, 1)
-
-    def _orders_at(self, time: int) -> list[tuple[Row, int, int]]:
-        updates: list[tuple[Row, int, int]] = []
-        for _ in range(self.random.randint(0, 4)):
-            choice = self.random.random()
-            if self.live and choice < 0.3:
-                key = self.random.choice(sorted(self.live))
-                updates.append((self.live.pop(key), time, -1))
-            elif self.live and choice < 0.5:
-                key = self.random.choice(sorted(self.live))
-                old = self.live[key]
-                new = (key, old[1], self.random.randint(1, 50))
-                if new != old:
-                    updates += [(old, time, -1), (new, time, 1)]
-                    self.live[key] = new
-            else:
-                key = self.random.randint(0, 10_000)
-                if key not in self.live:
-                    self.live[key] = (key, self.random.randrange(6), self.random.randint(1, 50))
-                    updates.append((self.live[key], time, 1))
-        return updates
 
     async def run(self) -> None:
         for batch in range(BATCHES):
             lower = 1 + batch * TIMES_PER_BATCH
             upper = lower + TIMES_PER_BATCH
-            orders = [u for t in range(lower, upper) for u in self._orders_at(t)]
-            customers: list[tuple[Row, int, int]] = []
-            if batch % 7 == 3:
-                moved = self.random.randrange(6)
-                old = (moved, self.regions[moved])
-                self.regions[moved] = "east" if self.regions[moved] != "east" else "west"
-                customers = [(old, lower, -1), ((moved, self.regions[moved]), lower, 1)]
+            orders = [
+                u
+                for t in range(lower, upper)
+                for u in self.changes.orders_at(t, self.random.randint(0, 4))
+            ]
+            customers = self.changes.customer_moves(lower) if batch % 7 == 3 else []
             await self.collections.append(self.orders, orders, upper)
             await self.collections.append(self.customers, customers, upper)
             self.batches_done = batch + 1
@@ -175,26 +141,15 @@ async def test_kill_and_restart_mid_stream_writes_every_update_once(
         # Progress in parts too, all of them done: the parts storage listed at as_of.
         assert info.hydration_parts_done == info.hydration_parts_total > 0
 
-    written = await collections.history(output, final)
-    histories = {
-        orders: await collections.history(orders, final),
-        customers: await collections.history(customers, final),
-    }
-    changed = 0
-    previous: dict[Row, int] = {}
-    for time in range(final):
-        inputs = {cid: contents_at(history, time) for cid, history in histories.items()}
-        expected = canonical(evaluate(plan, inputs))
-        assert canonical(contents_at(written, time)) == expected, f"output at {time}"
-        changed += expected != previous
-        previous = expected
-        if time >= reinstalled.as_of and time % 10 == 0:
-            peeked = await second.peek(dataflow_id, time)
-            assert canonical(dict(peeked.rows)) == expected, f"index at {time}"
+    # Exact at every time, and each (row, time) written once: no update appended twice and
+    # then cancelled out.
+    changed = await exact_history(collections, plan, output, [orders, customers], final)
     assert changed > 10  # the view really moved, before and after the restart
-    # Each (row, time) appears once: no update was appended twice and then cancelled out.
-    keys = [(row, time) for row, time, _ in written]
-    assert len(keys) == len(set(keys))
+    histories = {cid: await collections.history(cid, final) for cid in (orders, customers)}
+    for time in range(reinstalled.as_of, final, 10):
+        inputs = {cid: contents_at(history, time) for cid, history in histories.items()}
+        peeked = await second.peek(dataflow_id, time)
+        assert canonical(dict(peeked.rows)) == canonical(evaluate(plan, inputs)), f"index at {time}"
     await second.drop_view(dataflow_id)
     await second.close()
     await storage.close()

@@ -24,25 +24,21 @@ from tests.support.compute import (
     Stack,
     contents_at,
     eventually,
+    exact_history,
     resident_task_pids,
     running_stack,
 )
+from tests.support.orders_workload import CUSTOMERS, ORDERS, RandomChanges, totals_by_region
 from tests.support.ports import free_port
 from tests.support.reference_eval import canonical, evaluate
 from tests.support.spark_standalone import StandaloneCluster, remote_ports, standalone_cluster
 from tidemark.clients.compute import ComputeClient, one_shot
 from tidemark.clients.storage import StorageClient
-from tidemark.columnar import ColumnType as T
-from tidemark.columnar import RelationSchema
-from tidemark.plan import builders as pb
 from tidemark.plan import check_plan
-from tidemark.v1 import plan_pb2
 
 pytestmark = pytest.mark.spark
 
 Row = tuple[Any, ...]
-ORDERS = RelationSchema.of(("order", T.INT64), ("customer", T.INT64), ("amount", T.INT64))
-CUSTOMERS = RelationSchema.of(("customer", T.INT64), ("region", T.TEXT))
 PATIENT_MS = 180_000
 BATCHES = 30
 
@@ -96,18 +92,6 @@ async def compute(stack: Stack) -> AsyncIterator[ComputeClient]:
     await client.close()
 
 
-def totals_by_region(orders: str, customers: str) -> plan_pb2.Plan:
-    """Per region: how many orders, their total, and the largest."""
-    joined = pb.join(pb.get(orders, ORDERS), pb.get(customers, CUSTOMERS), [1], [0])
-    return pb.plan(
-        pb.reduce(
-            joined,
-            [4],
-            [pb.aggregate("count"), pb.aggregate("sum", 2), pb.aggregate("max", 2)],
-        )
-    )
-
-
 class Feed:
     """Random inserts, deletes and changes of orders, one time per batch, and now and then a
     customer moving region."""
@@ -117,36 +101,12 @@ class Feed:
         self.orders = orders
         self.customers = customers
         self.random = random.Random(11)
-        self.live: dict[int, Row] = {}
-        self.regions = {c: "north" if c % 2 else "south" for c in range(6)}
+        self.changes = RandomChanges(self.random)
         self.batches_done = 0
 
     async def start(self) -> None:
-        await self.collections.append(
-            self.customers, [((c, r), 0, 1) for c, r in self.regions.items()], 1
-        )
-        await self.collections.append(self.orders, self._orders_at(0, 12), 1)
-
-    def _orders_at(self, time: int, count: int) -> list[tuple[Row, int, int]]:
-        updates: list[tuple[Row, int, int]] = []
-        for _ in range(count):
-            choice = self.random.random()
-            if self.live and choice < 0.3:
-                key = self.random.choice(sorted(self.live))
-                updates.append((self.live.pop(key), time, -1))
-            elif self.live and choice < 0.5:
-                key = self.random.choice(sorted(self.live))
-                old = self.live[key]
-                new = (key, old[1], self.random.randint(1, 50))
-                if new != old:
-                    updates += [(old, time, -1), (new, time, 1)]
-                    self.live[key] = new
-            else:
-                key = self.random.randint(0, 10_000)
-                if key not in self.live:
-                    self.live[key] = (key, self.random.randrange(6), self.random.randint(1, 50))
-                    updates.append((self.live[key], time, 1))
-        return updates
+        await self.collections.append(self.customers, self.changes.customers(0), 1)
+        await self.collections.append(self.orders, self.changes.orders_at(0, 12), 1)
 
     async def run(self, pause: float, hold: tuple[int, asyncio.Event] | None = None) -> None:
         """Appends one time per batch, ``pause`` seconds apart; with ``hold=(t, event)``,
@@ -155,14 +115,9 @@ class Feed:
         for time in range(1, self.final_upper):
             if hold is not None and time == hold[0]:
                 await hold[1].wait()
-            customers: list[tuple[Row, int, int]] = []
-            if time % 7 == 3:
-                moved = self.random.randrange(6)
-                old = (moved, self.regions[moved])
-                self.regions[moved] = "east" if self.regions[moved] != "east" else "west"
-                customers = [(old, time, -1), ((moved, self.regions[moved]), time, 1)]
+            customers = self.changes.customer_moves(time) if time % 7 == 3 else []
             await self.collections.append(
-                self.orders, self._orders_at(time, self.random.randint(0, 4)), time + 1
+                self.orders, self.changes.orders_at(time, self.random.randint(0, 4)), time + 1
             )
             await self.collections.append(self.customers, customers, time + 1)
             self.batches_done = time
@@ -171,28 +126,6 @@ class Feed:
     @property
     def final_upper(self) -> int:
         return BATCHES + 1
-
-
-async def exact_history(
-    collections: Collections, plan: plan_pb2.Plan, output: str, inputs: list[str], upper: int
-) -> int:
-    """Checks the output's contents against the plan evaluated over the inputs at every time
-    before ``upper``, and that no (row, time) was written twice; returns how many times the
-    output changed."""
-    written = await collections.history(output, upper)
-    histories = {cid: await collections.history(cid, upper) for cid in inputs}
-    changed = 0
-    previous: dict[Row, int] = {}
-    for time in range(upper):
-        expected = canonical(
-            evaluate(plan, {cid: contents_at(history, time) for cid, history in histories.items()})
-        )
-        assert canonical(contents_at(written, time)) == expected, f"output at {time}"
-        changed += expected != previous
-        previous = expected
-    keys = [(row, time) for row, time, _ in written]
-    assert len(keys) == len(set(keys)), "an update was written twice"
-    return changed
 
 
 async def started_task_pids(stack: Stack) -> tuple[int, ...]:

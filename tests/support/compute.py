@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tests.support.reference_eval import canonical, evaluate
 from tests.support.service_process import ServiceProcess
 from tests.support.storage import FAST_SETTINGS, embedded_backends, start_storage
 from tidemark.cdc import CdcReader
@@ -34,6 +35,7 @@ from tidemark.clients.storage import Capability, CapabilityPair, StorageClient
 from tidemark.columnar import RelationSchema
 from tidemark.frontier import u64_frontier
 from tidemark.lattice import U64
+from tidemark.v1 import plan_pb2
 
 Row = tuple[Any, ...]
 T = TypeVar("T")
@@ -250,3 +252,25 @@ def contents_at(updates: Sequence[tuple[Row, int, int]], time: int) -> dict[Row,
         if at <= time:
             version[row] = version.get(row, 0) + diff
     return {row: n for row, n in version.items() if n}
+
+
+async def exact_history(
+    collections: Collections, plan: plan_pb2.Plan, output: str, inputs: list[str], upper: int
+) -> int:
+    """Checks the output's contents against the plan evaluated over the inputs at every time
+    before ``upper``, and that no (row, time) was written twice; returns how many times the
+    output changed."""
+    written = await collections.history(output, upper)
+    histories = {cid: await collections.history(cid, upper) for cid in inputs}
+    changed = 0
+    previous: dict[Row, int] = {}
+    for at in range(upper):
+        expected = canonical(
+            evaluate(plan, {cid: contents_at(history, at) for cid, history in histories.items()})
+        )
+        assert canonical(contents_at(written, at)) == expected, f"output at {at}"
+        changed += expected != previous
+        previous = expected
+    keys = [(row, time) for row, time, _ in written]
+    assert len(keys) == len(set(keys)), "an update was written twice"
+    return changed
