@@ -101,7 +101,7 @@ bench-steady: setup system-deps
 
 # Benchmark (h): the highest input rate the view keeps fresh (p99 <= 1 s) on a Spark
 # standalone cluster of 1 and of 2 workers, with each process's CPU; writes
-# bench/results/scale.json (about 10 minutes).
+# bench/results/scale.json (about 8 minutes).
 bench-scale: setup system-deps
 	$(BIN)/python bench/scale.py
 
