@@ -7,7 +7,7 @@ INSTALLED := $(VENV)/.installed
 PROTOS    := $(wildcard protos/tidemark/v1/*.proto)
 GENERATED := tidemark/v1/.generated
 
-.PHONY: setup system-deps protos run test chaos lint format bench bench-oracle bench-storage bench-catalog bench-compute bench-tpch bench-tpch-spark bench-hydration bench-loading bench-pg-source bench-pgwire bench-wire bench-spill clean
+.PHONY: setup system-deps protos run test chaos lint format bench bench-oracle bench-storage bench-catalog bench-compute bench-tpch bench-tpch-spark bench-hydration bench-loading bench-pg-source bench-pgwire bench-wire bench-spill bench-steady bench-scale clean
 
 setup: $(INSTALLED) $(GENERATED)
 
@@ -51,7 +51,7 @@ format: setup
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-bench: bench-oracle bench-storage bench-catalog bench-compute bench-tpch bench-tpch-spark bench-hydration bench-loading bench-pg-source bench-pgwire bench-wire bench-spill
+bench: bench-oracle bench-storage bench-catalog bench-compute bench-tpch bench-tpch-spark bench-hydration bench-loading bench-pg-source bench-pgwire bench-wire bench-spill bench-steady bench-scale
 
 bench-oracle: setup system-deps
 	$(BIN)/python bench/oracle.py
@@ -97,6 +97,18 @@ bench-wire: setup
 # spilling to local disk, against the same view in memory; both checked against DuckDB.
 bench-spill: setup
 	$(BIN)/python bench/spill.py
+
+# Benchmark (g): 1,000-row steps of the join + aggregate view at 10^6 orders on two resident
+# tasks: step p50/p90, the driver's CPU per step and where it goes (cProfile), next to Spark SQL
+# recomputing the view; writes bench/results/steady_state.json.
+bench-steady: setup system-deps
+	$(BIN)/python bench/steady_state.py
+
+# Benchmark (h): the highest input rate the view keeps fresh (p99 <= 1 s) on a Spark
+# standalone cluster of 1 and of 2 workers, with each process's CPU; writes
+# bench/results/scale.json (about 8 minutes).
+bench-scale: setup system-deps
+	$(BIN)/python bench/scale.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -30,7 +30,7 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -128,7 +128,10 @@ class AppendRecord:
 
 
 @contextmanager
-def running_services(work_dir: Path) -> Iterator[Services]:
+def running_services(
+    work_dir: Path, spark_args: Sequence[str] = ("--spark-master", "local[*]")
+) -> Iterator[Services]:
+    """The four services as processes; ``spark_args``: compute's Spark flags (its master)."""
     work_dir.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
 
@@ -157,7 +160,7 @@ def running_services(work_dir: Path) -> Iterator[Services]:
             "services.compute",
             "compute",
             [
-                *("--cluster", "default", "--engine", "spark", "--spark-master", "local[*]"),
+                *("--cluster", "default", "--engine", "spark", *spark_args),
                 *("--storage", storage.address, "--catalog", catalog.address),
                 *("--oracle", oracle.address),
             ],
