@@ -19,9 +19,8 @@ from pyspark.sql import SparkSession
 from services.compute.spark import ResidentCluster, SparkDataflow
 from services.compute.spark import requests as rq
 from services.compute.spark.liveness import Liveness
-from services.compute.spark.resident import Hello, authenticate
 from services.compute.spark.session import local_slots
-from services.compute.spark.wire import TOKEN_BYTES, send_hello, send_message
+from services.compute.spark.wire import TOKEN_BYTES, Hello, authenticate, send_hello, send_message
 from tidemark.columnar import ColumnType as T
 from tidemark.columnar import RelationSchema
 from tidemark.errors import FailedPrecondition, Unavailable
