@@ -179,7 +179,7 @@ class Mesh:
         try:
             channel.send(message)
         except ConnectionLost as error:
-            self._lose(f"shard {peer} is gone ({error})")
+            self._lose(f"the resident task of shard {peer} is gone ({error})")
             raise MeshLost(self._broken or "") from error
 
     def _receive(self, peer: int, step: int, node_id: int) -> tuple[list[Update], ...]:
@@ -190,7 +190,10 @@ class Mesh:
                 # second line should the reader itself be stuck.
                 item = inbox.get(timeout=2 * self._liveness.deadline_s)
             except queue.Empty:
-                self._lose(f"shard {peer} sent nothing for {2 * self._liveness.deadline_s} s")
+                self._lose(
+                    f"the resident task of shard {peer} sent nothing for "
+                    f"{2 * self._liveness.deadline_s} s"
+                )
                 raise MeshLost(self._broken or "") from None
             if isinstance(item, _Broken):
                 self._lose(item.reason)
@@ -220,9 +223,13 @@ class Mesh:
                 if not self._closed.is_set():
                     silent = time.monotonic() - channel.last_heard
                     if silent >= self._liveness.deadline_s:
-                        inbox.put(_Broken(f"shard {peer} said nothing for {silent:.1f} s"))
+                        inbox.put(
+                            _Broken(
+                                f"the resident task of shard {peer} said nothing for {silent:.1f} s"
+                            )
+                        )
                     else:
-                        inbox.put(_Broken(f"shard {peer} is gone ({error})"))
+                        inbox.put(_Broken(f"the resident task of shard {peer} is gone ({error})"))
                 return
             if isinstance(message, Exchange):
                 inbox.put(message)

@@ -266,9 +266,10 @@ class ResidentCluster:
                 raise Unavailable(self._failure or "") from error
         replies = [_reply(answer) for answer in answers]
         failed = [reply for reply in replies if reply.error_class is not None]
-        for reply in failed:
+        for shard, reply in enumerate(replies):
             if reply.error_class == MESH_LOST:
-                self._fail(f"a resident task lost a peer: {reply.error_message}")
+                # The message names the lost task; the cluster cannot go on without it.
+                self._fail(f"{reply.error_message} (seen by shard {shard})")
                 raise Unavailable(self._failure or "")
         if failed:
             # A task whose step stopped only because a peer's failed is not the cause.
