@@ -8,6 +8,7 @@ import secrets
 import socket
 import threading
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,12 @@ from services.compute.spark.mesh import MESH_LOST, PEER_FAILED, Mesh
 from services.compute.spark.shard_host import ShardHost
 from services.compute.spark.wire import TOKEN_BYTES
 from tests.spark.test_spark_dataflow import history, orders_by_region
+from tidemark.columnar import ColumnType as T
+from tidemark.columnar import RelationSchema
+from tidemark.plan import builders as pb
+from tidemark.rpc.identity import compute_identity
+from tidemark.rpc.tls import TlsSettings
+from tidemark.security.certs import file_stem, write_certificates
 
 LIVENESS = Liveness(heartbeat_s=0.1, deadline_s=2.0)
 SHARDS = 3
@@ -27,10 +34,10 @@ SHARDS = 3
 class Tasks:
     """Three hosts serving in threads, joined into one mesh, and the driver's channels."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: TlsSettings | None = None) -> None:
         token = secrets.token_bytes(TOKEN_BYTES)
         self.hosts = [
-            ShardHost(shard, SHARDS, mesh=Mesh(shard, SHARDS, token, LIVENESS))
+            ShardHost(shard, SHARDS, mesh=Mesh(shard, SHARDS, token, LIVENESS, tls=tls))
             for shard in range(SHARDS)
         ]
         self.channels: list[Channel] = []
@@ -175,3 +182,24 @@ def test_a_lost_peer_fails_the_step_with_mesh_lost_at_once(tasks: Tasks) -> None
     replies = collect(tasks.channels[:2])
     assert [reply.error_class for reply in replies] == [MESH_LOST, MESH_LOST]  # type: ignore[attr-defined]
     assert all("shard 2 is gone" in reply.error_message for reply in replies)  # type: ignore[attr-defined]
+
+
+def test_large_parts_cross_both_ways_over_tls_at_once(tmp_path: Path) -> None:
+    """Every task sends every other megabytes of updates at the same time, over mTLS: each
+    direction has its own connection, so no send waits for a read of the other direction."""
+    identity = compute_identity("db", "default")
+    write_certificates(tmp_path, [identity])
+    stem = tmp_path / file_stem(identity)
+    tls = TlsSettings(f"{stem}.crt", f"{stem}.key", str(tmp_path / "ca.crt"))
+    tasks = Tasks(tls)
+    try:
+        numbers = RelationSchema.of(("n", T.INT64), ("label", T.TEXT))
+        plan = pb.reduce(pb.get("numbers", numbers), [0], [pb.aggregate("count")])
+        tasks.ask_all(rq.Install("v", plan.SerializeToString(), True))
+        reference = Dataflow(plan, as_of=0)
+        updates = [((n % 40_000, "x" * 40), 0, 1) for n in range(120_000)]
+        expected, _ = reference.hydrate({"numbers": updates})
+        got = tasks.step("v", _by_node(reference, {"numbers": updates}), 0, 1)
+        assert got == expected and len(got) == 40_000
+    finally:
+        tasks.stop()

@@ -1,18 +1,23 @@
 """The resident tasks' connections to each other, over which a step's updates go from the task
 that made them to the task owning their keys, without passing through the driver.
 
-Each task listens when it starts (``listen``); the driver asks every task for its address and
-sends them all the list (``join``). Task ``p`` dials every task numbered above it and accepts
-from every task below it, presenting and checking the cluster's token in the same hello a task
-gives its driver, over TLS when the cluster has TLS (``secure.py``). Dialing upward before
-accepting cannot deadlock: the highest task dials nobody, so every chain of waits ends there.
+Each task listens when it starts (``Mesh``); the driver asks every task for its address and
+sends them all the list (``join``). Every task then dials every other task, while a thread of
+its own accepts the other tasks' connections, presenting and checking the cluster's token in
+the same hello a task gives its driver, over TLS when the cluster has TLS (``secure.py``).
 
-A peer connection carries typed frames (``wire.py``): ``Exchange`` messages and heartbeats.
-One reader thread per peer moves its frames to an inbox, so a task never stops reading while
-it sends (two tasks sending each other large parts would otherwise both block), and one thread
-beats on every peer connection. A peer silent for the liveness deadline, or whose connection
-breaks, is lost for good: every exchange from then on raises ``MeshLost`` at once, and the
-cluster (which only its driver can restart) is given up.
+So there are two connections between two tasks, one per direction: a task only writes on the
+connections it dialled (its parts and its heartbeats) and only reads those it accepted. A TLS
+connection is one OpenSSL state machine that two threads must not drive at once, so one
+connection written and read at the same time by two threads would take turns, and two tasks
+sending each other large parts would each wait for the other to read: one direction per
+connection never waits on the other direction.
+
+Frames are typed (``wire.py``): ``Exchange`` messages and heartbeats. One reader thread per
+peer moves its frames to an inbox, so a task keeps reading while it sends, and one thread
+beats on every outgoing connection. A peer silent for the liveness deadline, or whose
+connection breaks, is lost for good: every exchange from then on raises ``MeshLost`` at once,
+and the cluster (which only its driver can restart) is given up.
 """
 
 from __future__ import annotations
@@ -77,58 +82,80 @@ class Mesh:
         self._tls = tls
         self._listener = socket.create_server((host, 0), backlog=max(1, shards))
         self.address: tuple[str, int] = (host, self._listener.getsockname()[1])
-        self._channels: dict[int, Channel] = {}
+        # Per peer: the connection this task dialled (it only writes there) and the one it
+        # accepted (it only reads there).
+        self._outgoing: dict[int, Channel] = {}
+        self._incoming: dict[int, Channel] = {}
         self._inboxes: dict[int, queue.SimpleQueue[Exchange | _Broken]] = {}
         self._broken: str | None = None
         self._closed = threading.Event()
 
     def join(self, addresses: Sequence[tuple[str, int]]) -> None:
         """Connects to every other task (``addresses[p]``: shard ``p``'s listener); raises
-        ``MeshLost`` when one cannot be reached or does not authenticate in the deadline."""
+        ``MeshLost`` when one cannot be reached or does not connect in the deadline."""
         if len(addresses) != self.shards:
             raise MeshLost(f"{len(addresses)} addresses for {self.shards} shards")
-        if self._channels:
+        if self._outgoing:
             raise MeshLost("the mesh is joined already")
         deadline_s = self._liveness.deadline_s
-        connected: dict[int, socket.socket] = {}
+        incoming: dict[int, socket.socket] = {}
+        outgoing: dict[int, socket.socket] = {}
+        accept_error: list[BaseException] = []
+
+        def accept() -> None:
+            try:
+                self._accept_all(incoming, deadline_s)
+            except BaseException as error:  # raised by join below
+                accept_error.append(error)
+
+        # Accepting beside dialling: a TLS handshake needs the other end to accept first.
+        accepting = threading.Thread(target=accept, name="mesh-accept", daemon=True)
+        accepting.start()
         try:
-            for peer in range(self.shard + 1, self.shards):
-                host, port = addresses[peer]
-                try:
-                    raw = socket.create_connection((host, port), timeout=deadline_s)
-                    sock = connect_secure(raw, self._tls)
-                except (OSError, ConnectionLost) as error:
-                    reason = f"cannot reach shard {peer} at {host}:{port}: {error}"
-                    raise MeshLost(reason) from error
-                connected[peer] = sock
-                sock.settimeout(None)
-                tune(sock)
-                send_hello(sock, self._token, self.shard, 0)
-            self._accept_lower(connected, deadline_s)
+            for peer, (host, port) in enumerate(addresses):
+                if peer != self.shard:
+                    outgoing[peer] = self._dial(peer, host, port, deadline_s)
+            accepting.join()
+            if accept_error:
+                raise accept_error[0]
         except BaseException:
-            for sock in connected.values():
+            for sock in [*outgoing.values(), *incoming.values()]:
                 sock.close()
             raise
         finally:
             self._listener.close()
-        for peer, sock in connected.items():
-            keep_alive(sock, self._liveness)
-            self._channels[peer] = Channel(sock, deadline_s)
+        for peer in outgoing:
+            for sock in (outgoing[peer], incoming[peer]):
+                keep_alive(sock, self._liveness)
+            self._outgoing[peer] = Channel(outgoing[peer], deadline_s)
+            self._incoming[peer] = Channel(incoming[peer], deadline_s)
             self._inboxes[peer] = queue.SimpleQueue()
-        for peer, channel in self._channels.items():
+        for peer, channel in self._incoming.items():
             threading.Thread(
                 target=self._read, args=(peer, channel), name=f"mesh-{peer}", daemon=True
             ).start()
         threading.Thread(target=self._beat, name="mesh-heartbeat", daemon=True).start()
 
-    def _accept_lower(self, connected: dict[int, socket.socket], deadline_s: float) -> None:
+    def _dial(self, peer: int, host: str, port: int, deadline_s: float) -> socket.socket:
+        try:
+            sock = connect_secure(
+                socket.create_connection((host, port), timeout=deadline_s), self._tls
+            )
+            sock.settimeout(None)
+            tune(sock)
+            send_hello(sock, self._token, self.shard, 0)
+        except (OSError, ConnectionLost) as error:
+            raise MeshLost(f"cannot reach shard {peer} at {host}:{port}: {error}") from error
+        return sock
+
+    def _accept_all(self, connected: dict[int, socket.socket], deadline_s: float) -> None:
         context = None if self._tls is None else server_context(self._tls)
         identity = None if self._tls is None else own_identity(self._tls)
         give_up = time.monotonic() + deadline_s
         self._listener.settimeout(0.2)
         while len(connected) < self.shards - 1:
             if time.monotonic() > give_up:
-                missing = sorted(set(range(self.shard)) - set(connected))
+                missing = sorted(set(range(self.shards)) - set(connected) - {self.shard})
                 raise MeshLost(f"shards {missing} did not connect within {deadline_s} s")
             try:
                 accepted, _ = self._listener.accept()
@@ -139,7 +166,12 @@ class Mesh:
             if sock is None:
                 continue
             hello = authenticate(sock, self._token)
-            if hello is None or not 0 <= hello.shard < self.shard or hello.shard in connected:
+            if (
+                hello is None
+                or not 0 <= hello.shard < self.shards
+                or hello.shard == self.shard
+                or hello.shard in connected
+            ):
                 sock.close()
                 continue
             connected[hello.shard] = sock
@@ -151,7 +183,7 @@ class Mesh:
         for (``step``, ``node_id``), by sending shard (this shard's own part included)."""
         if self._broken is not None:
             raise MeshLost(self._broken)
-        for peer, channel in self._channels.items():
+        for peer, channel in self._outgoing.items():
             self._send(peer, channel, Exchange(step, node_id, parts[peer]))
         return [
             parts[peer] if peer == self.shard else self._receive(peer, step, node_id)
@@ -162,7 +194,7 @@ class Mesh:
         """Tells every peer that this task's step ``step`` failed (they stop waiting for it)."""
         if self._broken is not None:
             return
-        for peer, channel in self._channels.items():
+        for peer, channel in self._outgoing.items():
             try:
                 self._send(peer, channel, Exchange(step, -1, (), failed=True))
             except MeshLost:
@@ -171,7 +203,7 @@ class Mesh:
     def close(self) -> None:
         self._closed.set()
         self._listener.close()
-        for channel in self._channels.values():
+        for channel in [*self._outgoing.values(), *self._incoming.values()]:
             channel.shut()
             channel.sock.close()
 
@@ -239,7 +271,7 @@ class Mesh:
 
     def _beat(self) -> None:
         while not self._closed.wait(self._liveness.heartbeat_s):
-            for channel in self._channels.values():
+            for channel in self._outgoing.values():
                 try:
                     channel.send(Heartbeat())
                 except ConnectionLost:
