@@ -16,7 +16,7 @@ from services.compute.dataflow import Dataflow, Update
 from services.compute.dataflow.batch import Row, consolidate
 from services.compute.spark import requests as rq
 from services.compute.spark.liveness import Channel, Liveness, collect
-from services.compute.spark.mesh import MESH_LOST, PEER_FAILED, Mesh
+from services.compute.spark.mesh import MESH_LOST, PEER_FAILED, Mesh, MeshLost
 from services.compute.spark.shard_host import ShardHost
 from services.compute.spark.wire import TOKEN_BYTES
 from tests.spark.test_spark_dataflow import history, orders_by_region
@@ -203,3 +203,25 @@ def test_large_parts_cross_both_ways_over_tls_at_once(tmp_path: Path) -> None:
         assert got == expected and len(got) == 40_000
     finally:
         tasks.stop()
+
+
+def test_a_task_listens_on_the_first_free_port_of_its_range() -> None:
+    token = secrets.token_bytes(TOKEN_BYTES)
+    taken = socket.create_server(("127.0.0.1", 0))
+    first = taken.getsockname()[1]
+    meshes: list[Mesh] = []
+    try:
+        # The range's first port is taken: the first mesh gets the next free one.
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            spare = probe.getsockname()[1]
+        ports = (min(first, spare), max(first, spare))
+        mesh = Mesh(0, 2, token, LIVENESS, ports=ports)
+        meshes.append(mesh)
+        assert ports[0] <= mesh.address[1] <= ports[1] and mesh.address[1] != first
+        with pytest.raises(MeshLost, match=f"no free port for the mesh in {first}-{first}"):
+            Mesh(1, 2, token, LIVENESS, ports=(first, first))
+    finally:
+        for mesh in meshes:
+            mesh.close()
+        taken.close()

@@ -72,15 +72,17 @@ class Mesh:
         *,
         host: str = "127.0.0.1",
         tls: TlsSettings | None = None,
+        ports: tuple[int, int] | None = None,
     ) -> None:
         """Opens this task's listener on ``host`` (the address its peers reach it at), on
-        an ephemeral port."""
+        the first free port of ``ports`` (first, last; None: an ephemeral port), so that a
+        NetworkPolicy can allow the range (several tasks may share an executor)."""
         self.shard = shard
         self.shards = shards
         self._token = token
         self._liveness = liveness
         self._tls = tls
-        self._listener = socket.create_server((host, 0), backlog=max(1, shards))
+        self._listener = _listen(host, ports, backlog=max(1, shards))
         self.address: tuple[str, int] = (host, self._listener.getsockname()[1])
         # Per peer: the connection this task dialled (it only writes there) and the one it
         # accepted (it only reads there).
@@ -276,3 +278,15 @@ class Mesh:
                     channel.send(Heartbeat())
                 except ConnectionLost:
                     pass  # the reader of that peer notices
+
+
+def _listen(host: str, ports: tuple[int, int] | None, backlog: int) -> socket.socket:
+    if ports is None:
+        return socket.create_server((host, 0), backlog=backlog)
+    first, last = ports
+    for port in range(first, last + 1):
+        try:
+            return socket.create_server((host, port), backlog=backlog)
+        except OSError:  # taken (by another task on this executor, or anything else)
+            continue
+    raise MeshLost(f"no free port for the mesh in {first}-{last} on {host}")

@@ -43,7 +43,7 @@ from services.compute.spark.liveness import (
 )
 from services.compute.spark.mesh import MESH_LOST, PEER_FAILED
 from services.compute.spark.secure import accept_secure, own_identity, server_context
-from services.compute.spark.session import RESIDENT_PORT, local_slots
+from services.compute.spark.session import MESH_PORTS, RESIDENT_PORT, local_slots, port_range
 from services.compute.spark.task import resident_task
 from services.compute.spark.wire import TOKEN_BYTES, ConnectionLost, authenticate
 from tidemark import errors
@@ -393,6 +393,7 @@ class ResidentCluster:
         context = self._spark.sparkContext
         try:
             context.setJobGroup(job.group, "tidemark resident shards", interruptOnCancel=True)
+            mesh_ports = context.getConf().get(MESH_PORTS)
             task = functools.partial(
                 resident_task,
                 host,
@@ -402,6 +403,7 @@ class ResidentCluster:
                 self._liveness,
                 tls=self._tls,
                 state_budget=self._state_budget,
+                mesh_ports=port_range(mesh_ports) if mesh_ports else None,
             )
             context.parallelize(range(self.shards), self.shards).barrier().mapPartitions(
                 task

@@ -29,12 +29,14 @@ def resident_task(
     *,
     tls: TlsSettings | None = None,
     state_budget: TaskStateBudget | None = None,
+    mesh_ports: tuple[int, int] | None = None,
 ) -> Iterator[int]:
     """Hosts the shard numbered by this task's partition until the driver says stop, or
     until the driver falls silent for ``liveness.deadline_s`` (the task then fails, which
     ends the job and frees its slot). With ``tls`` (paths this executor can read), the
     connection to the driver and those to the other tasks (``mesh.py``) are mTLS; its
-    operator state is held to ``state_budget`` (None: no bound)."""
+    operator state is held to ``state_budget`` (None: no bound). It listens for the other
+    tasks on the first free port of ``mesh_ports`` (None: any free port)."""
     from pyspark import BarrierTaskContext
 
     shard = BarrierTaskContext.get().partitionId()
@@ -48,7 +50,15 @@ def resident_task(
         # peers reach it at too; the driver collects the addresses once all tasks are up.
         mesh = None
         if shards > 1:
-            mesh = Mesh(shard, shards, token, liveness, host=sock.getsockname()[0], tls=tls)
+            mesh = Mesh(
+                shard,
+                shards,
+                token,
+                liveness,
+                host=sock.getsockname()[0],
+                tls=tls,
+                ports=mesh_ports,
+            )
         send_hello(sock, token, shard, os.getpid())
         shard_host = ShardHost(
             shard, shards, None if state_budget is None else state_budget.open(), mesh
