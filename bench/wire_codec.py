@@ -136,12 +136,12 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
     rng = random.Random(7)
-    process = rq.Process(
-        "dataflow", 3, ([(row(rng, key), 1_700_000, 1) for key in range(args.updates)],)
-    )
+    # A task's part of a stateful node's input for one peer (the kind of frame that carries
+    # a step's updates; formerly the driver's Process request, of the same shape).
+    process = rq.Exchange(1, 3, ([(row(rng, key), 1_700_000, 1) for key in range(args.updates)],))
     peek = rq.Reply({row(rng, key): 1 for key in range(args.peek_rows)})
     decoded = CODEC.decode(CODEC.encode(process))
-    assert isinstance(decoded, rq.Process) and repr(decoded) == repr(process)
+    assert isinstance(decoded, rq.Exchange) and repr(decoded) == repr(process)
     results: dict[str, Any] = {
         f"process_{args.updates}_updates": measure(process, 201),
         f"peek_reply_{args.peek_rows}_rows": measure(peek, 7),

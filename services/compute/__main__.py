@@ -95,6 +95,13 @@ class ComputeConfig(ServiceConfig):
         "port; fix it, like the driver and block manager ports, for a NetworkPolicy)",
         metavar="PORT",
     )
+    spark_mesh_ports: str = setting(
+        "",
+        help="first-last: the ports resident Spark tasks listen on for each other, each task "
+        "taking the first free one on its executor (empty: any free port; fix them for a "
+        "NetworkPolicy between executors)",
+        metavar="RANGE",
+    )
     shards: int = setting(2, help="resident Spark tasks, each holding one shard of the state")
     lease_ms: int = setting(
         60_000,
@@ -196,6 +203,7 @@ class ComputeConfig(ServiceConfig):
                 driver_port=self.spark_driver_port,
                 block_manager_port=self.spark_block_manager_port,
                 resident_port=self.spark_resident_port,
+                mesh_ports=self.spark_mesh_ports,
             ),
         }
 

@@ -19,9 +19,8 @@ from pyspark.sql import SparkSession
 from services.compute.spark import ResidentCluster, SparkDataflow
 from services.compute.spark import requests as rq
 from services.compute.spark.liveness import Liveness
-from services.compute.spark.resident import Hello, authenticate
 from services.compute.spark.session import local_slots
-from services.compute.spark.wire import TOKEN_BYTES, send_hello, send_message
+from services.compute.spark.wire import TOKEN_BYTES, Hello, authenticate, send_hello, send_message
 from tidemark.columnar import ColumnType as T
 from tidemark.columnar import RelationSchema
 from tidemark.errors import FailedPrecondition, Unavailable
@@ -107,6 +106,39 @@ def test_a_stopped_task_fails_the_next_call_instead_of_hanging_it(
     finally:
         os.kill(victim, signal.SIGCONT)
     # Spark took the tasks' slots back: the cluster can be replaced.
+    assert_free_slots(spark, cluster)
+
+
+def test_a_task_killed_mid_step_fails_the_step_instead_of_hanging_its_peers(
+    spark: SparkSession, cluster: ResidentCluster
+) -> None:
+    doomed = ResidentCluster(spark, 2, liveness=QUICK)
+    doomed.start()
+    dataflow = SparkDataflow(counted(), as_of=0, cluster=doomed)
+    assert dataflow.hydrate({"numbers": [((1,), 0, 1)]})[0] == [((1, 1), 0, 1)]
+    # A step long enough to be under way when its shard 1 dies: shard 0 then waits on the
+    # mesh for shard 1's part, or is sending it its own.
+    numbers = [((n % 50_000,), 1, 1) for n in range(400_000)]
+    outcome: list[BaseException | None] = []
+
+    def step() -> None:
+        try:
+            dataflow.step({"numbers": numbers}, 2)
+            outcome.append(None)
+        except BaseException as error:
+            outcome.append(error)
+
+    stepping = threading.Thread(target=step, daemon=True)
+    stepping.start()
+    time.sleep(0.3)
+    os.kill(doomed.task_pids[1], signal.SIGKILL)
+    stepping.join(10 * QUICK.deadline_s)
+    assert not stepping.is_alive(), "the step hangs"
+    [error] = outcome
+    assert isinstance(error, Unavailable)
+    assert "resident task of shard 1 is gone" in error.message
+    assert doomed.failure is not None and "shard 1" in doomed.failure
+    doomed.stop()
     assert_free_slots(spark, cluster)
 
 

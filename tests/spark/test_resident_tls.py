@@ -16,7 +16,6 @@ from services.compute.dataflow import Dataflow
 from services.compute.spark import ResidentCluster, SparkDataflow
 from services.compute.spark import requests as rq
 from services.compute.spark.liveness import Channel, Liveness, collect
-from services.compute.spark.resident import Hello, authenticate
 from services.compute.spark.secure import (
     PeerRefused,
     accept_secure,
@@ -28,6 +27,8 @@ from services.compute.spark.shard_host import ShardHost
 from services.compute.spark.wire import (
     TOKEN_BYTES,
     ConnectionLost,
+    Hello,
+    authenticate,
     receive_message,
     send_hello,
     send_message,

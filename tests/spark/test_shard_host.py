@@ -21,7 +21,7 @@ VALUES = RelationSchema.of(("k", T.INT64), ("x", T.FLOAT64))
 
 def test_errors_are_answered_and_the_task_keeps_serving_until_stop() -> None:
     plan = pb.reduce(pb.get("values", VALUES), [1], [pb.aggregate("count")])
-    node_id = Dataflow(plan, as_of=0).graph.stateful_nodes()[0].id
+    source_id = Dataflow(plan, as_of=0).graph.inputs["values"]
     driver, task = socket.socketpair()
     host = ShardHost(shard=0, shards=1)
     serving = threading.Thread(target=host.serve, args=(task,))
@@ -44,7 +44,7 @@ def test_errors_are_answered_and_the_task_keeps_serving_until_stop() -> None:
     )
     # Two NaNs that arrive as distinct objects still group together.
     nan_a, nan_b = float("nan"), float("nan")
-    reply = ask(rq.Process("v", node_id, ([((1, nan_a), 3, 1), ((2, nan_b), 3, 1)],)))
+    reply = ask(rq.Step("v", {source_id: [((1, nan_a), 3, 1), ((2, nan_b), 3, 1)]}, None, 4))
     assert reply.error_class is None and repr(reply.value) == "[((nan, 2), 3, 1)]"
     assert ask(rq.Peek("v", 3)).error_class == "FailedPrecondition"  # no index installed
     assert ask(rq.Stats("v")).value[0] == 1

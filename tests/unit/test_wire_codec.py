@@ -87,7 +87,18 @@ def messages(draw: st.DrawFn) -> object:
             INT64,
         ),
         st.builds(rq.Drop, IDS),
-        st.builds(rq.Process, IDS, INT64, st.lists(updates, max_size=3).map(tuple)),
+        st.builds(
+            rq.Exchange, INT64, INT64, st.lists(updates, max_size=3).map(tuple), st.booleans()
+        ),
+        st.builds(
+            rq.Step,
+            IDS,
+            st.dictionaries(INT64, updates, max_size=3),
+            st.one_of(st.none(), INT64),
+            INT64,
+        ),
+        st.builds(rq.MeshAddress),
+        st.builds(rq.JoinMesh, st.lists(st.tuples(st.text(), INT64), max_size=3).map(tuple)),
         st.builds(rq.ApplyIndex, IDS, updates, INT64),
         st.builds(rq.CompactIndex, IDS, INT64),
         st.builds(rq.Peek, IDS, INT64),
@@ -165,9 +176,9 @@ def test_decoded_floats_normalise_as_the_engine_needs(data: st.DataObject) -> No
 
 
 def test_a_decimal_keeps_its_scale_and_a_list_field_is_a_list() -> None:
-    message = rq.Process("d", 2, ([((Decimal("1.50"), Decimal("-0E-3")), 3, -1)],))
+    message = rq.Exchange(1, 2, ([((Decimal("1.50"), Decimal("-0E-3")), 3, -1)],))
     decoded = CODEC.decode(CODEC.encode(message))
-    assert isinstance(decoded, rq.Process)
+    assert isinstance(decoded, rq.Exchange)
     assert type(decoded.inputs) is tuple and type(decoded.inputs[0]) is list
     [(row, time, diff)] = decoded.inputs[0]
     assert [str(value) for value in row] == ["1.50", "-0.000"] and (time, diff) == (3, -1)
@@ -328,7 +339,10 @@ ALLOWED = (
 REGISTERED = (
     rq.Install,
     rq.Drop,
-    rq.Process,
+    rq.Step,
+    rq.MeshAddress,
+    rq.JoinMesh,
+    rq.Exchange,
     rq.ApplyIndex,
     rq.CompactIndex,
     rq.Peek,

@@ -21,7 +21,7 @@ business of an ``Index`` over the output.
 
 With ``shards = P > 1`` the stateful operators' state is split across P workers by a stable
 hash of the key, and updates are exchanged between workers before each stateful operator,
-exactly as the Spark runtime will do across resident tasks. The output does not depend on P.
+exactly as the Spark runtime does across resident tasks. The output does not depend on P.
 
 A ``guard`` (``guard.py``) stops an evaluation part-way: it is checked between operators,
 between chunks of a linear operator's input and inside the loops of stateful operators, against

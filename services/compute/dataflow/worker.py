@@ -1,7 +1,8 @@
 """One shard's share of a dataflow: the state of every stateful operator for the keys it owns.
 
-In-process, a ``Dataflow`` keeps P workers side by side. On Spark, each resident task will own
-one worker, and the driver will send it, node by node, the updates the exchange routed to it.
+In-process, a ``Dataflow`` keeps P workers side by side. On Spark, each resident task owns
+one worker and runs the graph itself, exchanging updates with the other tasks before each
+stateful node (``services/compute/spark/mesh.py``).
 """
 
 from __future__ import annotations

@@ -33,13 +33,45 @@ class Drop:
 
 
 @dataclass(frozen=True)
-class Process:
-    """Run stateful node ``node_id`` on this shard's share of one step's input (one list of
-    updates per input of the node)."""
+class Step:
+    """Run one step of the dataflow on this task's share of its source updates
+    (``sources[node_id]``, any split of the step's input: only the exchange before each
+    stateful node puts updates where their keys live), exchanging updates with the other
+    tasks over the mesh (``mesh.py``). ``constants_at``: the time the constant relations
+    appear at (a hydration; shard 0 emits them), else None. With an index, the output is
+    routed to the shards owning its keys and applied with ``index_upper``. The reply is this
+    task's share of the step's output."""
 
     dataflow_id: str
+    sources: dict[int, list[Update]]
+    constants_at: int | None
+    index_upper: int
+
+
+@dataclass(frozen=True)
+class MeshAddress:
+    """Where this task's mesh listener is (the reply is ``(host, port)``)."""
+
+
+@dataclass(frozen=True)
+class JoinMesh:
+    """Connect to every other task (``addresses[p]`` is shard ``p``'s listener)."""
+
+    addresses: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """Task to task, within step number ``step`` (every task counts the ``Step`` requests
+    it gets; they all get the same ones): the sender's part of stateful node ``node_id``'s
+    inputs that the receiver's keys own (one list per input), or, with ``failed``, word that
+    the sender's step failed and sends nothing more for it. Exactly one per peer per
+    exchange, even empty, so a receiver knows when it has everything."""
+
+    step: int
     node_id: int
     inputs: tuple[list[Update], ...]
+    failed: bool = False
 
 
 @dataclass(frozen=True)
@@ -110,7 +142,19 @@ class Heartbeat:
     a request runs; never answered). The driver gives up a task silent for the deadline."""
 
 
-Request = Install | Drop | Process | Hydrate | ApplyIndex | CompactIndex | Peek | Stats | Stop
+Request = (
+    Install
+    | Drop
+    | Step
+    | MeshAddress
+    | JoinMesh
+    | Hydrate
+    | ApplyIndex
+    | CompactIndex
+    | Peek
+    | Stats
+    | Stop
+)
 
 
 @dataclass(frozen=True)

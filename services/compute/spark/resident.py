@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
 import secrets
 import socket
 import threading
@@ -42,10 +41,11 @@ from services.compute.spark.liveness import (
     drain,
     keep_alive,
 )
+from services.compute.spark.mesh import MESH_LOST, PEER_FAILED
 from services.compute.spark.secure import accept_secure, own_identity, server_context
-from services.compute.spark.session import RESIDENT_PORT, local_slots
+from services.compute.spark.session import MESH_PORTS, RESIDENT_PORT, local_slots, port_range
 from services.compute.spark.task import resident_task
-from services.compute.spark.wire import TOKEN_BYTES, ConnectionLost, receive_hello, tune
+from services.compute.spark.wire import TOKEN_BYTES, ConnectionLost, authenticate
 from tidemark import errors
 from tidemark.errors import FailedPrecondition, Internal, InvalidArgument, Unavailable
 from tidemark.logging import get_logger
@@ -154,6 +154,21 @@ class ResidentCluster:
             target=self._keep_alive, name=f"{self._group()}-keepalive", daemon=True
         )
         self._keeper.start()
+        if self.shards > 1:
+            self._join_mesh()
+
+    def _join_mesh(self) -> None:
+        """Gives every task the others' listeners and waits until they are all connected
+        to each other (``mesh.py``); a mesh that cannot form fails the start."""
+        try:
+            addresses = self.broadcast(rq.MeshAddress())
+            self.broadcast(rq.JoinMesh(tuple(_address(a) for a in addresses)))
+        except BaseException as error:
+            self._fail(f"the resident tasks could not connect to each other ({error})")
+            self.stop()
+            if isinstance(error, Unavailable):
+                raise
+            raise Unavailable(self._failure or "") from error
 
     def _launch(self) -> list[tuple[socket.socket, int]]:
         """One launch of the barrier job, until every task has connected. A launch that
@@ -250,9 +265,16 @@ class ResidentCluster:
                 self._fail(f"the resident task of shard {error.index} {error}")
                 raise Unavailable(self._failure or "") from error
         replies = [_reply(answer) for answer in answers]
-        for reply in replies:
-            if reply.error_class is not None:
-                raise _task_error(reply)
+        failed = [reply for reply in replies if reply.error_class is not None]
+        for shard, reply in enumerate(replies):
+            if reply.error_class == MESH_LOST:
+                # The message names the lost task; the cluster cannot go on without it.
+                self._fail(f"{reply.error_message} (seen by shard {shard})")
+                raise Unavailable(self._failure or "")
+        if failed:
+            # A task whose step stopped only because a peer's failed is not the cause.
+            causes = [reply for reply in failed if reply.error_class != PEER_FAILED]
+            raise _task_error((causes or failed)[0])
         return [reply.value for reply in replies]
 
     def broadcast(self, request: rq.Request) -> list[object]:
@@ -279,11 +301,19 @@ class ResidentCluster:
     def drop(self, dataflow_id: str) -> None:
         self.broadcast(rq.Drop(dataflow_id))
 
-    def process(
-        self, dataflow_id: str, node_id: int, inputs: Sequence[tuple[list[Update], ...]]
+    def step(
+        self,
+        dataflow_id: str,
+        sources: Sequence[dict[int, list[Update]]],
+        constants_at: int | None,
+        index_upper: int,
     ) -> list[list[Update]]:
-        """Runs a stateful node on every shard: ``inputs[p]`` is shard ``p``'s share."""
-        results = self.call([rq.Process(dataflow_id, node_id, part) for part in inputs])
+        """Runs one step of a dataflow on every task: ``sources[p]`` is shard ``p``'s share
+        of the source updates (any split); the tasks exchange the rest among themselves.
+        Returns every shard's share of the output."""
+        results = self.call(
+            [rq.Step(dataflow_id, part, constants_at, index_upper) for part in sources]
+        )
         return [_updates(result) for result in results]
 
     def apply_index(self, dataflow_id: str, parts: Sequence[list[Update]], upper: int) -> None:
@@ -363,6 +393,7 @@ class ResidentCluster:
         context = self._spark.sparkContext
         try:
             context.setJobGroup(job.group, "tidemark resident shards", interruptOnCancel=True)
+            mesh_ports = context.getConf().get(MESH_PORTS)
             task = functools.partial(
                 resident_task,
                 host,
@@ -372,6 +403,7 @@ class ResidentCluster:
                 self._liveness,
                 tls=self._tls,
                 state_budget=self._state_budget,
+                mesh_ports=port_range(mesh_ports) if mesh_ports else None,
             )
             context.parallelize(range(self.shards), self.shards).barrier().mapPartitions(
                 task
@@ -465,29 +497,6 @@ class ResidentCluster:
             pass
 
 
-@dataclass(frozen=True)
-class Hello:
-    """A connected task: its shard and the process id of its Python worker."""
-
-    shard: int
-    pid: int
-
-
-def authenticate(sock: socket.socket, token: bytes) -> Hello | None:
-    """A newly connected task's hello if it carries ``token``, else None (the caller closes
-    the connection). Leaves the socket blocking and tuned for requests."""
-    sock.settimeout(10)
-    try:
-        presented, shard, pid = receive_hello(sock)
-    except (ConnectionLost, OSError):
-        return None
-    if not hmac.compare_digest(presented, token):
-        return None
-    sock.settimeout(None)
-    tune(sock)
-    return Hello(shard, pid)
-
-
 def _describe(error: BaseException | None) -> str:
     """The gist of a failed Spark job: the Java exception's message rather than py4j's."""
     java = getattr(error, "java_exception", None)
@@ -521,3 +530,10 @@ def _reply(answer: object) -> rq.Reply:
 def _updates(value: object) -> list[Update]:
     assert isinstance(value, list)
     return value
+
+
+def _address(value: object) -> tuple[str, int]:
+    if not isinstance(value, tuple) or len(value) != 2:
+        raise Internal(f"a resident task gave {value!r} as its mesh address")
+    host, port = value
+    return str(host), int(port)

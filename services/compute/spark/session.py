@@ -25,6 +25,10 @@ RESIDENT_PORT = "spark.tidemark.resident.port"
 """The driver's port for its resident tasks to connect to (0 or unset: any free port). Kept in
 the session's conf beside the driver's other ports, so every resident cluster finds it."""
 
+MESH_PORTS = "spark.tidemark.mesh.ports"
+"""``first-last``: the ports the resident tasks listen on for each other (``mesh.py``), each
+task taking the first free one on its executor (unset: any free port)."""
+
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[3])
 
 # Latency over throughput: no UI, no progress bars, tiny shuffles, no speculative or
@@ -75,6 +79,7 @@ def network_settings(
     driver_port: int = 0,
     block_manager_port: int = 0,
     resident_port: int = 0,
+    mesh_ports: str = "",
 ) -> dict[str, str]:
     """The Spark settings that fix where the driver listens, so that a firewall or a
     NetworkPolicy between the driver and its executors can allow exactly these ports. Empty
@@ -83,7 +88,8 @@ def network_settings(
     ``driver_host`` is the address executors dial the driver at (Spark's RPC and the resident
     tasks alike); ``bind_address`` the local address the driver listens on, when that differs
     (a pod's own IP behind a Service name). ``block_manager_port`` is used by the executors'
-    block managers as well as the driver's."""
+    block managers as well as the driver's. ``mesh_ports`` (``first-last``) is where the
+    executors' resident tasks listen for each other."""
     settings: dict[str, str] = {}
     if driver_host:
         settings["spark.driver.host"] = driver_host
@@ -95,7 +101,21 @@ def network_settings(
         settings["spark.blockManager.port"] = str(block_manager_port)
     if resident_port:
         settings[RESIDENT_PORT] = str(resident_port)
+    if mesh_ports:
+        first, last = port_range(mesh_ports)
+        settings[MESH_PORTS] = f"{first}-{last}"
     return settings
+
+
+def port_range(text: str) -> tuple[int, int]:
+    """``first-last`` (or one port) as ``(first, last)``; ValueError when it is not a range
+    of TCP ports."""
+    first_text, _, last_text = text.partition("-")
+    first = int(first_text)
+    last = int(last_text) if last_text else first
+    if not 0 < first <= last < 65536:
+        raise ValueError(f"{text!r} is not a range of TCP ports (first-last)")
+    return first, last
 
 
 def spark_session(

@@ -12,26 +12,32 @@ import time
 from dataclasses import dataclass
 from typing import cast
 
-from services.compute.dataflow.batch import Update
-from services.compute.dataflow.graph import Graph
+from services.compute.dataflow.batch import Update, consolidate
+from services.compute.dataflow.exchange import partition
+from services.compute.dataflow.graph import ConstantSource, GetSource, Graph
 from services.compute.dataflow.index import Index
+from services.compute.dataflow.keys import shard_of
 from services.compute.dataflow.lower import lower
+from services.compute.dataflow.operators.base import LinearOperator, StatefulOperator
 from services.compute.dataflow.operators.linear import Normalize
 from services.compute.dataflow.spill import StateBudget
 from services.compute.dataflow.worker import ShardWorker
 from services.compute.spark.liveness import Channel, Liveness, heartbeats
+from services.compute.spark.mesh import MESH_LOST, PEER_FAILED, Mesh, MeshLost, PeerFailed
 from services.compute.spark.requests import (
     ApplyIndex,
     CompactIndex,
     Drop,
     Hydrate,
     Install,
+    JoinMesh,
+    MeshAddress,
     Peek,
     Ping,
-    Process,
     Reply,
     Request,
     Stats,
+    Step,
     Stop,
 )
 from services.compute.spark.staging import decode, get_all, rows_and_diffs
@@ -47,9 +53,9 @@ from tidemark.errors import (
 from tidemark.v1 import plan_pb2
 
 FAULT_ENV = "TIDEMARK_TEST_FAULT_ONCE"
-"""Test-only fault injection, ``<dataflow id>@<n>``: on each task, the n-th ``Process``
-request for that dataflow fails, once (every task gets every request round, so they all fail
-the same round). The dataflow fails while its resident cluster stays healthy. Unset in
+"""Test-only fault injection, ``<dataflow id>@<n>``: on each task, the n-th ``Step`` request
+for that dataflow fails, once (every task gets every request round, so they all fail the same
+round). The dataflow fails while its resident cluster stays healthy. Unset in
 production."""
 
 
@@ -60,19 +66,34 @@ class HostedDataflow:
     index: Index | None
 
 
+INDEX_EXCHANGE = -2
+"""The node id of a step's last exchange: the output, to the shards owning its index keys."""
+
+
 class ShardHost:
-    def __init__(self, shard: int, shards: int, budget: StateBudget | None = None) -> None:
+    def __init__(
+        self,
+        shard: int,
+        shards: int,
+        budget: StateBudget | None = None,
+        mesh: Mesh | None = None,
+    ) -> None:
         """``budget``: the task's memory budget for the operator state of all its dataflows,
-        which spills to local disk past it (None: no bound)."""
+        which spills to local disk past it (None: no bound). ``mesh``: this task's
+        connections to the other tasks (needed for steps when ``shards`` > 1)."""
         self.shard = shard
         self.shards = shards
         self.budget = budget
+        self.mesh = mesh
+        self._steps = 0
         self.dataflows: dict[str, HostedDataflow] = {}
         self._fault = _fault_from(os.environ.get(FAULT_ENV, ""))
         self._fault_count = 0
 
     def close(self) -> None:
-        """Deletes the spilled state (the task is ending)."""
+        """Deletes the spilled state and ends the mesh (the task is ending)."""
+        if self.mesh is not None:
+            self.mesh.close()
         if self.budget is not None:
             self.budget.close()
 
@@ -109,6 +130,10 @@ class ShardHost:
                 return
             try:
                 reply = Reply(self.handle(cast(Request, request)))
+            except MeshLost as error:  # the driver gives the cluster up
+                reply = Reply(error_class=MESH_LOST, error_message=str(error))
+            except PeerFailed as error:  # the peer reports the cause
+                reply = Reply(error_class=PEER_FAILED, error_message=str(error))
             except Exception as error:  # reported to the driver; the task keeps serving
                 reply = Reply(error_class=type(error).__name__, error_message=str(error))
             try:
@@ -127,8 +152,13 @@ class ShardHost:
             self._hosted(request.dataflow_id).worker.release()
             del self.dataflows[request.dataflow_id]
             return None
-        if isinstance(request, Process):
-            return self._process(request)
+        if isinstance(request, Step):
+            return self._step(request)
+        if isinstance(request, MeshAddress):
+            return self._mesh().address
+        if isinstance(request, JoinMesh):
+            self._mesh().join(request.addresses)
+            return None
         if isinstance(request, Hydrate):
             return self._hydrate(request)
         if isinstance(request, ApplyIndex):
@@ -160,21 +190,93 @@ class ShardHost:
             graph, ShardWorker(graph, self.shard, budget=self.budget), index
         )
 
-    def _process(self, request: Process) -> list[Update]:
+    def _step(self, request: Step) -> list[Update]:
+        # Counted first, whatever happens next: every task numbers the same steps alike.
+        self._steps += 1
+        step = self._steps
+        try:
+            return self._run_step(step, request)
+        except MeshLost:
+            raise
+        except Exception:
+            if self.mesh is not None:
+                self.mesh.fail_step(step)
+            raise
+
+    def _run_step(self, step: int, request: Step) -> list[Update]:
+        """Pushes this task's share of a step through the graph in topological order, as
+        ``Dataflow._run`` does for all shards: linear operators on what this task holds, and
+        before each stateful node an exchange with every other task."""
         hosted = self._hosted(request.dataflow_id)
         if self._fault is not None and self._fault[0] == request.dataflow_id:
             self._fault_count += 1
             if self._fault_count == self._fault[1]:
-                raise Internal(f"injected fault ({FAULT_ENV}) in Process {self._fault_count}")
-        node = hosted.graph.nodes[request.node_id]
-        if not node.is_stateful or len(request.inputs) != len(node.inputs):
-            raise InvalidArgument(f"{node.label} cannot process {len(request.inputs)} inputs")
-        # The wire loses the identity of the one canonical NaN the operators rely on.
-        inputs = [
-            normalizer(hosted.graph.nodes[input_id].types).apply([updates])
-            for input_id, updates in zip(node.inputs, request.inputs, strict=True)
-        ]
-        return hosted.worker.process(node.id, inputs)
+                raise Internal(f"injected fault ({FAULT_ENV}) in Step {self._fault_count}")
+        graph = hosted.graph
+        nodes = graph.nodes
+        held: dict[int, list[Update]] = {}
+        pending = {node.id: node.consumers for node in nodes}
+        for node in nodes:
+            op = node.operator
+            if isinstance(op, GetSource):
+                output = op.normalize.apply([list(request.sources.get(node.id, ()))])
+            elif isinstance(op, ConstantSource):
+                at = request.constants_at
+                output = (
+                    [(row, at, diff) for row, diff in op.rows]
+                    if at is not None and self.shard == 0
+                    else []
+                )
+            elif isinstance(op, LinearOperator):
+                output = op.apply([held[i] for i in node.inputs])
+            else:
+                assert isinstance(op, StatefulOperator)
+                routed = [
+                    partition(held[i], route, self.shards)
+                    for i, route in zip(node.inputs, op.routes, strict=True)
+                ]
+                received = self._exchange(
+                    step, node.id, [tuple(parts[p] for parts in routed) for p in range(self.shards)]
+                )
+                # The wire loses the identity of the one canonical NaN the operators rely on.
+                inputs = [
+                    normalizer(nodes[input_id].types).apply(
+                        [[update for part in received for update in part[position]]]
+                    )
+                    for position, input_id in enumerate(node.inputs)
+                ]
+                output = hosted.worker.process(node.id, inputs)
+            held[node.id] = output
+            for i in node.inputs:
+                pending[i] -= 1
+                if pending[i] == 0 and i != graph.root:
+                    del held[i]
+        output = consolidate(held[graph.root])
+        if hosted.index is not None:
+            columns = hosted.index.key_columns
+            parts: list[tuple[list[Update], ...]] = [([],) for _ in range(self.shards)]
+            for update in output:
+                parts[shard_of(tuple(update[0][c] for c in columns), self.shards)][0].append(update)
+            owned = self._exchange(step, INDEX_EXCHANGE, parts)
+            hosted.index.apply(
+                normalizer(graph.output_types).apply(
+                    [[update for part in owned for update in part[0]]]
+                ),
+                request.index_upper,
+            )
+        return output
+
+    def _exchange(
+        self, step: int, node_id: int, parts: list[tuple[list[Update], ...]]
+    ) -> list[tuple[list[Update], ...]]:
+        if self.shards == 1:
+            return parts
+        return self._mesh().exchange(step, node_id, parts)
+
+    def _mesh(self) -> Mesh:
+        if self.mesh is None:
+            raise FailedPrecondition(f"shard {self.shard} of {self.shards} has no mesh")
+        return self.mesh
 
     def _hydrate(self, request: Hydrate) -> tuple[int, int]:
         """Feeds each stateful node its staged input at ``as_of``, in topological order; the

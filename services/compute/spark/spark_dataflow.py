@@ -1,14 +1,16 @@
 """A ``Dataflow`` whose operator state lives in resident Spark tasks.
 
 Same lifecycle and outputs as the in-process ``Dataflow`` (``hydrate``, then ``step``), so
-the service can use either. The driver walks the graph node by node: sources and linear
-operators run on the driver over the step's (small) update lists; before each stateful node
-the driver splits every input by the shard owning each row's key and sends shard ``p`` its
-part, and the P tasks apply it to their state in parallel. One request round per stateful
-node per step.
+the service can use either. A step is one request round: the driver deals the step's source
+updates out to the P tasks in contiguous slices (where input starts does not matter: linear
+operators run on any part, and the exchange before each stateful node moves every update to
+the shard owning its key), and each task runs the whole graph on its share, exchanging
+updates with the other tasks directly (``mesh.py``). The driver gets each task's share of the
+output back and consolidates it; it never sees the updates between operators.
 
-Optionally the tasks also keep the output in a sharded ``Index`` (``index_key_columns``),
-which ``peek`` reads at past times from its since on; ``compact_index`` moves that since.
+Optionally the tasks also keep the output in a sharded ``Index`` (``index_key_columns``): the
+step's last exchange sends each output update to the task owning its index key. ``peek``
+reads it at past times from its since on; ``compact_index`` moves that since.
 """
 
 from __future__ import annotations
@@ -19,11 +21,7 @@ from collections.abc import Mapping, Sequence
 
 from services.compute.dataflow.batch import Row, Update, consolidate
 from services.compute.dataflow.dataflow import Batches, Dataflow
-from services.compute.dataflow.exchange import partition
-from services.compute.dataflow.graph import ConstantSource, GetSource
 from services.compute.dataflow.guard import UNGUARDED, Guard, row_bytes
-from services.compute.dataflow.keys import shard_of
-from services.compute.dataflow.operators.base import LinearOperator, StatefulOperator
 from services.compute.dataflow.work import StateSize, Work
 from services.compute.spark.requests import Hydrate
 from services.compute.spark.resident import ResidentCluster
@@ -53,6 +51,9 @@ class SparkDataflow(Dataflow):
             self.dataflow_id, plan, index_key_columns=self.index_key_columns, index_since=as_of
         )
         self._dropped = False
+        # The upper the step being run gives the tasks' index (set before ``_run``).
+        self._index_upper = as_of + 1
+        self._ran = False
 
     def work(self) -> Work:
         return self.cluster.stats(self.dataflow_id)[1]
@@ -64,13 +65,16 @@ class SparkDataflow(Dataflow):
         return self.cluster.stats(self.dataflow_id)[2]
 
     def hydrate(self, snapshots: Batches) -> tuple[list[Update], int]:
-        output, upper = super().hydrate(snapshots)
-        self._index(output, upper)
-        return output, upper
+        self._index_upper = self.as_of + 1
+        return super().hydrate(snapshots)
 
     def step(self, batches: Batches, input_upper: int) -> tuple[list[Update], int]:
+        self._index_upper = input_upper
+        self._ran = False
         output, upper = super().step(batches, input_upper)
-        self._index(output, upper)
+        if not self._ran and self.index_key_columns is not None:
+            # No input at all: no step round, but the index's upper still moves.
+            self.cluster.apply_index(self.dataflow_id, [[] for _ in range(self.shards)], upper)
         return output, upper
 
     def load_staged(self, loads: Sequence[Hydrate]) -> tuple[int, int]:
@@ -116,59 +120,27 @@ class SparkDataflow(Dataflow):
             self._dropped = True
             self.cluster.drop(self.dataflow_id)
 
-    def _index(self, output: list[Update], upper: int) -> None:
-        columns = self.index_key_columns
-        if columns is None:
-            return
-        parts: list[list[Update]] = [[] for _ in range(self.shards)]
-        for update in output:
-            parts[shard_of(tuple(update[0][c] for c in columns), self.shards)].append(update)
-        self.cluster.apply_index(self.dataflow_id, parts, upper)
-
     def _run(self, sources: Mapping[int, list[Update]], constants_at: int | None) -> list[Update]:
         if self._dropped:
             raise FailedPrecondition(f"dataflow {self.dataflow_id!r} was dropped")
-        held: dict[int, list[Update]] = {}
-        pending = {node.id: node.consumers for node in self.graph.nodes}
+        self._ran = True
         nodes = self.graph.nodes
-        guard = self.guard
-        source_bytes = sum(
+        # The driver's share of the budget: the step's input it holds (the tasks' batches and
+        # arrangements are theirs).
+        self.guard.held_bytes = sum(
             len(updates) * row_bytes(len(nodes[i].types)) for i, updates in sources.items()
         )
-        for node in nodes:
-            op = node.operator
-            # The driver's share of the budget: the batches it holds between nodes (the
-            # tasks' arrangements are theirs).
-            guard.held_bytes = source_bytes + sum(
-                len(updates) * row_bytes(len(nodes[i].types)) for i, updates in held.items()
+        self.guard.check()
+        shares: list[dict[int, list[Update]]] = [{} for _ in range(self.shards)]
+        for node_id, updates in sources.items():
+            size = -(-len(updates) // self.shards)  # contiguous slices, the last maybe short
+            for shard, share in enumerate(shares):
+                part = updates[shard * size : (shard + 1) * size]
+                if part:
+                    share[node_id] = part
+        results = self.cluster.step(self.dataflow_id, shares, constants_at, self._index_upper)
+        return consolidate(
+            normalizer(self.graph.output_types).apply(
+                [[update for result in results for update in result]]
             )
-            guard.check()
-            if isinstance(op, GetSource):
-                output = op.normalize.apply([sources.get(node.id, [])])
-            elif isinstance(op, ConstantSource):
-                output = (
-                    [(row, constants_at, diff) for row, diff in op.rows]
-                    if constants_at is not None
-                    else []
-                )
-            elif isinstance(op, LinearOperator):
-                output = op.apply([held[i] for i in node.inputs])
-            else:
-                assert isinstance(op, StatefulOperator)
-                routed = [
-                    partition(held[i], route, self.shards)
-                    for i, route in zip(node.inputs, op.routes, strict=True)
-                ]
-                per_shard = [
-                    tuple(inputs[shard] for inputs in routed) for shard in range(self.shards)
-                ]
-                results = self.cluster.process(self.dataflow_id, node.id, per_shard)
-                output = normalizer(node.types).apply(
-                    [[update for result in results for update in result]]
-                )
-            held[node.id] = output
-            for i in node.inputs:
-                pending[i] -= 1
-                if pending[i] == 0 and i != self.graph.root:
-                    del held[i]
-        return consolidate(held[self.graph.root])
+        )

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator
 
 from services.compute.dataflow.spill import TaskStateBudget
 from services.compute.spark.liveness import Liveness, keep_alive
+from services.compute.spark.mesh import Mesh
 from services.compute.spark.secure import connect_secure
 from services.compute.spark.shard_host import ShardHost
 from services.compute.spark.wire import send_hello, tune
@@ -28,11 +29,14 @@ def resident_task(
     *,
     tls: TlsSettings | None = None,
     state_budget: TaskStateBudget | None = None,
+    mesh_ports: tuple[int, int] | None = None,
 ) -> Iterator[int]:
     """Hosts the shard numbered by this task's partition until the driver says stop, or
     until the driver falls silent for ``liveness.deadline_s`` (the task then fails, which
     ends the job and frees its slot). With ``tls`` (paths this executor can read), the
-    connection is mTLS; its operator state is held to ``state_budget`` (None: no bound)."""
+    connection to the driver and those to the other tasks (``mesh.py``) are mTLS; its
+    operator state is held to ``state_budget`` (None: no bound). It listens for the other
+    tasks on the first free port of ``mesh_ports`` (None: any free port)."""
     from pyspark import BarrierTaskContext
 
     shard = BarrierTaskContext.get().partitionId()
@@ -42,8 +46,23 @@ def resident_task(
         sock.settimeout(None)
         tune(sock)
         keep_alive(sock, liveness)
+        # The mesh listens on the address this executor reaches the driver from, which its
+        # peers reach it at too; the driver collects the addresses once all tasks are up.
+        mesh = None
+        if shards > 1:
+            mesh = Mesh(
+                shard,
+                shards,
+                token,
+                liveness,
+                host=sock.getsockname()[0],
+                tls=tls,
+                ports=mesh_ports,
+            )
         send_hello(sock, token, shard, os.getpid())
-        shard_host = ShardHost(shard, shards, None if state_budget is None else state_budget.open())
+        shard_host = ShardHost(
+            shard, shards, None if state_budget is None else state_budget.open(), mesh
+        )
         try:
             shard_host.serve(sock, liveness)
         finally:

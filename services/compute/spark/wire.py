@@ -6,7 +6,8 @@ A frame is an 8-byte big-endian length and one message of a kind registered belo
 engine rows, updates and counters. Decoding constructs nothing but those, so a frame from a
 confused or hostile peer is at worst a ``ProtocolError``; still, the driver reads frames only
 from connections that presented the cluster's token in a fixed binary hello (not a frame),
-and tasks read only from the driver they dialled.
+and tasks read only from the driver they dialled and from peer tasks of the mesh that
+presented the same token (``mesh.py``).
 
 To add a message kind, define its dataclass (in ``requests.py``) and register it here with a
 tag no other kind uses: ``CODEC.register(<tag>, rq.NewKind)``.
@@ -14,8 +15,10 @@ tag no other kind uses: ``CODEC.register(<tag>, rq.NewKind)``.
 
 from __future__ import annotations
 
+import hmac
 import socket
 import struct
+from dataclasses import dataclass
 from typing import Any
 
 from services.compute.dataflow.work import Work
@@ -35,7 +38,6 @@ never makes the reader allocate what it claims."""
 CODEC = Codec()
 CODEC.register(1, rq.Install)
 CODEC.register(2, rq.Drop)
-CODEC.register(3, rq.Process)
 CODEC.register(4, rq.ApplyIndex)
 CODEC.register(5, rq.CompactIndex)
 CODEC.register(6, rq.Peek)
@@ -46,6 +48,10 @@ CODEC.register(10, rq.Reply)
 CODEC.register(11, Work)
 CODEC.register(12, rq.Ping)
 CODEC.register(13, rq.Heartbeat)
+CODEC.register(14, rq.Step)
+CODEC.register(15, rq.MeshAddress)
+CODEC.register(16, rq.JoinMesh)
+CODEC.register(17, rq.Exchange)
 
 
 class ConnectionLost(Exception):
@@ -87,6 +93,29 @@ def receive_hello(sock: socket.socket) -> tuple[bytes, int, int]:
     """``(token, shard, pid)`` from a task's opening message."""
     token, shard, pid = _HELLO.unpack(_receive_exactly(sock, _HELLO.size))
     return token, shard, pid
+
+
+@dataclass(frozen=True)
+class Hello:
+    """A connected task: its shard and the process id of its Python worker."""
+
+    shard: int
+    pid: int
+
+
+def authenticate(sock: socket.socket, token: bytes) -> Hello | None:
+    """A newly connected task's hello if it carries ``token``, else None (the caller closes
+    the connection). Leaves the socket blocking and tuned for requests."""
+    sock.settimeout(10)
+    try:
+        presented, shard, pid = receive_hello(sock)
+    except (ConnectionLost, OSError):
+        return None
+    if not hmac.compare_digest(presented, token):
+        return None
+    sock.settimeout(None)
+    tune(sock)
+    return Hello(shard, pid)
 
 
 def _receive_exactly(sock: socket.socket, length: int) -> bytes | bytearray:
