@@ -50,6 +50,7 @@ from tidemark.clients.compute import ComputeClient
 from tidemark.clients.storage import Capability, StorageClient
 from tidemark.columnar import RelationSchema
 from tidemark.retry import RetryPolicy
+from tidemark.v1 import plan_pb2
 
 DATAFLOW_ID = "bench-freshness-view"
 HOLDER = "bench"
@@ -250,19 +251,15 @@ async def _measure(settings: FreshnessSettings, services: Services) -> Freshness
         )
         async with keeper:
             spark_master = await _wait_for_spark(compute)
-            started = time.monotonic()
-            await compute.maintain_view(
-                DATAFLOW_ID,
+            hydrate_s = await maintain_until_hydrated(
+                compute,
+                storage,
                 plan,
-                [
-                    await storage.clone(orders.read, "compute-bench"),
-                    await storage.clone(customers.read, "compute-bench"),
-                ],
-                output=output.write,
+                [orders.read, customers.read],
+                output.write,
+                progress,
+                initial,
             )
-            if not await progress.wait_past(initial, HYDRATE_TIMEOUT_S):
-                raise RuntimeError("the view did not hydrate within the timeout")
-            hydrate_s = time.monotonic() - started
 
             meter = TreeCpuMeter(
                 {
@@ -375,3 +372,26 @@ def measure_freshness(settings: FreshnessSettings, work_dir: Path) -> Freshness:
             tail = log.read_text(errors="replace").splitlines()[-20:]
             print(f"--- last lines of {log.name}", *tail, sep="\n", file=sys.stderr)
         raise
+
+
+async def maintain_until_hydrated(
+    compute: ComputeClient,
+    storage: StorageClient,
+    plan: plan_pb2.Plan,
+    reads: Sequence[Capability],
+    output: Capability,
+    progress: OutputProgress,
+    initial: int,
+) -> float:
+    """Installs the benchmark's view over clones of ``reads`` into ``output`` and waits until
+    the output passes ``initial``; returns the seconds that took (the hydration)."""
+    started = time.monotonic()
+    await compute.maintain_view(
+        DATAFLOW_ID,
+        plan,
+        [await storage.clone(read, "compute-bench") for read in reads],
+        output=output,
+    )
+    if not await progress.wait_past(initial, HYDRATE_TIMEOUT_S):
+        raise RuntimeError("the view did not hydrate within the timeout")
+    return time.monotonic() - started

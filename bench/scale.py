@@ -52,7 +52,6 @@ from bench.compute_freshness import (  # noqa: E402
     CUSTOMERS_ID,
     DATAFLOW_ID,
     HOLDER,
-    HYDRATE_TIMEOUT_S,
     ORDERS_ID,
     OUTPUT_ID,
     WARMUP_S,
@@ -63,6 +62,7 @@ from bench.compute_freshness import (  # noqa: E402
     _append_stream,
     _wait_for_spark,
     expected_view,
+    maintain_until_hydrated,
     now_ms,
     running_services,
 )
@@ -324,23 +324,20 @@ async def search(
         )
         async with keeper:
             master = await _wait_for_spark(compute)
-            started = time.monotonic()
-            await compute.maintain_view(
-                DATAFLOW_ID,
+            hydrate_s = await maintain_until_hydrated(
+                compute,
+                storage,
                 plan,
-                [
-                    await storage.clone(orders.read, "compute-bench"),
-                    await storage.clone(customers.read, "compute-bench"),
-                ],
-                output=output.write,
+                [orders.read, customers.read],
+                output.write,
+                progress,
+                initial,
             )
-            if not await progress.wait_past(initial, HYDRATE_TIMEOUT_S):
-                raise RuntimeError("the view did not hydrate within the timeout")
             placed = [cluster.worker_of(pid) for pid in resident_task_pids(services)]
             result = WorkerResult(
                 len(cluster.workers),
                 master,
-                round(time.monotonic() - started, 2),
+                round(hydrate_s, 2),
                 [where[0] if where else None for where in placed],
             )
             print(

@@ -35,6 +35,7 @@ from tests.support.spark_standalone import StandaloneCluster, remote_ports, stan
 from tidemark.clients.compute import ComputeClient, one_shot
 from tidemark.clients.storage import StorageClient
 from tidemark.plan import check_plan
+from tidemark.v1 import plan_pb2
 
 pytestmark = pytest.mark.spark
 
@@ -150,6 +151,28 @@ def assert_on_executors(
         assert ports["--spark-driver-port"] in remote_ports(placed[1])
 
 
+async def maintained_totals(
+    collections: Collections, compute: ComputeClient, dataflow_id: str
+) -> tuple[str, str, plan_pb2.Plan, str, Feed]:
+    """Fresh orders and customers with the feed's first rows, and the totals by region over
+    them maintained as ``dataflow_id`` into a fresh output with an index:
+    ``(orders, customers, plan, output, feed)``."""
+    orders = await collections.create(ORDERS)
+    customers = await collections.create(CUSTOMERS)
+    plan = totals_by_region(orders, customers)
+    output = await collections.create(check_plan(plan))
+    feed = Feed(collections, orders, customers)
+    await feed.start()
+    await compute.maintain_view(
+        dataflow_id,
+        plan,
+        [await collections.read_capability(orders), await collections.read_capability(customers)],
+        output=await collections.write_capability(output),
+        index_key_columns=[0],
+    )
+    return orders, customers, plan, output, feed
+
+
 async def test_views_and_one_shot_queries_run_on_the_standalone_cluster(
     cluster: StandaloneCluster,
     ports: dict[str, int],
@@ -158,19 +181,8 @@ async def test_views_and_one_shot_queries_run_on_the_standalone_cluster(
     compute: ComputeClient,
 ) -> None:
     collections = Collections(storage)
-    orders = await collections.create(ORDERS)
-    customers = await collections.create(CUSTOMERS)
-    plan = totals_by_region(orders, customers)
-    output = await collections.create(check_plan(plan))
-    feed = Feed(collections, orders, customers)
-    await feed.start()
-
-    await compute.maintain_view(
-        "standalone",
-        plan,
-        [await collections.read_capability(orders), await collections.read_capability(customers)],
-        output=await collections.write_capability(output),
-        index_key_columns=[0],
+    orders, customers, plan, output, feed = await maintained_totals(
+        collections, compute, "standalone"
     )
     status = await compute.status()
     assert status.spark_master == cluster.master_url
@@ -221,18 +233,8 @@ async def test_an_executor_killed_mid_stream_leaves_the_output_exact(
     compute: ComputeClient,
 ) -> None:
     collections = Collections(storage)
-    orders = await collections.create(ORDERS)
-    customers = await collections.create(CUSTOMERS)
-    plan = totals_by_region(orders, customers)
-    output = await collections.create(check_plan(plan))
-    feed = Feed(collections, orders, customers)
-    await feed.start()
-    await compute.maintain_view(
-        "survivor",
-        plan,
-        [await collections.read_capability(orders), await collections.read_capability(customers)],
-        output=await collections.write_capability(output),
-        index_key_columns=[0],
+    orders, customers, plan, output, feed = await maintained_totals(
+        collections, compute, "survivor"
     )
     before = await started_task_pids(stack)
     placed = cluster.worker_of(before[0])
