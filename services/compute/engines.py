@@ -25,6 +25,7 @@ from services.compute.dataflow.guard import Guard
 from services.compute.dataflow.spill import TaskStateBudget
 from services.compute.dataflow.work import StateSize
 from services.compute.spark import ResidentCluster, SparkDataflow, spark_session
+from services.compute.spark import requests as rq
 from services.compute.spark.hydration import OutputTarget, stage
 from services.compute.spark.jobs import SparkJobs
 from services.compute.spark.queries import SparkQueries, translated_job_error
@@ -43,6 +44,9 @@ PROGRESS_INTERVAL_S = 1.0
 """How often a hydration by Spark reports how far its jobs have come."""
 
 T = TypeVar("T")
+
+PartsLister = Callable[[int], Coroutine[object, object, Mapping[str, PartsListing]]]
+"""The inputs' parts at a time, by collection (listed under the dataflow's read holds)."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,22 @@ class EngineDataflow(Protocol):
     @property
     def hydrates_from_parts(self) -> bool:
         """Whether :meth:`hydrate_from_parts` works (the bulk path)."""
+        ...
+
+    @property
+    def shard_restores(self) -> int:
+        """Shards of this dataflow rebuilt on a task that replaced a lost one."""
+        ...
+
+    @property
+    def index_floor(self) -> int:
+        """The earliest time the index answers for as far as the engine goes (a rebuilt
+        shard's index starts where its state was rebuilt)."""
+        ...
+
+    def list_parts_with(self, lister: PartsLister) -> None:
+        """How to list the inputs' parts at a time, for rebuilding a lost shard (the bulk
+        path); without it a lost shard fails the dataflow."""
         ...
 
     async def hydrate(self, snapshots: Batches) -> tuple[list[Update], int]: ...
@@ -154,6 +174,17 @@ class LocalDataflow:
     @property
     def hydrates_from_parts(self) -> bool:
         return False
+
+    @property
+    def shard_restores(self) -> int:
+        return 0
+
+    @property
+    def index_floor(self) -> int:
+        return 0
+
+    def list_parts_with(self, lister: PartsLister) -> None:
+        return None  # one process: nothing to rebuild a shard of
 
     async def hydrate_from_parts(
         self,
@@ -262,6 +293,8 @@ class SparkEngineDataflow:
     def __init__(self, dataflow: SparkDataflow, jobs: SparkJobs) -> None:
         self._dataflow = dataflow
         self._jobs = jobs
+        self._lister: PartsLister | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def failure(self) -> str | None:
@@ -270,6 +303,58 @@ class SparkEngineDataflow:
     @property
     def hydrates_from_parts(self) -> bool:
         return True
+
+    @property
+    def shard_restores(self) -> int:
+        return self._dataflow.shard_restores
+
+    @property
+    def index_floor(self) -> int:
+        return self._dataflow.index_floor
+
+    def list_parts_with(self, lister: PartsLister) -> None:
+        self._lister = lister
+        self._loop = asyncio.get_running_loop()
+        self._dataflow.rebuild = self._rebuild_shard
+
+    def _rebuild_shard(self, shard: int, time: int, ask: Callable[[rq.Request], object]) -> None:
+        """Rebuilds shard ``shard`` as of ``time`` on the task ``ask`` talks to, by the bulk
+        path: the inputs' parts at ``time``, one Spark job staging that shard's rows alone,
+        and a ``Hydrate`` of the task. Nothing is written to the output. Runs in the thread
+        that replaces the task (the event loop is free; the listing runs there)."""
+        lister, loop, dataflow = self._lister, self._loop, self._dataflow
+        assert lister is not None and loop is not None
+        listings = asyncio.run_coroutine_threadsafe(lister(time), loop).result()
+        urls = [listing.blob_url for listing in listings.values()]
+        if not urls:
+            raise FailedPrecondition(
+                "a dataflow that reads no collection has no parts to rebuild from"
+            )
+        staging_url = urls[0]
+        prefix = run_prefix(dataflow.dataflow_id)
+        try:
+            staged = stage(
+                self._jobs.spark,
+                dataflow.plan,
+                dataflow.graph,
+                dataflow_id=dataflow.dataflow_id,
+                as_of=time,
+                shards=dataflow.shards,
+                index_key_columns=dataflow.index_key_columns,
+                listings=listings,
+                staging_url=staging_url,
+                prefix=prefix,
+                output=None,
+                count_output=False,
+                only_shard=shard,
+            )
+            ask(staged.loads[shard])
+        finally:
+            try:
+                # A loop of this thread's own: the blob store needs no other.
+                asyncio.run(delete_prefix(staging_url, prefix))
+            except Exception as exc:  # left for a later sweep of the staging prefix
+                log.warning("hydration_staging_cleanup_failed", prefix=prefix, error=str(exc))
 
     async def hydrate_from_parts(
         self,
@@ -475,8 +560,14 @@ class SparkEngine:
             if current is not None:
                 log.warning("resident_cluster_replaced", failure=current.failure)
                 await current.astop()
+            # A lost task is replaced and its shards rebuilt; the cluster only fails (and
+            # its dataflows restart on a new one) when that cannot be done.
             fresh = ResidentCluster(
-                session, self.shards, tls=self.tls, state_budget=self.state_budget
+                session,
+                self.shards,
+                tls=self.tls,
+                state_budget=self.state_budget,
+                replace_lost=True,
             )
             try:
                 await fresh.astart()
