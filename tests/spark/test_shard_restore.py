@@ -26,6 +26,7 @@ from tests.support.compute import (
     Collections,
     Stack,
     contents_at,
+    current_task_pids,
     eventually,
     exact_history,
     running_stack,
@@ -71,17 +72,6 @@ async def compute(stack: Stack) -> AsyncIterator[ComputeClient]:
     client = ComputeClient(stack.compute().address, timeout=180.0)
     yield client
     await client.close()
-
-
-def task_pids(process: ServiceProcess) -> tuple[int, ...]:
-    """The resident tasks' pids now: the cluster's start, then each shard restore."""
-    records = [
-        r
-        for r in process.records()
-        if r.get("event") in ("resident_cluster_started", "shard_restored")
-    ]
-    assert records, "the compute process has not started a resident cluster"
-    return tuple(records[-1]["task_pids"])
 
 
 class Orders:
@@ -164,12 +154,23 @@ async def assert_exact(
         assert canonical(dict(peeked.rows)) == expected, f"{dataflow_id}: index at {time}"
 
 
-async def restored(compute: ComputeClient, dataflow_ids: list[str], count: int) -> None:
+async def restored(
+    process: ServiceProcess, compute: ComputeClient, dataflow_ids: list[str], count: int
+) -> None:
     status = await compute.status()
     for dataflow_id in dataflow_ids:
         info = status.dataflow(dataflow_id)
-        assert info is not None and info.shard_restores == count, info
+        assert info is not None and info.shard_restores == count, (info, losses(process))
         assert info.restarts == 0 and info.state == "running" and not info.error
+
+
+def losses(process: ServiceProcess) -> list[object]:
+    """What the process logged of lost tasks and failures (for a failing assertion)."""
+    return [
+        r
+        for r in process.records()
+        if "lost" in str(r.get("event")) or "fail" in str(r.get("event"))
+    ]
 
 
 def assert_no_restart(process: ServiceProcess) -> None:
@@ -192,20 +193,20 @@ async def test_a_killed_task_is_replaced_and_only_its_shards_are_rebuilt(
         dataflow_id: await maintain(collections, compute, feed, dataflow_id)
         for dataflow_id in ("restored", "bystander")
     }
-    before = task_pids(stack.compute())
+    before = current_task_pids(stack.compute())
     assert len(before) == 2
     await feed.run(6, pause=0.1)
     os.kill(before[1], signal.SIGKILL)
     await feed.run(10, pause=0.1)
 
-    await eventually(lambda: restored(compute, list(outputs), 1), 240)
-    after = task_pids(stack.compute())
+    await eventually(lambda: restored(stack.compute(), compute, list(outputs), 1), 240)
+    after = current_task_pids(stack.compute())
     assert after[0] == before[0] and after[1] != before[1]
     await feed.run(4, pause=0.0)
     for dataflow_id, output in outputs.items():
         await assert_exact(collections, compute, feed, dataflow_id, output)
-    await restored(compute, list(outputs), 1)
-    assert task_pids(stack.compute())[0] == before[0]
+    await restored(stack.compute(), compute, list(outputs), 1)
+    assert current_task_pids(stack.compute())[0] == before[0]
     assert_no_restart(stack.compute())
     [record] = [r for r in stack.compute().records() if r.get("event") == "shard_restored"]
     assert record["shards"] == [1] and sorted(record["dataflows"]) == sorted(outputs)
@@ -225,7 +226,7 @@ async def test_a_task_killed_during_a_step_gets_the_step_run_once(
         for dataflow_id in (HELD, "beside")
     }
     restores = len([r for r in stack.compute().records() if r.get("event") == "shard_restored"])
-    before = task_pids(stack.compute())
+    before = current_task_pids(stack.compute())
     await feed.batch()  # the held dataflow's first step after hydration: the tasks hold
 
     async def held() -> None:
@@ -240,7 +241,7 @@ async def test_a_task_killed_during_a_step_gets_the_step_run_once(
         assert len([r for r in records if r.get("event") == "shard_restored"]) > restores
 
     await eventually(replaced, 240)
-    after = task_pids(stack.compute())
+    after = current_task_pids(stack.compute())
     assert after[1] == before[1] and after[0] != before[0]
     await feed.run(6, pause=0.1)
     for dataflow_id, output in outputs.items():

@@ -151,7 +151,8 @@ class SparkDataflow(Dataflow):
         every step's updates)."""
         if self.index_key_columns is None:
             raise FailedPrecondition(f"dataflow {self.dataflow_id!r} keeps no index")
-        self.cluster.compact_index(self.dataflow_id, since)
+        # A rebuilt shard's index starts at its floor: the whole index answers from there.
+        self.cluster.compact_index(self.dataflow_id, max(since, self.index_floor))
 
     def drop(self) -> None:
         """Frees the dataflow's state in the tasks (the cluster keeps running)."""
