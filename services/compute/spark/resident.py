@@ -123,6 +123,7 @@ class ResidentCluster:
         self._jobs: list[_Job] = []
         self._mesh_addresses: list[tuple[str, int]] = []
         self._restorers: dict[str, ShardRestorer] = {}
+        self._replacing: list[Channel] = []  # lost between rounds, being replaced
         # Step rounds sent so far: every task numbers the same steps alike, and a
         # replacement numbers on from here.
         self._steps_sent = 0
@@ -515,35 +516,57 @@ class ResidentCluster:
 
     def _keep_alive_once(self) -> None:
         channels = list(self._channels)
-        try:
-            for shard, channel in enumerate(channels):
-                try:
-                    channel.send(rq.Ping())
-                except ConnectionLost as error:
-                    raise PeerLost(shard, f"is gone ({error})") from error
-            if not self._lock.acquire(blocking=False):
-                return
+        lost: PeerLost | None = None
+        # Every task is pinged, even past a lost one: the others must keep hearing from
+        # their driver while the lost one is replaced.
+        for shard, channel in enumerate(channels):
+            try:
+                channel.send(rq.Ping())
+            except ConnectionLost as error:
+                lost = lost or PeerLost(shard, f"is gone ({error})")
+        if lost is None and self._lock.acquire(blocking=False):
             try:
                 if self._failure is None and not self._stopped and channels == self._channels:
                     drain(channels)
+            except PeerLost as error:
+                lost = error
             finally:
                 self._lock.release()
-        except PeerLost as error:
-            self._lost_idle(error.index, str(error), channels[error.index])
+        if lost is not None:
+            self._lost_idle(lost.index, str(lost), channels[lost.index])
 
     def _lost_idle(self, shard: int, reason: str, channel: Channel) -> None:
         """A task lost between rounds: replaced at once (the dataflows are idle), unless a
-        round replaced it meanwhile."""
+        round replaced it meanwhile. From a thread of its own: the keepalive goes on pinging
+        the other tasks (and the new one), which would otherwise give their driver up while
+        a long rebuild runs."""
         if not self._replace_lost:
             self._fail(f"the resident task of shard {shard} {reason}")
             return
-        with self._lock:
-            if self._failure is not None or self._stopped or self._channels[shard] is not channel:
-                return
-            try:
+        if channel in self._replacing:
+            return
+        self._replacing.append(channel)
+        threading.Thread(
+            target=self._replace_idle,
+            args=(shard, reason, channel),
+            name=f"tidemark-resident-replace-{shard}",
+            daemon=True,
+        ).start()
+
+    def _replace_idle(self, shard: int, reason: str, channel: Channel) -> None:
+        try:
+            with self._lock:
+                if (
+                    self._failure is not None
+                    or self._stopped
+                    or self._channels[shard] is not channel
+                ):
+                    return
                 self._lost({shard: reason}, None, {})
-            except Unavailable:
-                pass  # the cluster is failed; the next call reports it
+        except Unavailable:
+            pass  # the cluster is failed; the next call reports it
+        finally:
+            self._replacing.remove(channel)
 
     def _lost(
         self,
