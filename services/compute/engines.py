@@ -26,8 +26,9 @@ from services.compute.dataflow.spill import TaskStateBudget
 from services.compute.dataflow.work import StateSize
 from services.compute.spark import ResidentCluster, SparkDataflow, spark_session
 from services.compute.spark import requests as rq
-from services.compute.spark.hydration import OutputTarget, stage
+from services.compute.spark.hydration import OutputTarget, Staged, stage
 from services.compute.spark.jobs import SparkJobs
+from services.compute.spark.parts_source import missing_part
 from services.compute.spark.queries import SparkQueries, translated_job_error
 from services.compute.spark.staging import delete_prefix, run_prefix
 from tidemark.clients.storage import PartsListing, WrittenPart
@@ -40,6 +41,8 @@ from tidemark.v1 import plan_pb2
 log = get_logger("compute.engines")
 
 SESSION_ATTEMPTS = 3
+REBUILD_ATTEMPTS = 5
+"""Listings a shard rebuild tries before giving up on parts compacted away under it."""
 PROGRESS_INTERVAL_S = 1.0
 """How often a hydration by Spark reports how far its jobs have come."""
 
@@ -324,12 +327,32 @@ class SparkEngineDataflow:
         that replaces the task (the event loop is free; the listing runs there)."""
         lister, loop, dataflow = self._lister, self._loop, self._dataflow
         assert lister is not None and loop is not None
-        listings = asyncio.run_coroutine_threadsafe(lister(time), loop).result()
+        attempt = 1
+        while True:
+            # Listed again after a part was compacted away under the job (as queries do).
+            listings = asyncio.run_coroutine_threadsafe(lister(time), loop).result()
+            try:
+                staged, staging_url, prefix = self._stage_shard(listings, shard, time)
+                break
+            except Exception as exc:
+                if not missing_part(exc) or attempt >= REBUILD_ATTEMPTS:
+                    raise translated_job_error(exc) from exc
+                log.info(
+                    "shard_rebuild_listed_again", dataflow=dataflow.dataflow_id, attempt=attempt
+                )
+                attempt += 1
+        try:
+            ask(staged.loads[shard])
+        finally:
+            self._delete_staged(staging_url, prefix)
+
+    def _stage_shard(
+        self, listings: Mapping[str, PartsListing], shard: int, time: int
+    ) -> tuple[Staged, str, str]:
+        dataflow = self._dataflow
         urls = [listing.blob_url for listing in listings.values()]
         if not urls:
-            raise FailedPrecondition(
-                "a dataflow that reads no collection has no parts to rebuild from"
-            )
+            raise FailedPrecondition("a dataflow that reads no collection has no parts to rebuild")
         staging_url = urls[0]
         prefix = run_prefix(dataflow.dataflow_id)
         try:
@@ -348,13 +371,18 @@ class SparkEngineDataflow:
                 count_output=False,
                 only_shard=shard,
             )
-            ask(staged.loads[shard])
-        finally:
-            try:
-                # A loop of this thread's own: the blob store needs no other.
-                asyncio.run(delete_prefix(staging_url, prefix))
-            except Exception as exc:  # left for a later sweep of the staging prefix
-                log.warning("hydration_staging_cleanup_failed", prefix=prefix, error=str(exc))
+        except BaseException:
+            self._delete_staged(staging_url, prefix)
+            raise
+        return staged, staging_url, prefix
+
+    @staticmethod
+    def _delete_staged(staging_url: str, prefix: str) -> None:
+        try:
+            # A loop of this thread's own: the blob store needs no other.
+            asyncio.run(delete_prefix(staging_url, prefix))
+        except Exception as exc:  # left for a later sweep of the staging prefix
+            log.warning("hydration_staging_cleanup_failed", prefix=prefix, error=str(exc))
 
     async def hydrate_from_parts(
         self,
