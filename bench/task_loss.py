@@ -155,8 +155,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--period-s", type=float, default=0.2)
     parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--output", type=Path, default=None, help="write the figures here too")
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(main_async(args)), indent=2))
+    figures = asyncio.run(main_async(args))
+    print(json.dumps(figures, indent=2))
+    if args.output is not None:
+        args.output.write_text(json.dumps(figures, indent=2) + "\n")
 
 
 if __name__ == "__main__":
