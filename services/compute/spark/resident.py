@@ -589,7 +589,17 @@ class ResidentCluster:
             raise Unavailable(self._failure or "")
         log.warning("resident_task_lost", shards=sorted(lost), reason=cause)
         try:
-            self._replace(sorted(lost), None if requests is None else requests[0])
+            try:
+                self._replace(sorted(lost), None if requests is None else requests[0])
+            except Exception:
+                # Another task of a dead executor whose end showed only later: replace it
+                # with the others, once.
+                known = set(lost)
+                self._find_lost(lost, replied)
+                if set(lost) == known:
+                    raise
+                log.warning("resident_task_lost", shards=sorted(lost), reason="found later")
+                self._replace(sorted(lost), None if requests is None else requests[0])
             for shard in lost:
                 # The new task answers the round instead (a lost task's answer, if it came,
                 # is dropped: the new task ran the request again from the same state).
