@@ -249,6 +249,15 @@ async def test_an_executor_killed_mid_stream_leaves_the_output_exact(
         assert (await storage.describe(output)).upper.elements[0] >= 6
 
     await eventually(some_output_written)
+    # (A hydration that lost a part to compaction restarts the view; only what follows the
+    # kill is about it.)
+    info = (await compute.status()).dataflow("survivor")
+    assert info is not None
+    restarts = info.restarts
+    logged = len(stack.compute().records())
+    # The shards whose tasks the executor holds (one or both).
+    lost = {shard for shard, pid in enumerate(before) if cluster.worker_of(pid) == placed}
+    assert 0 in lost
     os.kill(executor, signal.SIGKILL)
     killed.set()
     assert feed.batches_done < BATCHES // 2
@@ -257,7 +266,7 @@ async def test_an_executor_killed_mid_stream_leaves_the_output_exact(
     # shards the dead executor held and rebuilds them, without restarting the view.
     async def restored() -> None:
         info = (await compute.status()).dataflow("survivor")
-        assert info is not None and info.shard_restores >= 1 and info.restarts == 0
+        assert info is not None and info.shard_restores >= 1 and info.restarts == restarts
         assert info.state == "running" and not info.error
 
     await eventually(restored, 240)
@@ -265,8 +274,6 @@ async def test_an_executor_killed_mid_stream_leaves_the_output_exact(
     final = feed.final_upper
     await compute.peek("survivor", final - 1, wait_ms=PATIENT_MS)
     after = current_task_pids(stack.compute())
-    lost = {shard for shard, pid in enumerate(before) if cluster.worker_of(pid) == placed}
-    assert 0 in lost
     for shard, pid in enumerate(after):
         # The killed executor's tasks were replaced; any other task is the same process.
         assert (pid != before[shard]) == (shard in lost)
@@ -280,8 +287,9 @@ async def test_an_executor_killed_mid_stream_leaves_the_output_exact(
     await eventually(lambda: asyncio.to_thread(relaunched), 120)
     assert await exact_history(collections, plan, output, [orders, customers], final) > 5
     info = (await compute.status()).dataflow("survivor")
-    assert info is not None and info.restarts == 0 and info.shard_restores == len(lost)
-    records = stack.compute().records()
+    assert info is not None and info.restarts == restarts
+    assert info.shard_restores == len(lost)
+    records = stack.compute().records()[logged:]
     events = {r.get("event") for r in records}
     assert not events & {"resident_cluster_replaced", "dataflow_restarted", "dataflow_failed"}
     assert [r["shards"] for r in records if r.get("event") == "shard_restored"] == [sorted(lost)]
