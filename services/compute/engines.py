@@ -27,6 +27,7 @@ from services.compute.dataflow.work import StateSize
 from services.compute.spark import ResidentCluster, SparkDataflow, spark_session
 from services.compute.spark.hydration import OutputTarget, stage
 from services.compute.spark.jobs import SparkJobs
+from services.compute.spark.liveness import ClusterStart
 from services.compute.spark.queries import SparkQueries, translated_job_error
 from services.compute.spark.staging import delete_prefix, run_prefix
 from tidemark.clients.storage import PartsListing, WrittenPart
@@ -393,11 +394,14 @@ class SparkEngine:
         budget_bytes: int = 0,
         tls: TlsSettings | None = None,
         state_budget: TaskStateBudget | None = None,
+        start: ClusterStart | None = None,
     ) -> None:
         """``budget_bytes``: each dataflow's memory budget for what its driver holds
         (0: none). ``tls``: the compute's mTLS files, for the resident tasks' sockets too.
         ``state_budget``: what each resident task may hold of operator state in memory and
-        spilled to its local disk (None: no bound)."""
+        spilled to its local disk (None: no bound). ``start``: how resident clusters start
+        and how their tasks are watched (the defaults when None)."""
+        self.start_settings = start or ClusterStart()
         self.state_budget = state_budget
         self.budget_bytes = budget_bytes
         self.tls = tls
@@ -475,8 +479,15 @@ class SparkEngine:
             if current is not None:
                 log.warning("resident_cluster_replaced", failure=current.failure)
                 await current.astop()
+            start = self.start_settings
             fresh = ResidentCluster(
-                session, self.shards, tls=self.tls, state_budget=self.state_budget
+                session,
+                self.shards,
+                tls=self.tls,
+                state_budget=self.state_budget,
+                connect_timeout=start.connect_timeout_s,
+                start_attempts=start.attempts,
+                liveness=start.liveness,
             )
             try:
                 await fresh.astart()
