@@ -78,7 +78,7 @@ def write_parts_counted(
         updates = pa.table(
             [*data, times, table.column(len(columns))], names=[*columns, TIME_COLUMN, DIFF]
         ).cast(update_schema)
-        written = asyncio.run(_store(blob_url, collection_id, updates))
+        written = asyncio.run(store_part(blob_url, collection_id, updates))
         diffs = pc.sum(table.column(len(columns))).as_py() or 0
         yield pa.record_batch(
             [
@@ -100,7 +100,9 @@ def write_parts_counted(
     return parts, sum(row["diffs"] for row in rows)
 
 
-async def _store(blob_url: str, collection_id: str, updates: pa.Table) -> WrittenPart:
+async def store_part(blob_url: str, collection_id: str, updates: pa.Table) -> WrittenPart:
+    """Stores ``updates`` (a table of the update schema) as a Parquet part of ``collection_id``
+    under a fresh part key; the part is not committed."""
     # Imported here: only executors write parts.
     import time as clock
 

@@ -1,0 +1,74 @@
+"""A step's ends in storage, inside a resident task: it reads the input parts the driver
+dealt it and writes its share of the output as one Parquet part, so neither the input updates
+nor the output pass through the driver (which deals part keys and commits the parts).
+
+Input: a part may hold updates at times outside the window the driver named (a batch that
+compaction merged, or one a step boundary cuts); only those in the window count, so a part
+named for two steps, or twice in one step under two windows, is never counted twice.
+
+Output: the task's share must be disjoint by row from the other tasks' shares (a batch of
+storage holds each row and time once). With an index the step's last exchange already sent
+every output update to the task owning its index key; without one, the output is exchanged
+by the whole row first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+
+from services.compute.dataflow.batch import Update, consolidate
+from services.compute.spark.parts_source import read_parts
+from services.compute.spark.parts_writer import store_part
+from services.compute.spark.requests import StepIO, StepWritten
+from tidemark.columnar import RelationSchema, select_times, table_from_updates, updates_from_table
+from tidemark.v1 import common_pb2
+
+
+def read_sources(io: StepIO) -> dict[int, list[Update]]:
+    """The updates of the parts dealt to this task, per source node, each part's only at
+    times in its window. A part gone from the blob store raises ``MissingPart`` before any
+    state changed (the driver then runs the step from rows)."""
+    keys = [key for windows in io.parts.values() for key, _, _ in windows]
+    if not keys:
+        return {}
+    tables = read_parts(io.blob_url, keys, io.environment)
+    sources: dict[int, list[Update]] = {}
+    for node_id, windows in io.parts.items():
+        held: list[Update] = []
+        for key, lower, upper in windows:
+            chosen = select_times(tables[key], lower, upper)
+            if chosen.num_rows:
+                held.extend(updates_from_table(chosen))
+        if held:
+            sources[node_id] = held
+    return sources
+
+
+def write_share(io: StepIO, share: list[Update]) -> StepWritten:
+    """Writes this task's output share (disjoint by row from the others') as one part of
+    the output collection, not committed; the reply names it."""
+    updates = consolidate(share)
+    rows = updates if io.return_rows else None
+    if not updates:
+        return StepWritten(None, 0, 0, 0, rows)
+    table = table_from_updates(_schema(io.output_schema), updates)
+    os.environ.update(io.environment)
+    written = asyncio.run(store_part(io.blob_url, io.output_collection, table))
+    times = [time for _, time, _ in updates]
+    return StepWritten(
+        (written.key, written.rows, written.bytes),
+        min(times),
+        max(times),
+        sum(diff for _, _, diff in updates),
+        rows,
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _schema(encoded: bytes) -> RelationSchema:
+    # Every step of a dataflow sends the same bytes: parsed once.
+    proto = common_pb2.RelationSchema()
+    proto.ParseFromString(encoded)
+    return RelationSchema.from_proto(proto)
