@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import threading
 
 from services.compute.dataflow.batch import Update, consolidate
 from services.compute.spark.parts_source import read_parts
@@ -55,7 +56,7 @@ def write_share(io: StepIO, share: list[Update]) -> StepWritten:
         return StepWritten(None, 0, 0, 0, rows)
     table = table_from_updates(_schema(io.output_schema), updates)
     os.environ.update(io.environment)
-    written = asyncio.run(store_part(io.blob_url, io.output_collection, table))
+    written = _loop().run_until_complete(store_part(io.blob_url, io.output_collection, table))
     times = [time for _, time, _ in updates]
     return StepWritten(
         (written.key, written.rows, written.bytes),
@@ -72,3 +73,15 @@ def _schema(encoded: bytes) -> RelationSchema:
     proto = common_pb2.RelationSchema()
     proto.ParseFromString(encoded)
     return RelationSchema.from_proto(proto)
+
+
+_local = threading.local()
+
+
+def _loop() -> asyncio.AbstractEventLoop:
+    """This thread's event loop, kept across steps: ``asyncio.run`` would start and join a
+    new loop and its worker threads every step (about 5 ms, measured, against 0.3 ms)."""
+    loop: asyncio.AbstractEventLoop | None = getattr(_local, "loop", None)
+    if loop is None or loop.is_closed():
+        loop = _local.loop = asyncio.new_event_loop()
+    return loop
