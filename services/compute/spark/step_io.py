@@ -21,8 +21,9 @@ import threading
 
 from services.compute.dataflow.batch import Update, consolidate
 from services.compute.spark.parts_source import read_parts
-from services.compute.spark.parts_writer import store_part
+from services.compute.spark.parts_writer import put_part
 from services.compute.spark.requests import StepIO, StepWritten
+from tidemark.blob import Blob, open_blob
 from tidemark.columnar import RelationSchema, select_times, table_from_updates, updates_from_table
 from tidemark.v1 import common_pb2
 
@@ -56,7 +57,10 @@ def write_share(io: StepIO, share: list[Update]) -> StepWritten:
         return StepWritten(None, 0, 0, 0, rows)
     table = table_from_updates(_schema(io.output_schema), updates)
     os.environ.update(io.environment)
-    written = _loop().run_until_complete(store_part(io.blob_url, io.output_collection, table))
+    loop = _loop()
+    written = loop.run_until_complete(
+        put_part(_open(loop, io.blob_url), io.output_collection, table)
+    )
     times = [time for _, time, _ in updates]
     return StepWritten(
         (written.key, written.rows, written.bytes),
@@ -85,3 +89,12 @@ def _loop() -> asyncio.AbstractEventLoop:
     if loop is None or loop.is_closed():
         loop = _local.loop = asyncio.new_event_loop()
     return loop
+
+
+def _open(loop: asyncio.AbstractEventLoop, blob_url: str) -> Blob:
+    """The blob store at ``blob_url``, opened once per thread and kept (an S3 client keeps
+    its connections across steps)."""
+    stores: dict[str, Blob] = _local.__dict__.setdefault("stores", {})
+    if blob_url not in stores:
+        stores[blob_url] = loop.run_until_complete(open_blob(blob_url))
+    return stores[blob_url]
