@@ -17,7 +17,8 @@ ways alternating step by step, so both see the same load:
 Per step: the wall time and the driver's CPU (``getrusage(RUSAGE_SELF)``: this process, all
 its threads; not the storage process, Spark's JVM or the tasks) from reading the interval to
 the commit, and for the engine call alone (``step`` / ``step_io``, which benchmark (g)
-times). Each figure records the load average. The output collection must equal the view
+times). Then as many steps of one changed order each way (the fixed cost of a step). Each
+run records the load average. The output collection must equal the view
 evaluated in-process at the end, or the run stops. Writes ``bench/results/steady_io.json``.
 """
 
@@ -40,7 +41,14 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))  # for bench.* and tests.support when run as a script
 
 from bench.common import Latency, load_average, percentile  # noqa: E402
-from bench.compute_view import CUSTOMERS, ORDERS, Workload, view_plan  # noqa: E402
+from bench.compute_view import (  # noqa: E402
+    CUSTOMERS,
+    DELTA_TIMES,
+    DELTA_UPDATES,
+    ORDERS,
+    Workload,
+    view_plan,
+)
 from services.compute.dataflow import Dataflow  # noqa: E402
 from services.compute.output import OutputWriter  # noqa: E402
 from services.compute.spark import ResidentCluster, SparkDataflow, spark_session  # noqa: E402
@@ -84,7 +92,7 @@ class Timer:
         }
 
 
-async def run(orders: int, steps: int, warmup: int) -> dict[str, Any]:
+async def run(orders: int, steps: int, warmup: int, small_steps: int) -> dict[str, Any]:
     directory = Path(tempfile.mkdtemp(prefix="steady-io-"))
     storage = start_storage(
         embedded_backends(directory),
@@ -122,11 +130,11 @@ async def run(orders: int, steps: int, warmup: int) -> dict[str, Any]:
             listing = await client.list_parts(pairs["orders"].read, 0)
             sink = OutputSink("u103", listing.blob_url, schema)
             environment = s3_credentials()
-            timers = {name: (Timer(), Timer()) for name in ("rows", "parts")}
+            timers = {name: (Timer(), Timer()) for name in ("rows", "parts", "rows-1", "parts-1")}
             loads: list[float] = []
 
-            async def rows_step(lower: int, upper: int, timed: bool) -> None:
-                whole, engine = timers["rows"]
+            async def rows_step(lower: int, upper: int, timed: bool, kind: str = "rows") -> None:
+                whole, engine = timers[kind]
 
                 async def work() -> None:
                     tables = []
@@ -145,8 +153,8 @@ async def run(orders: int, steps: int, warmup: int) -> dict[str, Any]:
 
                 await (whole.timed(work) if timed else work())
 
-            async def parts_step(lower: int, upper: int, timed: bool) -> None:
-                whole, engine = timers["parts"]
+            async def parts_step(lower: int, upper: int, timed: bool, kind: str = "parts") -> None:
+                whole, engine = timers[kind]
 
                 async def work() -> None:
                     windows = [
@@ -177,20 +185,22 @@ async def run(orders: int, steps: int, warmup: int) -> dict[str, Any]:
 
                 await (whole.timed(work) if timed else work())
 
-            for number in range(2 * (warmup + steps)):
-                delta, upper = workload.delta()
-                lower = upper - 10
+            plan_steps = [(DELTA_UPDATES, DELTA_TIMES, "")] * (2 * (warmup + steps))
+            plan_steps += [(1, 1, "-1")] * (2 * small_steps)
+            for number, (updates, times, suffix) in enumerate(plan_steps):
+                delta, upper = workload.delta(updates, times)
+                lower = upper - times
                 renamed_delta = {"u101": delta}
                 await client.append(pairs["orders"].write, delta, upper, expected_upper=lower)
                 await client.append(pairs["customers"].write, [], upper, expected_upper=lower)
                 apply(local.step(renamed_delta, upper)[0])
-                timed = number >= 2 * warmup
+                timed = number >= 2 * warmup and (suffix or number < 2 * (warmup + steps))
                 if timed:
                     loads.append(load_average())
                 if number % 2 == 0:
-                    await rows_step(lower, upper, timed)
+                    await rows_step(lower, upper, timed, "rows" + suffix)
                 else:
-                    await parts_step(lower, upper, timed)
+                    await parts_step(lower, upper, timed, "parts" + suffix)
             final = (await client.snapshot(output.read, upper - 1)).version()
             if final != {row: n for row, n in want.items() if n}:
                 raise SystemExit("the output collection is not the view: the run is worthless")
@@ -207,6 +217,14 @@ async def run(orders: int, steps: int, warmup: int) -> dict[str, Any]:
                 "step": timers["parts"][0].summary(),
                 "engine": timers["parts"][1].summary(),
             },
+            "one_update_rows_path": {
+                "step": timers["rows-1"][0].summary(),
+                "engine": timers["rows-1"][1].summary(),
+            },
+            "one_update_parts_path": {
+                "step": timers["parts-1"][0].summary(),
+                "engine": timers["parts-1"][1].summary(),
+            },
             "step_latency_rows": Latency.of(timers["rows"][0].wall).__dict__,
             "step_latency_parts": Latency.of(timers["parts"][0].wall).__dict__,
             "python": platform.python_version(),
@@ -221,8 +239,9 @@ def main() -> None:
     parser.add_argument("--orders", type=int, default=100_000)
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--small-steps", type=int, default=60, help="1-update steps, each way")
     args = parser.parse_args()
-    result = asyncio.run(run(args.orders, args.steps, args.warmup))
+    result = asyncio.run(run(args.orders, args.steps, args.warmup, args.small_steps))
     print(json.dumps(result, indent=2))
     runs = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
     runs.append(result)

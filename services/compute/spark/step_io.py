@@ -18,9 +18,13 @@ import asyncio
 import functools
 import os
 import threading
+from urllib.parse import urlsplit
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from services.compute.dataflow.batch import Update, consolidate
-from services.compute.spark.parts_source import read_parts
+from services.compute.spark.parts_source import MISSING_PART, MissingPart, read_parts
 from services.compute.spark.parts_writer import put_part
 from services.compute.spark.requests import StepIO, StepWritten
 from tidemark.blob import Blob, open_blob
@@ -35,7 +39,7 @@ def read_sources(io: StepIO) -> dict[int, list[Update]]:
     keys = [key for windows in io.parts.values() for key, _, _ in windows]
     if not keys:
         return {}
-    tables = read_parts(io.blob_url, keys, io.environment)
+    tables = _read(io, keys)
     sources: dict[int, list[Update]] = {}
     for node_id, windows in io.parts.items():
         held: list[Update] = []
@@ -69,6 +73,27 @@ def write_share(io: StepIO, share: list[Update]) -> StepWritten:
         sum(diff for _, _, diff in updates),
         rows,
     )
+
+
+def _read(io: StepIO, keys: list[str]) -> dict[str, pa.Table]:
+    """The parts by key: a local directory's in place; others fetched through the blob
+    store kept open across steps (``parts_source`` would open a client per call)."""
+    if urlsplit(io.blob_url).scheme == "file":
+        return read_parts(io.blob_url, keys, io.environment)
+    os.environ.update(io.environment)
+    loop = _loop()
+    store = _open(loop, io.blob_url)
+    chosen = list(dict.fromkeys(keys))
+
+    async def fetch() -> list[bytes | None]:
+        return list(await asyncio.gather(*(store.get(key) for key in chosen)))
+
+    tables = {}
+    for key, data in zip(chosen, loop.run_until_complete(fetch()), strict=True):
+        if data is None:
+            raise MissingPart(f"{MISSING_PART}: {key} (compacted away)")
+        tables[key] = pq.read_table(pa.BufferReader(data))
+    return tables
 
 
 @functools.lru_cache(maxsize=64)
