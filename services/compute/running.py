@@ -5,7 +5,9 @@ passed ``as_of``, hydrates the engine's dataflow from the contents at ``as_of``,
 on steps it to the meet of the inputs' uppers whenever that moves, with everything that
 arrived in between (one step may span many times). Each step's output goes to the output
 collection (``output.OutputWriter``), then to subscribers; only then does the dataflow's
-upper move, so an index peek never sees a time its collection output does not have yet.
+upper move, so an index peek never sees a time its collection output does not have yet. A
+dataflow that hydrates from parts (Spark) steps from parts too (``_step_io``): its followers
+hold part keys, its tasks read them and write the output's parts, and this commits them.
 
 In the background it renews its capabilities' leases and moves its read holds up to
 ``upper - 1``: what a restart at the output's upper needs, and nothing older. At the same
