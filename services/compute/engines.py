@@ -28,7 +28,9 @@ from services.compute.spark import ResidentCluster, SparkDataflow, spark_session
 from services.compute.spark.hydration import OutputTarget, stage
 from services.compute.spark.jobs import SparkJobs
 from services.compute.spark.liveness import ClusterStart
+from services.compute.spark.parts_source import s3_credentials
 from services.compute.spark.queries import SparkQueries, translated_job_error
+from services.compute.spark.spark_dataflow import IoCounters, IoStep, OutputSink, PartWindow
 from services.compute.spark.staging import delete_prefix, run_prefix
 from tidemark.clients.storage import PartsListing, WrittenPart
 from tidemark.errors import FailedPrecondition, Unavailable
@@ -83,6 +85,21 @@ class EngineDataflow(Protocol):
         ...
 
     async def step(self, batches: Batches, input_upper: int) -> tuple[list[Update], int]: ...
+
+    async def step_io(
+        self,
+        batches: Batches,
+        parts: Mapping[str, Sequence[PartWindow]],
+        input_upper: int,
+        *,
+        blob_url: str,
+        sink: OutputSink | None,
+        return_rows: bool,
+    ) -> IoStep:
+        """A step whose tasks read the inputs' ``parts`` and write the output's parts to
+        ``sink`` themselves (``SparkDataflow.step_io``); only where
+        ``hydrates_from_parts``."""
+        ...
 
     async def peek(self, time: int) -> dict[Row, int]:
         """The output at ``time`` from the index (``FailedPrecondition`` without one)."""
@@ -163,6 +180,18 @@ class LocalDataflow:
         on_progress: Callable[[float], None],
     ) -> BulkHydrated:
         raise FailedPrecondition("the in-process engine hydrates from snapshots")
+
+    async def step_io(
+        self,
+        batches: Batches,
+        parts: Mapping[str, Sequence[PartWindow]],
+        input_upper: int,
+        *,
+        blob_url: str,
+        sink: OutputSink | None,
+        return_rows: bool,
+    ) -> IoStep:
+        raise FailedPrecondition("the in-process engine steps on rows")
 
     def _apply(self, output: list[Update], upper: int) -> None:
         if self._index is not None:
@@ -347,6 +376,32 @@ class SparkEngineDataflow:
 
     async def step(self, batches: Batches, input_upper: int) -> tuple[list[Update], int]:
         return await self._guarded(self._dataflow.astep(batches, input_upper))
+
+    async def step_io(
+        self,
+        batches: Batches,
+        parts: Mapping[str, Sequence[PartWindow]],
+        input_upper: int,
+        *,
+        blob_url: str,
+        sink: OutputSink | None,
+        return_rows: bool,
+    ) -> IoStep:
+        work = functools.partial(
+            self._dataflow.step_io,
+            batches,
+            parts,
+            input_upper,
+            blob_url=blob_url,
+            environment=s3_credentials(),
+            sink=sink,
+            return_rows=return_rows,
+        )
+        return await self._guarded_any(asyncio.to_thread(work))
+
+    @property
+    def io_counters(self) -> IoCounters:
+        return self._dataflow.io_counters
 
     async def _guarded(
         self, work: Coroutine[object, object, tuple[list[Update], int]]
