@@ -7,7 +7,7 @@ INSTALLED := $(VENV)/.installed
 PROTOS    := $(wildcard protos/tidemark/v1/*.proto)
 GENERATED := tidemark/v1/.generated
 
-.PHONY: setup system-deps protos run test chaos lint format bench bench-oracle bench-storage bench-catalog bench-compute bench-tpch bench-tpch-spark bench-hydration bench-loading bench-pg-source bench-pgwire bench-wire bench-spill bench-steady bench-scale clean
+.PHONY: setup system-deps protos run test chaos lint format bench bench-oracle bench-storage bench-catalog bench-compute bench-tpch bench-tpch-spark bench-hydration bench-loading bench-pg-source bench-pgwire bench-wire bench-spill bench-steady bench-steady-io bench-scale clean
 
 setup: $(INSTALLED) $(GENERATED)
 
@@ -103,6 +103,11 @@ bench-spill: setup
 # recomputing the view; writes bench/results/steady_state.json.
 bench-steady: setup system-deps
 	$(BIN)/python bench/steady_state.py
+
+# The steady state through storage, the rows path against the tasks reading and writing
+# parts (issue #14 item 1); writes bench/results/steady_io.json.
+bench-steady-io: setup system-deps
+	$(BIN)/python bench/steady_io.py
 
 # Benchmark (h): the highest input rate the view keeps fresh (p99 <= 1 s) on a Spark
 # standalone cluster of 1 and of 2 workers, with each process's CPU; writes

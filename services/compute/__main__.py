@@ -19,12 +19,14 @@ from services.compute.metrics import publish_dataflows
 from services.compute.progress import log_progress
 from services.compute.readiness import ComputeReadiness
 from services.compute.service import compute_service
+from services.compute.spark.liveness import ClusterStart, Liveness
 from services.compute.spark.session import network_settings
 from tidemark import timelines
 from tidemark.clients.catalog import CatalogClient
 from tidemark.clients.oracle import OracleClient
 from tidemark.clients.storage import StorageClient
 from tidemark.config import ServiceConfig, listen_setting, setting
+from tidemark.errors import InvalidArgument
 from tidemark.logging import get_logger
 from tidemark.rpc import announce_port, serve
 from tidemark.runner import run_service
@@ -103,6 +105,30 @@ class ComputeConfig(ServiceConfig):
         metavar="RANGE",
     )
     shards: int = setting(2, help="resident Spark tasks, each holding one shard of the state")
+    task_heartbeat: float = setting(
+        2.0,
+        help="with --engine spark, how often the driver and each resident task speak when "
+        "they have nothing else to say",
+        metavar="SECONDS",
+    )
+    task_deadline: float = setting(
+        15.0,
+        help="with --engine spark, the silence after which the driver gives a resident task "
+        "up (and a task its driver): its dataflows are restored elsewhere; at least two "
+        "heartbeats",
+        metavar="SECONDS",
+    )
+    cluster_start_timeout: float = setting(
+        120.0,
+        help="with --engine spark, how long one launch of the resident tasks may take until "
+        "every task has connected (slots may still be coming up)",
+        metavar="SECONDS",
+    )
+    cluster_start_attempts: int = setting(
+        3,
+        help="with --engine spark, launches of the resident tasks before a start gives up, "
+        "waiting 2, 4, 8... s (at most 30) between them",
+    )
     lease_ms: int = setting(
         60_000,
         help="the storage service's capability lease; leases are renewed three times per lease",
@@ -220,6 +246,11 @@ class ComputeConfig(ServiceConfig):
             state_budget=TaskStateBudget(
                 self.task_state_memory_mb << 20, self.task_state_disk_mb << 20
             ),
+            start=ClusterStart(
+                Liveness(self.task_heartbeat, self.task_deadline),
+                self.cluster_start_timeout,
+                self.cluster_start_attempts,
+            ),
         )
 
 
@@ -242,10 +273,13 @@ def catalog_controller(
 async def main(config: ComputeConfig) -> None:
     if config.catalog and not config.oracle:
         raise SystemExit("--catalog needs --oracle: the controller reads catalog times from it")
+    try:
+        engine = config.make_engine()
+    except InvalidArgument as exc:
+        raise SystemExit(exc.message) from None
     tls = config.tls()
     storage = StorageClient(config.storage, tls=tls)
     catalog = CatalogClient(config.catalog, tls=tls) if config.catalog else None
-    engine = config.make_engine()
     host = DataflowManager(storage, engine, config.host_settings())
     controller = None
     if catalog is not None:

@@ -89,12 +89,31 @@ class ChangeFeed:
         for listener in list(self._listeners):
             listener._offer(step)
 
+    @property
+    def has_listeners(self) -> bool:
+        return bool(self._listeners)
+
+    def skip(self, upper: int) -> None:
+        """The output moved to ``upper`` without its changes being kept (no listener wanted
+        them): the window restarts there, and subscribers from before it are refused."""
+        self._upper = upper
+        self._window.clear()
+        self._window_updates = 0
+        self._covered_from = upper
+
     def close(self, error: TidemarkError) -> None:
         """Ends every listener with ``error`` (the dataflow was dropped or failed)."""
         self._closed = error
         for listener in list(self._listeners):
             listener._offer(error)
         self._listeners.clear()
+
+    def covers(self, as_of: int) -> bool:
+        """Whether ``listen(as_of)`` would find every change after ``as_of`` (retained or
+        still to come)."""
+        if self._covered_from is None or self._upper is None:
+            return True  # not hydrated: ``listen`` says so
+        return not (as_of + 1 < self._upper and as_of + 1 < self._covered_from)
 
     def listen(self, as_of: int) -> Listener:
         """A listener for the changes after ``as_of``: the retained ones first, then live."""

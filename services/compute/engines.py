@@ -28,8 +28,10 @@ from services.compute.spark import ResidentCluster, SparkDataflow, spark_session
 from services.compute.spark import requests as rq
 from services.compute.spark.hydration import OutputTarget, Staged, stage
 from services.compute.spark.jobs import SparkJobs
-from services.compute.spark.parts_source import missing_part
+from services.compute.spark.liveness import ClusterStart
+from services.compute.spark.parts_source import missing_part, s3_credentials
 from services.compute.spark.queries import SparkQueries, translated_job_error
+from services.compute.spark.spark_dataflow import IoCounters, IoStep, OutputSink, PartWindow
 from services.compute.spark.staging import delete_prefix, run_prefix
 from tidemark.clients.storage import PartsListing, WrittenPart
 from tidemark.errors import FailedPrecondition, Unavailable
@@ -105,6 +107,21 @@ class EngineDataflow(Protocol):
         ...
 
     async def step(self, batches: Batches, input_upper: int) -> tuple[list[Update], int]: ...
+
+    async def step_io(
+        self,
+        batches: Batches,
+        parts: Mapping[str, Sequence[PartWindow]],
+        input_upper: int,
+        *,
+        blob_url: str,
+        sink: OutputSink | None,
+        return_rows: bool,
+    ) -> IoStep:
+        """A step whose tasks read the inputs' ``parts`` and write the output's parts to
+        ``sink`` themselves (``SparkDataflow.step_io``); only where
+        ``hydrates_from_parts``."""
+        ...
 
     async def peek(self, time: int) -> dict[Row, int]:
         """The output at ``time`` from the index (``FailedPrecondition`` without one)."""
@@ -196,6 +213,18 @@ class LocalDataflow:
         on_progress: Callable[[float], None],
     ) -> BulkHydrated:
         raise FailedPrecondition("the in-process engine hydrates from snapshots")
+
+    async def step_io(
+        self,
+        batches: Batches,
+        parts: Mapping[str, Sequence[PartWindow]],
+        input_upper: int,
+        *,
+        blob_url: str,
+        sink: OutputSink | None,
+        return_rows: bool,
+    ) -> IoStep:
+        raise FailedPrecondition("the in-process engine steps on rows")
 
     def _apply(self, output: list[Update], upper: int) -> None:
         if self._index is not None:
@@ -460,6 +489,32 @@ class SparkEngineDataflow:
     async def step(self, batches: Batches, input_upper: int) -> tuple[list[Update], int]:
         return await self._guarded(self._dataflow.astep(batches, input_upper))
 
+    async def step_io(
+        self,
+        batches: Batches,
+        parts: Mapping[str, Sequence[PartWindow]],
+        input_upper: int,
+        *,
+        blob_url: str,
+        sink: OutputSink | None,
+        return_rows: bool,
+    ) -> IoStep:
+        work = functools.partial(
+            self._dataflow.step_io,
+            batches,
+            parts,
+            input_upper,
+            blob_url=blob_url,
+            environment=s3_credentials(),
+            sink=sink,
+            return_rows=return_rows,
+        )
+        return await self._guarded_any(asyncio.to_thread(work))
+
+    @property
+    def io_counters(self) -> IoCounters:
+        return self._dataflow.io_counters
+
     async def _guarded(
         self, work: Coroutine[object, object, tuple[list[Update], int]]
     ) -> tuple[list[Update], int]:
@@ -506,11 +561,14 @@ class SparkEngine:
         budget_bytes: int = 0,
         tls: TlsSettings | None = None,
         state_budget: TaskStateBudget | None = None,
+        start: ClusterStart | None = None,
     ) -> None:
         """``budget_bytes``: each dataflow's memory budget for what its driver holds
         (0: none). ``tls``: the compute's mTLS files, for the resident tasks' sockets too.
         ``state_budget``: what each resident task may hold of operator state in memory and
-        spilled to its local disk (None: no bound)."""
+        spilled to its local disk (None: no bound). ``start``: how resident clusters start
+        and how their tasks are watched (the defaults when None)."""
+        self.start_settings = start or ClusterStart()
         self.state_budget = state_budget
         self.budget_bytes = budget_bytes
         self.tls = tls
@@ -590,11 +648,15 @@ class SparkEngine:
                 await current.astop()
             # A lost task is replaced and its shards rebuilt; the cluster only fails (and
             # its dataflows restart on a new one) when that cannot be done.
+            start = self.start_settings
             fresh = ResidentCluster(
                 session,
                 self.shards,
                 tls=self.tls,
                 state_budget=self.state_budget,
+                connect_timeout=start.connect_timeout_s,
+                start_attempts=start.attempts,
+                liveness=start.liveness,
                 replace_lost=True,
             )
             try:

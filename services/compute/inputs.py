@@ -9,15 +9,24 @@ The stream starts at the dataflow's ``as_of`` with the snapshot, so the first st
 carries the contents at ``as_of`` (at time ``as_of``) and every later update up to the upper
 at its own time. A broken stream is resumed at the upper already seen (``as_of = upper - 1``
 without the snapshot), which the dataflow's read hold (at most its upper - 1) allows.
+
+A follower of ``parts`` (a dataflow whose resident tasks read storage themselves) follows
+``SubscribeParts`` instead, from after ``as_of``: it holds, instead of rows, the parts that
+hold each interval's updates, each with the window of times it counts for, and hands them
+over the same way (a part whose window a step boundary cuts is handed over in both steps,
+each with its side). ``read_rows`` reads an interval's rows after all, for a step whose part
+is gone from the blob store.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 
 import pyarrow as pa
 
+from services.compute.spark.spark_dataflow import PartWindow
 from tidemark.cdc import Progress
 from tidemark.clients.storage import Capability, StorageClient
 from tidemark.columnar import RowUpdate, frontier_bound, select_times, updates_from_table
@@ -43,11 +52,20 @@ class InputFollower:
         on_change: Callable[[], None],
         *,
         snapshot: bool = True,
+        parts: bool = False,
     ) -> None:
         """``snapshot``: whether the stream starts with the contents at ``as_of`` (a dataflow
-        hydrated from storage's parts instead wants only the updates after it)."""
+        hydrated from storage's parts instead wants only the updates after it). ``parts``:
+        follow the parts holding the updates after ``as_of``, not the updates."""
         self.collection_id = capability.collection_id
-        self.snapshot = snapshot
+        self.snapshot = snapshot and not parts
+        self.parts = parts
+        self.blob_url = ""
+        """Where the parts are (known once an interval came)."""
+        self.parts_received = 0
+        self.fallback_rows = 0
+        """Rows read by ``read_rows``."""
+        self._windows: list[PartWindow] = []
         self.capability = capability
         self.storage = storage
         self.as_of = as_of
@@ -77,11 +95,43 @@ class InputFollower:
         self._tables = [kept] if kept.num_rows else []
         return updates_from_table(taken) if taken.num_rows else []
 
+    def take_parts(self, before: int) -> list[PartWindow]:
+        """The held parts' windows at times before ``before`` (removed from the follower,
+        a window that ``before`` cuts keeping its later side)."""
+        taken: list[PartWindow] = []
+        kept: list[PartWindow] = []
+        for window in self._windows:
+            if window.upper <= before:
+                taken.append(window)
+            elif window.lower >= before:
+                kept.append(window)
+            else:
+                taken.append(dataclasses.replace(window, upper=before))
+                kept.append(dataclasses.replace(window, lower=before))
+        self._windows = kept
+        return taken
+
+    async def read_rows(self, lower: int, upper: int) -> list[RowUpdate]:
+        """The updates at times in ``[lower, upper)`` (``lower`` > the read hold), read
+        through storage (which reads a later state if a part is gone)."""
+        tables = []
+        async for event in self.storage.subscribe_arrow(
+            self.capability, as_of=lower - 1, snapshot=False, stop_at=upper
+        ):
+            if not isinstance(event, Progress) and event.num_rows:
+                tables.append(event)
+        rows = [update for table in tables for update in updates_from_table(table)]
+        self.fallback_rows += len(rows)
+        return rows
+
     @property
     def held_rows(self) -> int:
         return sum(table.num_rows for table in self._tables)
 
     async def _follow(self) -> None:
+        if self.parts:
+            await self._follow_parts()
+            return
         backoff = RESUBSCRIBE.backoffs()
         while True:
             if self.upper is None:
@@ -106,6 +156,33 @@ class InputFollower:
                     elif event.num_rows:
                         pending.append(event)
                 # The server ends a subscription only when it stops; pick it up again.
+            except (Unavailable, Cancelled) as exc:
+                log.info("input_stream_broken", collection=self.collection_id, error=exc.message)
+            except TidemarkError as exc:
+                log.warning("input_stream_failed", collection=self.collection_id, error=exc.message)
+                self.error = exc
+                self._on_change()
+                return
+            await backoff.sleep()
+
+    async def _follow_parts(self) -> None:
+        backoff = RESUBSCRIBE.backoffs()
+        while True:
+            as_of = self.as_of if self.upper is None else self.upper - 1
+            try:
+                async for interval in self.storage.subscribe_parts(self.capability, as_of=as_of):
+                    upper = MAX_TIME if interval.upper is None else interval.upper
+                    self.blob_url = interval.blob_url
+                    self._windows.extend(
+                        PartWindow(part.key, interval.lower, upper, part.bytes)
+                        for part in interval.parts
+                    )
+                    self.parts_received += len(interval.parts)
+                    self.upper = upper
+                    self._on_change()
+                    backoff = RESUBSCRIBE.backoffs()
+                    if interval.upper is None:
+                        return
             except (Unavailable, Cancelled) as exc:
                 log.info("input_stream_broken", collection=self.collection_id, error=exc.message)
             except TidemarkError as exc:

@@ -12,13 +12,21 @@ append whose outcome was unknown is recognised by storage and not applied twice.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable, Sequence
 
 from services.compute.dataflow import Row, Update
 from services.compute.dataflow.ordering import canonical_float
+from tidemark.blob import open_blob
 from tidemark.clients.storage import Capability, PartsListing, StorageClient, WrittenPart
-from tidemark.columnar import RelationSchema, frontier_bound, table_from_updates
+from tidemark.columnar import (
+    RelationSchema,
+    from_parquet,
+    frontier_bound,
+    table_from_updates,
+    updates_from_table,
+)
 from tidemark.errors import DeadlineExceeded, FailedPrecondition, Unavailable
 from tidemark.logging import get_logger
 from tidemark.retry import RetryPolicy
@@ -72,24 +80,47 @@ class OutputWriter:
 
         await self._append_until(upper, append)
 
-    async def write_parts(self, parts: Sequence[WrittenPart], time: int, upper: int) -> None:
-        """``write`` for updates at ``time`` already written as Parquet parts (by Spark's
-        executors): commits them as one batch through ``AppendParts``."""
+    async def write_parts(
+        self,
+        parts: Sequence[WrittenPart],
+        times: tuple[int, int],
+        upper: int,
+        *,
+        blob_url: str = "",
+    ) -> None:
+        """``write`` for updates already written as Parquet parts (by Spark's executors or
+        the resident tasks), at times from ``times[0]`` to ``times[1]``: commits them as one
+        batch through ``AppendParts``. If the collection is already written past
+        ``times[0]`` (another writer went ahead), the parts cannot be cut: their updates are
+        read back from ``blob_url`` and the later ones appended as rows (without
+        ``blob_url``: ``FailedPrecondition``). Parts never committed are left to storage's
+        orphan sweep."""
         if not parts:
             await self.write([], upper)
             return
+        least, greatest = times
 
         async def append(lower: int) -> None:
-            if time < lower:
-                raise FailedPrecondition(
-                    f"output {self.collection_id!r} is already written up to {lower}, past "
-                    f"the parts' time {time}"
+            if least < lower:
+                if not blob_url:
+                    raise FailedPrecondition(
+                        f"output {self.collection_id!r} is already written up to {lower}, "
+                        f"past the parts' least time {least}"
+                    )
+                kept = [u for u in await read_back(blob_url, parts) if u[1] >= lower]
+                await self.storage.append(
+                    self.capability,
+                    table_from_updates(self.schema, kept),
+                    upper,
+                    token=append_token(self.dataflow_id, lower, upper),
+                    expected_upper=lower,
                 )
+                return
             await self.storage.append_parts(
                 self.capability,
                 parts,
                 upper,
-                times=(time, time),
+                times=(least, greatest),
                 token=append_token(self.dataflow_id, lower, upper),
                 expected_upper=lower,
             )
@@ -173,3 +204,11 @@ def _canonical_row(row: Row) -> Row:
     if any(value.__class__ is float for value in row):
         return tuple(canonical_float(v) if v.__class__ is float else v for v in row)
     return row
+
+
+async def read_back(blob_url: str, parts: Sequence[WrittenPart]) -> list[Update]:
+    """The updates of written parts, read from the blob store (for the rare caller that
+    needs the rows of parts the tasks wrote)."""
+    async with await open_blob(blob_url) as blob:
+        data = await asyncio.gather(*(blob.get_existing(part.key) for part in parts))
+    return [update for item in data for update in updates_from_table(from_parquet(item))]

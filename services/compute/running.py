@@ -5,7 +5,9 @@ passed ``as_of``, hydrates the engine's dataflow from the contents at ``as_of``,
 on steps it to the meet of the inputs' uppers whenever that moves, with everything that
 arrived in between (one step may span many times). Each step's output goes to the output
 collection (``output.OutputWriter``), then to subscribers; only then does the dataflow's
-upper move, so an index peek never sees a time its collection output does not have yet.
+upper move, so an index peek never sees a time its collection output does not have yet. A
+dataflow that hydrates from parts (Spark) steps from parts too (``_step_io``): its followers
+hold part keys, its tasks read them and write the output's parts, and this commits them.
 
 In the background it renews its capabilities' leases and moves its read holds up to
 ``upper - 1``: what a restart at the output's upper needs, and nothing older. At the same
@@ -28,8 +30,10 @@ from services.compute.dataflow.work import StateSize
 from services.compute.engines import EngineDataflow
 from services.compute.inputs import MAX_TIME, InputFollower
 from services.compute.metrics import STEP_SECONDS
-from services.compute.output import OutputWriter
+from services.compute.output import OutputWriter, read_back
 from services.compute.spark.hydration import OutputTarget
+from services.compute.spark.parts_source import missing_part
+from services.compute.spark.spark_dataflow import OutputSink
 from services.compute.spec import DataflowSpec
 from tidemark.clients.storage import Capability, PartsListing, StorageClient
 from tidemark.columnar import RelationSchema, frontier_bound
@@ -127,6 +131,7 @@ class RunningDataflow:
                 as_of,
                 self._wake.set,
                 snapshot=not self.hydrates_from_parts,
+                parts=self.hydrates_from_parts,
             )
             for capability in inputs
         ]
@@ -341,7 +346,7 @@ class RunningDataflow:
             )
             done = await self.engine.hydrate_from_parts(listings, target, on_progress)
             if writer is not None and target is not None:
-                await writer.write_parts(done.output_parts, as_of, done.upper)
+                await writer.write_parts(done.output_parts, (as_of, as_of), done.upper)
         finally:
             if existing is not None:
                 with contextlib.suppress(TidemarkError):
@@ -373,6 +378,9 @@ class RunningDataflow:
             if target is None or target <= self.upper:
                 await self._wait_inputs()
                 continue
+            if self.hydrates_from_parts:
+                await self._step_io(target)
+                continue
             batches = {}
             for follower in self.followers:
                 updates = follower.take(target)
@@ -387,6 +395,60 @@ class RunningDataflow:
             self.output_rows += sum(diff for _, _, diff in output)
             self.feed.publish(Step(lower, upper, output))
             self._advance(upper)
+
+    async def _step_io(self, target: int) -> None:
+        """A step whose data work the engine's tasks do: they read the input parts dealt
+        to them and write the output's parts, which this commits as one batch. The output's
+        rows come back only while the change feed has listeners. A part gone from the blob
+        store (compacted away and past its grace period) runs the step again from rows read
+        through storage."""
+        assert self.upper is not None
+        lower = self.upper
+        parts = {f.collection_id: f.take_parts(target) for f in self.followers}
+        parts = {cid: windows for cid, windows in parts.items() if windows}
+        blob_url = next((f.blob_url for f in self.followers if f.blob_url), "")
+        writer = self.writer
+        sink = None
+        if writer is not None and blob_url:
+            sink = OutputSink(writer.collection_id, blob_url, self.schema)
+        return_rows = self.feed.has_listeners
+        started = time.perf_counter()
+        try:
+            done = await self.engine.step_io(
+                {}, parts, target, blob_url=blob_url, sink=sink, return_rows=return_rows
+            )
+        except TidemarkError as exc:
+            if not missing_part(exc):
+                raise
+            log.info("step_part_missing", dataflow=self.dataflow_id, lower=lower, error=exc.message)
+            batches = {
+                f.collection_id: await f.read_rows(lower, target)
+                for f in self.followers
+                if f.collection_id in parts
+            }
+            done = await self.engine.step_io(
+                batches, {}, target, blob_url=blob_url, sink=sink, return_rows=return_rows
+            )
+        STEP_SECONDS.labels("step").observe(time.perf_counter() - started)
+        upper = done.upper
+        if writer is not None:
+            if sink is None:
+                await writer.write(done.updates or [], upper)
+            else:
+                times = (done.least or 0, done.greatest or 0)
+                await writer.write_parts(done.parts, times, upper, blob_url=blob_url)
+        if done.updates is not None:
+            self.output_rows += sum(diff for _, _, diff in done.updates)
+        else:
+            self.output_rows += done.diffs
+        if done.updates is not None:
+            self.feed.publish(Step(lower, upper, done.updates))
+        elif self.feed.has_listeners:
+            # A listener came while the step ran without rows: read them back.
+            self.feed.publish(Step(lower, upper, await read_back(blob_url, done.parts)))
+        else:
+            self.feed.skip(upper)
+        self._advance(upper)
 
     def _advance(self, upper: int) -> None:
         self.upper = upper

@@ -2,8 +2,9 @@
 change after it.
 
 With an index the snapshot is an index peek at ``as_of`` and the changes come from the
-dataflow's own steps (``changes.ChangeFeed``), so nothing goes through storage. Without one
-the output collection has the exact history, and the stream is storage's SubscribeAt on it,
+dataflow's own steps (``changes.ChangeFeed``), so nothing goes through storage. Without one,
+or when the feed no longer holds the changes after ``as_of``, the output collection has the
+exact history, and the stream is storage's SubscribeAt on it,
 read with a capability taken for the stream's lifetime.
 """
 
@@ -38,7 +39,9 @@ async def output_changes(
         await running.wait_past(running.as_of, deadline)
         assert running.upper is not None
         as_of = running.upper - 1
-    if running.has_index:
+    # Changes the feed no longer holds (steps whose rows stayed on the Spark tasks, which
+    # write the output collection themselves) are in the output collection.
+    if running.has_index and (running.writer is None or running.feed.covers(as_of)):
         messages = _from_index(running, as_of, snapshot, deadline)
     else:
         messages = _from_collection(running, storage, holder, as_of, snapshot)

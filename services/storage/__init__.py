@@ -8,7 +8,8 @@ Layout, from the bottom up:
 - ``shards``: states in consensus, changed by compare-and-set with group commit;
 - ``batches``: Parquet blobs under never-reused keys, with a cache of decoded tables;
 - ``reads``: snapshots and time ranges read from one consistent set of batches;
-- ``watch``: pushing state changes to local subscribers; ``subscriptions``: SubscribeAt;
+- ``watch``: pushing state changes to local subscribers; ``subscriptions``: SubscribeAt and
+  SubscribeParts;
 - ``shaping``: column projection and row filters;
 - ``compaction``, ``garbage``, ``maintenance``: the background work;
 - ``core``: every API call in Python terms; ``service``: its gRPC face; ``__main__``: the

@@ -13,13 +13,13 @@ from services.storage.core import StorageCore
 from services.storage.operations import short_id
 from services.storage.shards import Versioned
 from services.storage.state import CapabilityRecord, PartRef, StoredBatch
-from services.storage.subscriptions import MAX_MESSAGE_DATA_BYTES, SubscribeSpec
+from services.storage.subscriptions import MAX_MESSAGE_DATA_BYTES, PartsEvent, SubscribeSpec
 from tidemark.cdc import Progress
 from tidemark.cdc.proto import frontier_from_proto, frontier_to_proto
 from tidemark.cdc.proto import to_proto as cdc_to_proto
 from tidemark.columnar import RelationSchema, from_ipc, slices, to_ipc
 from tidemark.errors import InvalidArgument
-from tidemark.frontier import Antichain
+from tidemark.frontier import Antichain, u64_frontier
 from tidemark.rpc import Service
 from tidemark.rpc.authorization import CallerPolicy, kinds
 from tidemark.rpc.identity import current_caller
@@ -289,6 +289,33 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
                 yield cdc_to_proto(event)
             else:
                 yield common_pb2.CdcMessage(updates=common_pb2.Updates(arrow_ipc=to_ipc(event)))
+
+    async def SubscribeParts(
+        self, request: storage_pb2.SubscribeRequest, context: Context
+    ) -> AsyncIterator[storage_pb2.PartsInterval]:
+        ref = _ref(request)
+        await self._check(ref.collection_id, access.check_read)
+        options = request.options
+        spec = SubscribeSpec(
+            snapshot=not options.no_snapshot,
+            columns=tuple(options.columns),
+            row_filter=options.filter if options.HasField("filter") else None,
+            stop_at=frontier_from_proto(options.stop_at) if options.HasField("stop_at") else None,
+            as_of=options.as_of if options.HasField("as_of") else None,
+            parts_only=True,
+        )
+        grace_ms = self.core.settings.retired_grace_ms
+        async for event in self.core.subscribe(ref.collection_id, ref.id, spec):
+            assert isinstance(event, PartsEvent)
+            yield storage_pb2.PartsInterval(
+                lower=frontier_to_proto(u64_frontier(event.lower)),
+                upper=frontier_to_proto(
+                    u64_frontier() if event.upper is None else u64_frontier(event.upper)
+                ),
+                blob_url=self.core.blob_url,
+                parts=[batch_summary(b, part) for b in event.batches for part in b.parts],
+                retired_grace_ms=grace_ms,
+            )
 
     async def Snapshot(
         self, request: storage_pb2.SnapshotRequest, context: Context

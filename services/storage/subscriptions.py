@@ -29,10 +29,10 @@ from typing import TypeAlias
 import pyarrow as pa
 
 from services.storage.operations import Policy, expire_leases, require_capability, use
-from services.storage.reads import Reader
+from services.storage.reads import Reader, overlapping
 from services.storage.shaping import compile_shape
 from services.storage.shards import ShardStore
-from services.storage.state import CapabilityKind, frontier_text
+from services.storage.state import CapabilityKind, ShardState, StoredBatch, frontier_text
 from services.storage.watch import ShardWatch
 from tidemark.cdc import Progress
 from tidemark.columnar import counts_by_time, frontier_bound, slices
@@ -44,8 +44,20 @@ from tidemark.v1 import storage_pb2
 
 log = get_logger("storage.subscriptions")
 
-Event: TypeAlias = pa.Table | Progress[int]
-"""An update batch (the shaped columns, ``time``, ``diff``) or a progress statement."""
+
+@dataclass(frozen=True)
+class PartsEvent:
+    """A parts-only subscription's interval: the batches holding its updates at times in
+    ``[lower, upper)`` (``upper`` ``None``: no end), checked exact at ``lower - 1``."""
+
+    lower: int
+    upper: int | None
+    batches: tuple[StoredBatch, ...]
+
+
+Event: TypeAlias = pa.Table | Progress[int] | PartsEvent
+"""An update batch (the shaped columns, ``time``, ``diff``) or a progress statement; or, in
+a parts-only subscription, a ``PartsEvent`` per interval instead of both."""
 
 DEFAULT_MAX_ROWS = 65_536
 # Well under the gRPC message limit (tidemark.rpc.server.MAX_MESSAGE_BYTES), whatever the rows.
@@ -61,6 +73,9 @@ class SubscribeSpec:
     """End once the upper reaches this (``None``: never; ``{}`` ends with the collection)."""
     as_of: int | None = None
     max_rows: int = 0
+    parts_only: bool = False
+    """Name the parts holding each interval's updates instead of sending them (no
+    snapshot, no shaping)."""
 
 
 def _before(a: int | None, b: int | None) -> bool:
@@ -107,6 +122,8 @@ class Subscriptions:
                 f"{frontier_text(record.frontier)} (collection {collection_id} has since "
                 f"{frontier_text(state.since)})"
             )
+        if spec.parts_only and (spec.snapshot or spec.columns or spec.row_filter is not None):
+            raise InvalidArgument("a parts-only subscription has no snapshot, columns or filter")
         stop = None if spec.stop_at is None else frontier_bound(spec.stop_at)
         if stop is not None and stop <= as_of:
             raise InvalidArgument(f"stop_at {{{stop}}} must be beyond the starting time {as_of}")
@@ -121,6 +138,17 @@ class Subscriptions:
                 state = expire_leases(versioned.state, self.clock())
                 require_capability(state, capability_id, CapabilityKind.READ)
                 target = _earliest(frontier_bound(state.upper), stop)
+                if spec.parts_only:
+                    # The first interval starts after ``as_of`` (no snapshot).
+                    last = sent if started else as_of
+                    assert last is not None
+                    if not _before(last, target):
+                        continue
+                    yield _parts(state, last + 1 if not started else last, target)
+                    started, sent = True, target
+                    if target is None or target == stop:
+                        return
+                    continue
                 if not started:
                     if not _before(as_of, target):
                         continue
@@ -157,3 +185,18 @@ class Subscriptions:
                 return  # the state says so too; the stream ends when it sees that
             except TidemarkError as exc:
                 log.warning("lease_renewal_failed", collection=collection_id, error=exc.message)
+
+
+def _parts(state: ShardState, lower: int, upper: int | None) -> PartsEvent:
+    """The batches of ``state`` that may hold updates in ``[lower, upper)``, each still
+    exact at ``lower - 1`` (as ``Reader.interval`` requires of what it reads)."""
+    chosen = overlapping(state.batches, lower, upper)
+    for batch in chosen:
+        if not batch.since.less_equal(lower - 1):
+            raise FailedPrecondition(
+                f"collection {state.collection_id} was compacted to "
+                f"{frontier_text(batch.since)}, past the time {lower - 1} being read "
+                f"(since {frontier_text(state.since)}); hold a read capability at or before "
+                "the times you read"
+            )
+    return PartsEvent(lower, upper, tuple(chosen))

@@ -34,7 +34,15 @@ from tidemark.clients.storage import (
     row_filter,
     where,
 )
-from tidemark.columnar import Column, ColumnType, RelationSchema, table_from_updates, to_ipc
+from tidemark.columnar import (
+    Column,
+    ColumnType,
+    RelationSchema,
+    from_parquet,
+    table_from_updates,
+    to_ipc,
+    updates_from_table,
+)
 from tidemark.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -446,6 +454,31 @@ async def test_subscription_options_and_errors(client: StorageClient) -> None:
         await anext(client.subscribe(later, as_of=1))
     with pytest.raises(InvalidArgument, match="beyond the starting time"):
         await anext(client.subscribe(later, stop_at=2))
+
+
+async def test_a_parts_subscription_names_the_parts_of_every_interval(
+    client: StorageClient,
+) -> None:
+    cid = new_id()
+    pair = await client.create(cid, SCHEMA)
+    await client.append(pair.write, [((1, "a"), 0, 1), ((2, "b"), 1, 1)], 2)
+    stream = client.subscribe_parts(pair.read, as_of=0, stop_at=4)
+    first = await anext(stream)
+    # Without the snapshot: the interval after as_of, in the one batch holding times 0 and 1.
+    assert (first.lower, first.upper) == (1, 2)
+    assert len(first.parts) == 1 and first.parts[0].rows == 2
+    await client.append(pair.write, [((3, "c"), 3, 1), ((1, "a"), 3, -1)], 4, expected_upper=2)
+    second = await anext(stream)
+    assert (second.lower, second.upper) == (2, 4)
+    assert [p.rows for p in second.parts] == [2]
+    assert second.parts[0].key not in {p.key for p in first.parts}
+    assert [p async for p in stream] == []  # ends at stop_at
+    # The parts hold the updates, read straight from the blob store.
+    async with await open_blob(second.blob_url) as blob:
+        data = await blob.get_existing(second.parts[0].key)
+    assert sorted(updates_from_table(from_parquet(data))) == [((1, "a"), 3, -1), ((3, "c"), 3, 1)]
+    with pytest.raises(PermissionDenied):
+        await anext(client.subscribe_parts(pair.write))
 
 
 async def test_subscriber_is_pushed_appends_made_through_another_storage_process(

@@ -39,6 +39,7 @@ from tidemark.columnar import (
     Row,
     RowUpdate,
     from_ipc,
+    frontier_bound,
     slices,
     table_from_updates,
     to_ipc,
@@ -209,6 +210,31 @@ class WrittenPart:
     key: str
     rows: int
     bytes: int
+
+
+@dataclass(frozen=True)
+class PartsInterval:
+    """One interval of ``Storage.SubscribeParts``: the parts in the blob store at
+    ``blob_url`` holding the updates at times in ``[lower, upper)`` (``upper`` ``None``: the
+    collection is closed), readable for at least ``retired_grace_ms`` after it came."""
+
+    lower: int
+    upper: int | None
+    blob_url: str
+    parts: list[BatchInfo]
+    retired_grace_ms: int
+
+    @classmethod
+    def from_proto(cls, proto: storage_pb2.PartsInterval) -> PartsInterval:
+        lower = frontier_bound(frontier_from_proto(proto.lower))
+        assert lower is not None
+        return cls(
+            lower,
+            frontier_bound(frontier_from_proto(proto.upper)),
+            proto.blob_url,
+            [BatchInfo.from_proto(b) for b in proto.parts],
+            proto.retired_grace_ms,
+        )
 
 
 @dataclass(frozen=True)
@@ -667,6 +693,25 @@ class StorageClient(GrpcClient):
             options.as_of = as_of
         request = storage_pb2.SubscribeRequest(capability=capability.ref, options=options)
         return stream(self.stub.SubscribeAt, request, timeout=timeout)
+
+    async def subscribe_parts(
+        self,
+        capability: Capability,
+        *,
+        as_of: int | None = None,
+        stop_at: FrontierLike | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the gRPC deadline, passed through)
+    ) -> AsyncIterator[PartsInterval]:
+        """``Storage.SubscribeParts``: for every interval the upper moves by after ``as_of``,
+        the parts holding its updates. Stop iterating to cancel it."""
+        options = storage_pb2.SubscribeOptions(no_snapshot=True)
+        if stop_at is not None:
+            options.stop_at.CopyFrom(frontier_to_proto(frontier(stop_at)))
+        if as_of is not None:
+            options.as_of = as_of
+        request = storage_pb2.SubscribeRequest(capability=capability.ref, options=options)
+        async for message in stream(self.stub.SubscribeParts, request, timeout=timeout):
+            yield PartsInterval.from_proto(message)
 
     async def subscribe_arrow(
         self, capability: Capability, **options: Any

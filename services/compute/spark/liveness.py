@@ -52,6 +52,25 @@ class Liveness:
             )
 
 
+@dataclass(frozen=True)
+class ClusterStart:
+    """How a process's resident clusters start and are watched: ``liveness`` for every
+    connection, ``connect_timeout_s`` for one launch of the tasks until all have connected,
+    ``attempts`` launches before a start gives up."""
+
+    liveness: Liveness = Liveness()
+    connect_timeout_s: float = 120.0
+    attempts: int = 3
+
+    def __post_init__(self) -> None:
+        if self.connect_timeout_s <= 0:
+            raise InvalidArgument(
+                f"a cluster start needs a positive timeout, not {self.connect_timeout_s}"
+            )
+        if self.attempts < 1:
+            raise InvalidArgument(f"a start needs at least one attempt, not {self.attempts}")
+
+
 class PeerLost(Exception):
     """Peer ``index`` broke its connection, or said nothing for longer than the deadline."""
 

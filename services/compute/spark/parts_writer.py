@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -24,6 +25,9 @@ from services.compute.spark.parts_source import DIFF, column, s3_credentials
 from tidemark.clients.storage import WrittenPart
 from tidemark.columnar import RelationSchema
 from tidemark.columnar.schema import TIME_COLUMN, TIME_TYPE
+
+if TYPE_CHECKING:
+    from tidemark.blob import Blob
 
 _WRITTEN = StructType(
     [
@@ -78,7 +82,7 @@ def write_parts_counted(
         updates = pa.table(
             [*data, times, table.column(len(columns))], names=[*columns, TIME_COLUMN, DIFF]
         ).cast(update_schema)
-        written = asyncio.run(_store(blob_url, collection_id, updates))
+        written = asyncio.run(store_part(blob_url, collection_id, updates))
         diffs = pc.sum(table.column(len(columns))).as_py() or 0
         yield pa.record_batch(
             [
@@ -100,16 +104,24 @@ def write_parts_counted(
     return parts, sum(row["diffs"] for row in rows)
 
 
-async def _store(blob_url: str, collection_id: str, updates: pa.Table) -> WrittenPart:
+async def store_part(blob_url: str, collection_id: str, updates: pa.Table) -> WrittenPart:
+    """Stores ``updates`` (a table of the update schema) as a Parquet part of ``collection_id``
+    under a fresh part key; the part is not committed."""
     # Imported here: only executors write parts.
+    from tidemark.blob import open_blob
+
+    async with await open_blob(blob_url) as blob:
+        return await put_part(blob, collection_id, updates)
+
+
+async def put_part(blob: Blob, collection_id: str, updates: pa.Table) -> WrittenPart:
+    """``store_part`` into a blob store already open (a ``tidemark.blob`` store)."""
     import time as clock
 
-    from tidemark.blob import open_blob
     from tidemark.columnar import to_parquet
     from tidemark.part_keys import new_part_key
 
     data = to_parquet(updates)
     key = new_part_key(collection_id, int(clock.time() * 1000))
-    async with await open_blob(blob_url) as blob:
-        await blob.put(key, data)
+    await blob.put(key, data)
     return WrittenPart(key, updates.num_rows, len(data))

@@ -46,6 +46,40 @@ class Step:
     sources: dict[int, list[Update]]
     constants_at: int | None
     index_upper: int
+    io: StepIO | None = None
+    """With it, the task also reads input parts and writes its output share as a part."""
+
+
+@dataclass(frozen=True)
+class StepIO:
+    """A step's ends in storage, for a task that reads and writes them itself
+    (``step_io.py``). ``parts[node_id]``: the parts of that source's collection this task
+    reads, each as ``(key, lower, upper)``: only its updates at times in ``[lower, upper)``
+    count (a part may hold others). ``output_collection``: where the task writes its share
+    of the output as one Parquet part (``""``: it answers with the updates instead);
+    ``output_schema`` is that collection's serialized ``RelationSchema``; ``return_rows``:
+    also answer with the updates. Parts live in the blob store at ``blob_url``, opened with
+    the S3 credentials in ``environment``. The reply is a ``StepWritten``."""
+
+    blob_url: str
+    environment: dict[str, str]
+    parts: dict[int, list[tuple[str, int, int]]]
+    output_collection: str
+    output_schema: bytes
+    return_rows: bool
+
+
+@dataclass(frozen=True)
+class StepWritten:
+    """A task's answer to a ``Step`` with ``StepIO`` writing the output: its part ``(key,
+    rows, bytes)`` (None: its share was empty), the least and greatest time in it, the sum of
+    its diffs, and its updates when asked for (else None). Shares are disjoint by row."""
+
+    part: tuple[str, int, int] | None
+    least: int
+    greatest: int
+    diffs: int
+    updates: list[Update] | None
 
 
 @dataclass(frozen=True)

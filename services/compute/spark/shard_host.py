@@ -38,9 +38,12 @@ from services.compute.spark.requests import (
     Request,
     Stats,
     Step,
+    StepIO,
+    StepWritten,
     Stop,
 )
 from services.compute.spark.staging import decode, get_all, rows_and_diffs
+from services.compute.spark.step_io import read_sources, write_share
 from services.compute.spark.transport import normalizer
 from services.compute.spark.wire import ConnectionLost
 from tidemark.errors import (
@@ -98,6 +101,9 @@ class HostedDataflow:
 
 INDEX_EXCHANGE = -2
 """The node id of a step's last exchange: the output, to the shards owning its index keys."""
+
+OUTPUT_EXCHANGE = -3
+"""Without an index, the exchange of a step's output by row before the tasks write it."""
 
 
 class ShardHost:
@@ -224,7 +230,7 @@ class ShardHost:
             graph, ShardWorker(graph, self.shard, budget=self.budget), index
         )
 
-    def _step(self, request: Step) -> list[Update]:
+    def _step(self, request: Step) -> list[Update] | StepWritten:
         # Counted first, whatever happens next: every task numbers the same steps alike.
         self._steps += 1
         step = self._steps
@@ -239,7 +245,7 @@ class ShardHost:
                 self.mesh.fail_step(step)
             raise
 
-    def _run_step(self, step: int, request: Step) -> list[Update]:
+    def _run_step(self, step: int, request: Step) -> list[Update] | StepWritten:
         """Pushes this task's share of a step through the graph in topological order, as
         ``Dataflow._run`` does for all shards: linear operators on what this task holds, and
         before each stateful node an exchange with every other task."""
@@ -250,12 +256,13 @@ class ShardHost:
                 raise Internal(f"injected fault ({FAULT_ENV}) in Step {self._fault_count}")
         graph = hosted.graph
         nodes = graph.nodes
+        sources = self._step_sources(request)
         held: dict[int, list[Update]] = {}
         pending = {node.id: node.consumers for node in nodes}
         for node in nodes:
             op = node.operator
             if isinstance(op, GetSource):
-                output = op.normalize.apply([list(request.sources.get(node.id, ()))])
+                output = op.normalize.apply([sources.get(node.id, [])])
             elif isinstance(op, ConstantSource):
                 at = request.constants_at
                 output = (
@@ -288,19 +295,51 @@ class ShardHost:
                 if pending[i] == 0 and i != graph.root:
                     del held[i]
         output = consolidate(held[graph.root])
+        indexed: list[Update] | None = None
         if hosted.index is not None:
             columns = hosted.index.key_columns
             parts: list[tuple[list[Update], ...]] = [([],) for _ in range(self.shards)]
             for update in output:
                 parts[shard_of(tuple(update[0][c] for c in columns), self.shards)][0].append(update)
             owned = self._exchange(step, INDEX_EXCHANGE, parts)
-            hosted.index.apply(
-                normalizer(graph.output_types).apply(
-                    [[update for part in owned for update in part[0]]]
-                ),
-                request.index_upper,
+            indexed = normalizer(graph.output_types).apply(
+                [[update for part in owned for update in part[0]]]
             )
+            hosted.index.apply(indexed, request.index_upper)
+        if request.io is not None and request.io.output_collection:
+            return self._write_output(step, request.io, graph, output, indexed)
         return output
+
+    def _step_sources(self, request: Step) -> dict[int, list[Update]]:
+        """The step's source updates this task holds: those the driver sent, and those of
+        the input parts it dealt this task (read first, so a part that is gone fails the
+        step before any state changed)."""
+        sources = {node_id: list(updates) for node_id, updates in request.sources.items()}
+        if request.io is not None:
+            for node_id, updates in read_sources(request.io).items():
+                sources.setdefault(node_id, []).extend(updates)
+        return sources
+
+    def _write_output(
+        self,
+        step: int,
+        io: StepIO,
+        graph: Graph,
+        output: list[Update],
+        indexed: list[Update] | None,
+    ) -> StepWritten:
+        """Writes this task's share of the output as a part: with an index, the updates its
+        index keys own (disjoint by row already); without, those whose row it owns, after
+        an exchange by the whole row."""
+        if indexed is None:
+            parts: list[tuple[list[Update], ...]] = [([],) for _ in range(self.shards)]
+            for update in output:
+                parts[shard_of(update[0], self.shards)][0].append(update)
+            owned = self._exchange(step, OUTPUT_EXCHANGE, parts)
+            indexed = normalizer(graph.output_types).apply(
+                [[update for part in owned for update in part[0]]]
+            )
+        return write_share(io, indexed)
 
     def _exchange(
         self, step: int, node_id: int, parts: list[tuple[list[Update], ...]]

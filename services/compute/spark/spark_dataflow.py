@@ -18,15 +18,18 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from services.compute.dataflow.batch import Row, Update, consolidate
 from services.compute.dataflow.dataflow import Batches, Dataflow
 from services.compute.dataflow.guard import UNGUARDED, Guard, row_bytes
 from services.compute.dataflow.work import StateSize, Work
-from services.compute.spark.requests import Hydrate, Request
+from services.compute.spark.requests import Hydrate, Request, Step, StepIO, StepWritten
 from services.compute.spark.resident import ResidentCluster, install_request
 from services.compute.spark.transport import normalizer
-from tidemark.errors import FailedPrecondition
+from tidemark.clients.storage import WrittenPart
+from tidemark.columnar import RelationSchema
+from tidemark.errors import FailedPrecondition, InvalidArgument
 from tidemark.logging import get_logger
 from tidemark.v1 import plan_pb2
 
@@ -36,6 +39,50 @@ ShardRebuild = Callable[[int, int, Callable[[Request], object]], None]
 """Rebuilds a dataflow's state of one shard as of a time on a replacing task, by the bulk
 path (``engines.SparkEngineDataflow``): called with the shard, the time and the function
 that sends that task a request."""
+
+
+@dataclass(frozen=True)
+class PartWindow:
+    """An input part to read in a step: its updates at times in ``[lower, upper)``."""
+
+    key: str
+    lower: int
+    upper: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class OutputSink:
+    """Where the tasks write the output's parts: a collection of ``schema`` in the blob
+    store at ``blob_url``."""
+
+    collection_id: str
+    blob_url: str
+    schema: RelationSchema
+
+
+@dataclass
+class IoStep:
+    """A step run by :meth:`SparkDataflow.step_io`: the output's upper; its parts written
+    by the tasks (with a sink), the least and greatest time in them and the sum of their
+    diffs; and the output updates, when asked for or without a sink (else None)."""
+
+    upper: int
+    updates: list[Update] | None
+    parts: list[WrittenPart] = field(default_factory=list)
+    least: int | None = None
+    greatest: int | None = None
+    diffs: int = 0
+
+
+@dataclass
+class IoCounters:
+    """What passed through the driver in ``step_io`` steps: input rows it dealt (the rows
+    path), input parts it dealt, output rows the tasks sent it."""
+
+    input_rows: int = 0
+    input_parts: int = 0
+    output_rows: int = 0
 
 
 class SparkDataflow(Dataflow):
@@ -62,6 +109,7 @@ class SparkDataflow(Dataflow):
         # The upper the step being run gives the tasks' index (set before ``_run``).
         self._index_upper = as_of + 1
         self._ran = False
+        self.io_counters = IoCounters()
         self.rebuild: ShardRebuild | None = None
         """How a lost shard's state is rebuilt (None: it cannot be; the cluster fails)."""
         self.shard_restores = 0
@@ -185,3 +233,128 @@ class SparkDataflow(Dataflow):
                 [[update for result in results for update in result]]
             )
         )
+
+    def step_io(
+        self,
+        batches: Batches,
+        parts: Mapping[str, Sequence[PartWindow]],
+        input_upper: int,
+        *,
+        blob_url: str,
+        environment: Mapping[str, str],
+        sink: OutputSink | None,
+        return_rows: bool,
+    ) -> IoStep:
+        """``step`` where the tasks read the inputs' ``parts`` (per collection; with any
+        ``batches`` of rows besides) from the blob store at ``blob_url`` themselves, and,
+        with a ``sink``, write the output's parts there (not committed); the output's
+        updates come back only with ``return_rows`` or without a sink. The driver deals
+        parts, not rows: each to the task with the fewest bytes so far, largest first."""
+        lower = self._upper
+        if lower is None:
+            raise FailedPrecondition("hydrate the dataflow before stepping it")
+        if self._dropped:
+            raise FailedPrecondition(f"dataflow {self.dataflow_id!r} was dropped")
+        if not lower <= input_upper:
+            raise InvalidArgument(f"input upper {input_upper} is before the dataflow's {lower}")
+        rows = self._step_rows(batches, lower, input_upper)
+        windows = [
+            (
+                self._input_node(cid).id,
+                PartWindow(w.key, max(w.lower, lower), min(w.upper, input_upper), w.bytes),
+            )
+            for cid, listed in parts.items()
+            for w in listed
+            if max(w.lower, lower) < min(w.upper, input_upper)
+        ]
+        if not rows and not windows:
+            self._upper = input_upper
+            if self.index_key_columns is not None:
+                self.cluster.apply_index(
+                    self.dataflow_id, [[] for _ in range(self.shards)], input_upper
+                )
+            return IoStep(input_upper, [] if sink is None or return_rows else None)
+        dealt = _deal(windows, self.shards)
+        shares: list[dict[int, list[Update]]] = [{} for _ in range(self.shards)]
+        for node_id, updates in rows.items():
+            size = -(-len(updates) // self.shards)
+            for shard, share in enumerate(shares):
+                if piece := updates[shard * size : (shard + 1) * size]:
+                    share[node_id] = piece
+        schema = b"" if sink is None else sink.schema.to_proto().SerializeToString()
+        requests = [
+            Step(
+                self.dataflow_id,
+                shares[shard],
+                None,
+                input_upper,
+                StepIO(
+                    blob_url if sink is None else sink.blob_url,
+                    dict(environment),
+                    dealt[shard],
+                    "" if sink is None else sink.collection_id,
+                    schema,
+                    return_rows,
+                ),
+            )
+            for shard in range(self.shards)
+        ]
+        if sink is not None and sink.blob_url != blob_url and windows:
+            raise InvalidArgument("the inputs' parts and the output's live in one blob store")
+        results = self.cluster.call(requests)
+        self._upper = input_upper
+        self.io_counters.input_rows += sum(len(updates) for updates in rows.values())
+        self.io_counters.input_parts += len(windows)
+        if sink is None:
+            output = self._consolidated(
+                [update for result in results for update in result]  # type: ignore[attr-defined]
+            )
+            self.io_counters.output_rows += len(output)
+            return IoStep(input_upper, output)
+        written = [r for r in results if isinstance(r, StepWritten)]
+        assert len(written) == len(results)
+        done = IoStep(input_upper, None)
+        for result in written:
+            if result.part is not None:
+                done.parts.append(WrittenPart(*result.part))
+                done.least = result.least if done.least is None else min(done.least, result.least)
+                done.greatest = max(done.greatest or 0, result.greatest)
+                done.diffs += result.diffs
+        if return_rows:
+            # Disjoint by row across the tasks: nothing to consolidate.
+            done.updates = normalizer(self.graph.output_types).apply(
+                [[update for result in written for update in result.updates or ()]]
+            )
+            self.io_counters.output_rows += len(done.updates)
+        return done
+
+    def _step_rows(self, batches: Batches, lower: int, input_upper: int) -> dict[int, list[Update]]:
+        by_node: dict[int, list[Update]] = {}
+        for collection_id, updates in batches.items():
+            node = self._input_node(collection_id)
+            held = by_node.setdefault(node.id, [])
+            for row, time, diff in updates:
+                if not lower <= time < input_upper:
+                    raise InvalidArgument(
+                        f"update of {collection_id!r} at time {time} is outside "
+                        f"[{lower}, {input_upper})"
+                    )
+                held.append((self._checked_row(node, row), time, diff))
+        return {node_id: held for node_id, held in by_node.items() if held}
+
+    def _consolidated(self, updates: list[Update]) -> list[Update]:
+        return consolidate(normalizer(self.graph.output_types).apply([updates]))
+
+
+def _deal(
+    windows: Sequence[tuple[int, PartWindow]], shards: int
+) -> list[dict[int, list[tuple[str, int, int]]]]:
+    """Each part to the shard with the fewest bytes dealt so far (then the fewest parts),
+    largest first: a balanced share of the reading, decoding and linear work."""
+    dealt: list[dict[int, list[tuple[str, int, int]]]] = [{} for _ in range(shards)]
+    load = [(0, 0)] * shards
+    for node_id, window in sorted(windows, key=lambda item: -item[1].bytes):
+        shard = min(range(shards), key=load.__getitem__)
+        dealt[shard].setdefault(node_id, []).append((window.key, window.lower, window.upper))
+        load[shard] = (load[shard][0] + window.bytes, load[shard][1] + 1)
+    return dealt

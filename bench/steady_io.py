@@ -1,0 +1,252 @@
+"""Steady state with the data work on the resident tasks (issue #14 item 1):
+``.venv/bin/python bench/steady_io.py [--orders 100000] [--steps 150]``.
+
+The compute benchmark's view (``bench/compute_view.py``: ``orders ⋈ customers`` grouped by
+region) as a ``SparkDataflow`` on a ``ResidentCluster`` of two shards, its inputs and output
+collections in a storage process (a local directory). Each step's delta (1,000 changed rows
+over 10 times) is appended to storage as one batch; the view then steps through it, the two
+ways alternating step by step, so both see the same load:
+
+- **rows** (before): the driver reads the interval's rows (``SubscribeAt``, decoded to rows
+  as ``InputFollower`` does), deals them out (``SparkDataflow.step``), gets the tasks' output
+  shares back, consolidates them and appends them (``OutputWriter.write``);
+- **parts** (after): the driver reads the interval's part keys (``SubscribeParts``), deals
+  them out (``SparkDataflow.step_io``: the tasks read the part and write the output's parts),
+  and commits the parts (``OutputWriter.write_parts``). No output row comes back.
+
+Per step: the wall time and the driver's CPU (``getrusage(RUSAGE_SELF)``: this process, all
+its threads; not the storage process, Spark's JVM or the tasks) from reading the interval to
+the commit, and for the engine call alone (``step`` / ``step_io``, which benchmark (g)
+times). Then as many steps of one changed order each way (the fixed cost of a step). Each
+run records the load average. The output collection must equal the view
+evaluated in-process at the end, or the run stops. Writes ``bench/results/steady_io.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import resource
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))  # for bench.* and tests.support when run as a script
+
+from bench.common import Latency, load_average, percentile  # noqa: E402
+from bench.compute_view import (  # noqa: E402
+    CUSTOMERS,
+    DELTA_TIMES,
+    DELTA_UPDATES,
+    ORDERS,
+    Workload,
+    view_plan,
+)
+from services.compute.dataflow import Dataflow  # noqa: E402
+from services.compute.output import OutputWriter  # noqa: E402
+from services.compute.spark import ResidentCluster, SparkDataflow, spark_session  # noqa: E402
+from services.compute.spark.parts_source import s3_credentials  # noqa: E402
+from services.compute.spark.spark_dataflow import OutputSink, PartWindow  # noqa: E402
+from tests.support.storage import embedded_backends, start_storage  # noqa: E402
+from tidemark.cdc import Progress  # noqa: E402
+from tidemark.clients.storage import StorageClient  # noqa: E402
+from tidemark.columnar import updates_from_table  # noqa: E402
+from tidemark.plan import derive_schema  # noqa: E402
+
+RESULTS = REPO_ROOT / "bench" / "results" / "steady_io.json"
+SHARDS = 2
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+class Timer:
+    """Wall and driver CPU seconds of the calls it wraps, per call."""
+
+    def __init__(self) -> None:
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+
+    async def timed(self, work: Callable[[], Any]) -> Any:
+        wall, cpu = time.perf_counter(), _cpu()
+        result = await work()
+        self.cpu.append(_cpu() - cpu)
+        self.wall.append(time.perf_counter() - wall)
+        return result
+
+    def summary(self) -> dict[str, float]:
+        ordered = sorted(self.wall)
+        return {
+            "p50_ms": round(percentile(ordered, 0.5) * 1000, 2),
+            "p90_ms": round(percentile(ordered, 0.9) * 1000, 2),
+            "driver_cpu_ms_per_step": round(sum(self.cpu) / len(self.cpu) * 1000, 3),
+        }
+
+
+async def run(orders: int, steps: int, warmup: int, small_steps: int) -> dict[str, Any]:
+    directory = Path(tempfile.mkdtemp(prefix="steady-io-"))
+    storage = start_storage(
+        embedded_backends(directory),
+        extra=("--lease-seconds", "600", "--retired-blob-grace", "600"),
+    )
+    client = StorageClient(storage.address, timeout=30.0)
+    spark = spark_session(min_slots=SHARDS + 4)
+    workload = Workload(orders)
+    plan = view_plan("u101", "u102")
+    schema = derive_schema(plan.root)
+    want: dict[Any, int] = {}
+
+    def apply(updates: Any) -> None:
+        for row, _, diff in updates:
+            want[row] = want.get(row, 0) + diff
+
+    try:
+        pairs = {
+            "orders": await client.create("u101", ORDERS),
+            "customers": await client.create("u102", CUSTOMERS),
+        }
+        for pair in pairs.values():
+            await client.append(pair.write, [], 1, expected_upper=0)
+        output = await client.create("u103", schema)
+        writer = OutputWriter(client, output.write, schema, "bench-view", 0)
+        local = Dataflow(view_plan("u101", "u102"), as_of=0)
+        with ResidentCluster(spark, SHARDS) as cluster:
+            dataflow = SparkDataflow(plan, as_of=0, cluster=cluster)
+            snapshot = workload.snapshot()
+            renamed = {"u101": snapshot["orders"], "u102": snapshot["customers"]}
+            hydrated, upper = await asyncio.to_thread(dataflow.hydrate, renamed)
+            apply(local.hydrate(renamed)[0])
+            del snapshot, renamed
+            await writer.write(hydrated, upper)
+            listing = await client.list_parts(pairs["orders"].read, 0)
+            sink = OutputSink("u103", listing.blob_url, schema)
+            environment = s3_credentials()
+            timers = {name: (Timer(), Timer()) for name in ("rows", "parts", "rows-1", "parts-1")}
+            loads: list[float] = []
+
+            async def rows_step(lower: int, upper: int, timed: bool, kind: str = "rows") -> None:
+                whole, engine = timers[kind]
+
+                async def work() -> None:
+                    tables = []
+                    async for event in client.subscribe_arrow(
+                        pairs["orders"].read, as_of=lower - 1, snapshot=False, stop_at=upper
+                    ):
+                        if not isinstance(event, Progress) and event.num_rows:
+                            tables.append(event)
+                    batch = [u for table in tables for u in updates_from_table(table)]
+
+                    async def call() -> Any:
+                        return await asyncio.to_thread(dataflow.step, {"u101": batch}, upper)
+
+                    result, _ = await (engine.timed(call) if timed else call())
+                    await writer.write(result, upper)
+
+                await (whole.timed(work) if timed else work())
+
+            async def parts_step(lower: int, upper: int, timed: bool, kind: str = "parts") -> None:
+                whole, engine = timers[kind]
+
+                async def work() -> None:
+                    windows = [
+                        PartWindow(part.key, interval.lower, interval.upper or upper, part.bytes)
+                        async for interval in client.subscribe_parts(
+                            pairs["orders"].read, as_of=lower - 1, stop_at=upper
+                        )
+                        for part in interval.parts
+                    ]
+
+                    def step() -> Any:
+                        return dataflow.step_io(
+                            {},
+                            {"u101": windows},
+                            upper,
+                            blob_url=listing.blob_url,
+                            environment=environment,
+                            sink=sink,
+                            return_rows=False,
+                        )
+
+                    async def call() -> Any:
+                        return await asyncio.to_thread(step)
+
+                    done = await (engine.timed(call) if timed else call())
+                    times = (done.least or 0, done.greatest or 0)
+                    await writer.write_parts(done.parts, times, upper)
+
+                await (whole.timed(work) if timed else work())
+
+            plan_steps = [(DELTA_UPDATES, DELTA_TIMES, "")] * (2 * (warmup + steps))
+            plan_steps += [(1, 1, "-1")] * (2 * small_steps)
+            for number, (updates, times, suffix) in enumerate(plan_steps):
+                delta, upper = workload.delta(updates, times)
+                lower = upper - times
+                renamed_delta = {"u101": delta}
+                await client.append(pairs["orders"].write, delta, upper, expected_upper=lower)
+                await client.append(pairs["customers"].write, [], upper, expected_upper=lower)
+                apply(local.step(renamed_delta, upper)[0])
+                timed = number >= 2 * warmup and (suffix or number < 2 * (warmup + steps))
+                if timed:
+                    loads.append(load_average())
+                if number % 2 == 0:
+                    await rows_step(lower, upper, timed, "rows" + suffix)
+                else:
+                    await parts_step(lower, upper, timed, "parts" + suffix)
+            final = (await client.snapshot(output.read, upper - 1)).version()
+            if final != {row: n for row, n in want.items() if n}:
+                raise SystemExit("the output collection is not the view: the run is worthless")
+            dataflow.drop()
+        return {
+            "orders": orders,
+            "steps_each": steps,
+            "load_average": round(sum(loads) / len(loads), 2),
+            "rows_path": {
+                "step": timers["rows"][0].summary(),
+                "engine": timers["rows"][1].summary(),
+            },
+            "parts_path": {
+                "step": timers["parts"][0].summary(),
+                "engine": timers["parts"][1].summary(),
+            },
+            "one_update_rows_path": {
+                "step": timers["rows-1"][0].summary(),
+                "engine": timers["rows-1"][1].summary(),
+            },
+            "one_update_parts_path": {
+                "step": timers["parts-1"][0].summary(),
+                "engine": timers["parts-1"][1].summary(),
+            },
+            "step_latency_rows": Latency.of(timers["rows"][0].wall).__dict__,
+            "step_latency_parts": Latency.of(timers["parts"][0].wall).__dict__,
+            "python": platform.python_version(),
+        }
+    finally:
+        await client.close()
+        storage.kill()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--orders", type=int, default=100_000)
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--small-steps", type=int, default=60, help="1-update steps, each way")
+    args = parser.parse_args()
+    result = asyncio.run(run(args.orders, args.steps, args.warmup, args.small_steps))
+    print(json.dumps(result, indent=2))
+    runs = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
+    runs.append(result)
+    RESULTS.write_text(json.dumps(runs, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

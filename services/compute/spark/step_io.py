@@ -1,0 +1,125 @@
+"""A step's ends in storage, inside a resident task: it reads the input parts the driver
+dealt it and writes its share of the output as one Parquet part, so neither the input updates
+nor the output pass through the driver (which deals part keys and commits the parts).
+
+Input: a part may hold updates at times outside the window the driver named (a batch that
+compaction merged, or one a step boundary cuts); only those in the window count, so a part
+named for two steps, or twice in one step under two windows, is never counted twice.
+
+Output: the task's share must be disjoint by row from the other tasks' shares (a batch of
+storage holds each row and time once). With an index the step's last exchange already sent
+every output update to the task owning its index key; without one, the output is exchanged
+by the whole row first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import threading
+from urllib.parse import urlsplit
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from services.compute.dataflow.batch import Update, consolidate
+from services.compute.spark.parts_source import MISSING_PART, MissingPart, read_parts
+from services.compute.spark.parts_writer import put_part
+from services.compute.spark.requests import StepIO, StepWritten
+from tidemark.blob import Blob, open_blob
+from tidemark.columnar import RelationSchema, select_times, table_from_updates, updates_from_table
+from tidemark.v1 import common_pb2
+
+
+def read_sources(io: StepIO) -> dict[int, list[Update]]:
+    """The updates of the parts dealt to this task, per source node, each part's only at
+    times in its window. A part gone from the blob store raises ``MissingPart`` before any
+    state changed (the driver then runs the step from rows)."""
+    keys = [key for windows in io.parts.values() for key, _, _ in windows]
+    if not keys:
+        return {}
+    tables = _read(io, keys)
+    sources: dict[int, list[Update]] = {}
+    for node_id, windows in io.parts.items():
+        held: list[Update] = []
+        for key, lower, upper in windows:
+            chosen = select_times(tables[key], lower, upper)
+            if chosen.num_rows:
+                held.extend(updates_from_table(chosen))
+        if held:
+            sources[node_id] = held
+    return sources
+
+
+def write_share(io: StepIO, share: list[Update]) -> StepWritten:
+    """Writes this task's output share (disjoint by row from the others') as one part of
+    the output collection, not committed; the reply names it."""
+    updates = consolidate(share)
+    rows = updates if io.return_rows else None
+    if not updates:
+        return StepWritten(None, 0, 0, 0, rows)
+    table = table_from_updates(_schema(io.output_schema), updates)
+    os.environ.update(io.environment)
+    loop = _loop()
+    written = loop.run_until_complete(
+        put_part(_open(loop, io.blob_url), io.output_collection, table)
+    )
+    times = [time for _, time, _ in updates]
+    return StepWritten(
+        (written.key, written.rows, written.bytes),
+        min(times),
+        max(times),
+        sum(diff for _, _, diff in updates),
+        rows,
+    )
+
+
+def _read(io: StepIO, keys: list[str]) -> dict[str, pa.Table]:
+    """The parts by key: a local directory's in place; others fetched through the blob
+    store kept open across steps (``parts_source`` would open a client per call)."""
+    if urlsplit(io.blob_url).scheme == "file":
+        return read_parts(io.blob_url, keys, io.environment)
+    os.environ.update(io.environment)
+    loop = _loop()
+    store = _open(loop, io.blob_url)
+    chosen = list(dict.fromkeys(keys))
+
+    async def fetch() -> list[bytes | None]:
+        return list(await asyncio.gather(*(store.get(key) for key in chosen)))
+
+    tables = {}
+    for key, data in zip(chosen, loop.run_until_complete(fetch()), strict=True):
+        if data is None:
+            raise MissingPart(f"{MISSING_PART}: {key} (compacted away)")
+        tables[key] = pq.read_table(pa.BufferReader(data))
+    return tables
+
+
+@functools.lru_cache(maxsize=64)
+def _schema(encoded: bytes) -> RelationSchema:
+    # Every step of a dataflow sends the same bytes: parsed once.
+    proto = common_pb2.RelationSchema()
+    proto.ParseFromString(encoded)
+    return RelationSchema.from_proto(proto)
+
+
+_local = threading.local()
+
+
+def _loop() -> asyncio.AbstractEventLoop:
+    """This thread's event loop, kept across steps: ``asyncio.run`` would start and join a
+    new loop and its worker threads every step (about 5 ms, measured, against 0.3 ms)."""
+    loop: asyncio.AbstractEventLoop | None = getattr(_local, "loop", None)
+    if loop is None or loop.is_closed():
+        loop = _local.loop = asyncio.new_event_loop()
+    return loop
+
+
+def _open(loop: asyncio.AbstractEventLoop, blob_url: str) -> Blob:
+    """The blob store at ``blob_url``, opened once per thread and kept (an S3 client keeps
+    its connections across steps)."""
+    stores: dict[str, Blob] = _local.__dict__.setdefault("stores", {})
+    if blob_url not in stores:
+        stores[blob_url] = loop.run_until_complete(open_blob(blob_url))
+    return stores[blob_url]

@@ -1,0 +1,346 @@
+"""The steady state with the data work on the resident tasks (``spark/step_io.py``,
+``RunningDataflow._step_io``): the driver follows the inputs' parts (``SubscribeParts``),
+deals them out, and commits the parts the tasks wrote; it never holds an input row.
+
+- A join + aggregate view maintained from a real storage process (a directory, and the S3
+  endpoint) through many appends: its output collection and its index equal an independent
+  evaluation at every time, while the driver dealt parts and received no input row and no
+  output row; the output's batches are the tasks' parts (two per step: one per task).
+- A part gone from the blob store (compacted away past its grace period) fails the step
+  before any state changed; the runner reads that step's rows through storage and runs it
+  again, and the output stays exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import secrets
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from services.compute.dataflow.dataflow import Batches
+from services.compute.engines import SparkEngineDataflow
+from services.compute.output import OutputWriter
+from services.compute.running import RunningDataflow, RunSettings
+from services.compute.spark import ResidentCluster, SparkDataflow
+from services.compute.spark.jobs import SparkJobs
+from services.compute.spark.spark_dataflow import IoStep, OutputSink, PartWindow
+from services.compute.spec import DataflowInputSpec, DataflowSpec
+from tests.support.reference_eval import canonical, evaluate
+from tests.support.service_process import ServiceProcess
+from tests.support.storage import (
+    FAST_SETTINGS,
+    Backends,
+    embedded_backends,
+    production_backends,
+    start_storage,
+)
+from tidemark.blob import open_blob
+from tidemark.clients.storage import Capability, PartsInterval, StorageClient
+from tidemark.columnar import Column, ColumnType, RelationSchema, frontier_bound
+from tidemark.plan import builders as pb
+from tidemark.plan import derive_schema
+from tidemark.v1 import plan_pb2
+
+pytestmark = pytest.mark.spark
+
+Row = tuple[Any, ...]
+RowUpdate = tuple[Row, int, int]
+
+ORDERS = RelationSchema(
+    [
+        Column("id", ColumnType.INT64, nullable=False),
+        Column("customer", ColumnType.INT64, nullable=False),
+        Column("amount", ColumnType.DECIMAL, precision=12, scale=2),
+    ]
+)
+CUSTOMERS = RelationSchema(
+    [Column("id", ColumnType.INT64, nullable=False), Column("region", ColumnType.TEXT)]
+)
+
+
+def _totals_plan(orders: str, customers: str) -> plan_pb2.Plan:
+    """``SELECT region, count(*), sum(amount) FROM orders JOIN customers ON customer = id
+    GROUP BY region``."""
+    joined = pb.join(pb.get(orders, ORDERS), pb.get(customers, CUSTOMERS), [1], [0])
+    root = pb.reduce(joined, [4], [pb.aggregate("count"), pb.aggregate("sum", 2)])
+    return pb.plan(root, derive_schema(root))
+
+
+@pytest.fixture(scope="module", params=["file", "s3"])
+def backends(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Backends:
+    if request.param == "file":
+        return embedded_backends(tmp_path_factory.mktemp("step-io"))
+    return production_backends(request)
+
+
+@pytest.fixture(scope="module")
+def storage(backends: Backends) -> Iterator[ServiceProcess]:
+    # Replaced parts stay a minute: no step here finds one gone.
+    process = start_storage(backends, extra=(*FAST_SETTINGS, "--retired-blob-grace", "60"))
+    yield process
+    process.kill()
+
+
+@pytest.fixture(scope="module")
+def quick_storage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    """Replaced parts are deleted half a second after compaction replaced them."""
+    process = start_storage(embedded_backends(tmp_path_factory.mktemp("quick")))
+    yield process
+    process.kill()
+
+
+class _History:
+    """Every update appended to each input, to evaluate the view at any time."""
+
+    def __init__(self) -> None:
+        self.updates: dict[str, list[RowUpdate]] = {}
+
+    def at(self, t: int) -> dict[str, dict[Row, int]]:
+        contents: dict[str, dict[Row, int]] = {}
+        for cid, updates in self.updates.items():
+            version = contents.setdefault(cid, {})
+            for row, time_, diff in updates:
+                if time_ <= t:
+                    version[row] = version.get(row, 0) + diff
+        return contents
+
+
+def _orders_batch(rng: random.Random, live: dict[int, Row], t: int) -> list[RowUpdate]:
+    """Some new orders and some retractions of live ones, at ``t``."""
+    batch: list[RowUpdate] = []
+    for _ in range(rng.randrange(5, 40)):
+        if live and rng.random() < 0.3:
+            key = rng.choice(sorted(live))
+            batch.append((live.pop(key), t, -1))
+            continue
+        key = rng.randrange(10**9)
+        if key in live:
+            continue
+        amount = None if key % 11 == 0 else Decimal(rng.randrange(-9999, 99999)) / 100
+        live[key] = (key, rng.randrange(30), amount)
+        batch.append((live[key], t, 1))
+    return batch
+
+
+async def _run_view(
+    spark: SparkSession,
+    cluster: ResidentCluster,
+    address: str,
+    *,
+    steps: int,
+    wrap: Any = None,
+    more: Callable[[], bool] = lambda: False,
+    on_hydrated: Callable[[Capability, StorageClient], None] | None = None,
+) -> tuple[RunningDataflow, SparkEngineDataflow, _History, Capability, str, StorageClient]:
+    """A view over fresh inputs, maintained by a ``RunningDataflow`` on the Spark engine
+    while ``steps`` appends land (and more while ``more()``, up to 400); returns once its
+    output is complete through them."""
+    client = StorageClient(address, timeout=20.0)
+    base = secrets.randbelow(10**12) * 10
+    orders, customers, view = f"u{base}", f"u{base + 1}", f"u{base + 2}"
+    plan = _totals_plan(orders, customers)
+    schema = derive_schema(plan.root)
+    history = _History()
+    rng = random.Random(base)
+    live: dict[int, Row] = {}
+    pairs = {
+        cid: await client.create(cid, s) for cid, s in ((orders, ORDERS), (customers, CUSTOMERS))
+    }
+    output = await client.create(view, schema)
+    regions = {c: (c, None if c % 9 == 0 else f"r{c % 5}") for c in range(30)}
+    history.updates[customers] = [(row, 0, 1) for row in regions.values()]
+    history.updates[orders] = _orders_batch(rng, live, 0)
+    for cid, pair in pairs.items():
+        await client.append(pair.write, history.updates[cid], 1, expected_upper=0)
+    as_of = 0
+    writer = OutputWriter(client, output.write, schema, f"view-{base}", 0)
+    dataflow = SparkDataflow(plan, as_of=as_of, cluster=cluster, index_key_columns=[0])
+    engine = SparkEngineDataflow(dataflow, SparkJobs(spark))
+    spec = DataflowSpec(
+        f"view-{base}",
+        plan,
+        (DataflowInputSpec(orders), DataflowInputSpec(customers)),
+        output_collection_id=view,
+        index_key_columns=(0,),
+    )
+    running = RunningDataflow(
+        spec,
+        plan,
+        schema,
+        wrap(engine, client, pairs[orders]) if wrap is not None else engine,
+        client,
+        [pair.read for pair in pairs.values()],
+        writer,
+        False,
+        as_of,
+        RunSettings("test", renew_interval_s=2.0, hold_interval_s=0.5),
+        hydrate_from_parts=True,
+    )
+    running.start()
+    await running.wait_past(as_of, time.monotonic() + 120)
+    if on_hydrated is not None:
+        on_hydrated(output.read, client)
+    upper = 1
+    step = 0
+    while step < steps or (more() and step < 400):
+        step += 1
+        t = upper
+        if step % 4 == 3:  # customers move regions now and then
+            c = rng.randrange(30)
+            new = (c, f"r{rng.randrange(5)}-{t}")
+            changes = [(regions[c], t, -1), (new, t, 1)]
+            regions[c] = new
+            history.updates[customers] += changes
+            await client.append(pairs[customers].write, changes, t + 1, expected_upper=upper)
+            await client.append(pairs[orders].write, [], t + 1, expected_upper=upper)
+        else:
+            batch = _orders_batch(rng, live, t)
+            history.updates[orders] += batch
+            await client.append(pairs[orders].write, batch, t + 1, expected_upper=upper)
+            await client.append(pairs[customers].write, [], t + 1, expected_upper=upper)
+        upper = t + 1
+        if step % 3 == 0:
+            await asyncio.sleep(0.05)  # some steps take one append, others several
+    await running.wait_past(upper - 1, time.monotonic() + 120)
+    return running, engine, history, output.read, view, client
+
+
+def _expected(plan_inputs: Mapping[str, Mapping[Row, int]], orders: str, customers: str) -> Any:
+    return canonical(evaluate(_totals_plan(orders, customers), plan_inputs))
+
+
+async def _check_exact(
+    running: RunningDataflow, history: _History, client: StorageClient, read: Capability
+) -> None:
+    """The output collection and the index equal the reference at every time."""
+    assert running.upper is not None
+    orders, customers = (f.collection_id for f in running.followers)
+    for t in range(running.as_of, running.upper):
+        want = _expected(history.at(t), orders, customers)
+        stored = (await client.snapshot(read, t)).version()
+        assert canonical(stored) == want, f"output collection at {t}"
+        assert canonical(await running.peek(t, time.monotonic() + 30)) == want, f"index at {t}"
+
+
+def test_a_view_is_exact_at_every_time_with_no_row_through_the_driver(
+    spark: SparkSession, cluster: ResidentCluster, storage: ServiceProcess
+) -> None:
+    committed: list[PartsInterval] = []
+    tasks: list[asyncio.Task[None]] = []
+
+    def follow_output(read: Capability, client: StorageClient) -> None:
+        async def collect() -> None:
+            async for interval in client.subscribe_parts(read, as_of=0):
+                committed.append(interval)
+
+        tasks.append(asyncio.create_task(collect()))
+
+    async def scenario() -> None:
+        running, engine, history, read, _view, client = await _run_view(
+            spark, cluster, storage.address, steps=24, on_hydrated=follow_output
+        )
+        collector = tasks[0]
+        try:
+            assert running.state == "running", running.error
+            await _check_exact(running, history, client, read)
+            counters = engine.io_counters
+            assert counters.input_rows == 0, "the driver dealt input rows"
+            assert counters.output_rows == 0, "output rows came back to the driver"
+            assert counters.input_parts > 0
+            assert all(f.rows_received == 0 and f.fallback_rows == 0 for f in running.followers)
+            assert sum(f.parts_received for f in running.followers) > 0
+            # Each step's output batch is the tasks' parts, one per task with output (an
+            # Append would have made one part): seen as committed, before any compaction.
+            await asyncio.sleep(0.5)
+            collector.cancel()
+            per_batch: dict[tuple[Any, ...], int] = {}
+            for interval in committed:
+                for part in interval.parts:
+                    span = (frontier_bound(part.lower), frontier_bound(part.upper))
+                    per_batch[span] = per_batch.get(span, 0) + 1
+            assert max(per_batch.values()) == 2, per_batch
+        finally:
+            await running.stop(release=True)
+            await client.close()
+
+    asyncio.run(scenario())
+
+
+class _CompactingFirst:
+    """The engine, but before its first step from parts, the first part that step names is
+    compacted away and its blob deleted (appends that trigger storage's merges, then the
+    retired-blob grace period): the tasks find it gone."""
+
+    def __init__(self, engine: SparkEngineDataflow, client: StorageClient, orders: Any) -> None:
+        self.engine = engine
+        self.client = client
+        self.orders = orders
+        self.gone: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    async def step_io(
+        self,
+        batches: Batches,
+        parts: Mapping[str, Sequence[PartWindow]],
+        input_upper: int,
+        *,
+        blob_url: str,
+        sink: OutputSink | None,
+        return_rows: bool,
+    ) -> IoStep:
+        windows = [w for listed in parts.values() for w in listed]
+        if not self.gone and windows and not batches:
+            await self._compact_away(blob_url, windows[0].key)
+        return await self.engine.step_io(
+            batches, parts, input_upper, blob_url=blob_url, sink=sink, return_rows=return_rows
+        )
+
+    async def _compact_away(self, blob_url: str, key: str) -> None:
+        """Waits (the test keeps appending, so storage keeps merging) until ``key`` is gone."""
+        async with await open_blob(blob_url) as blob:
+            deadline = time.monotonic() + 90
+            while await blob.get(key) is not None:
+                assert time.monotonic() < deadline, "storage never compacted the part away"
+                await asyncio.sleep(0.1)
+        self.gone.append(key)
+
+
+def test_a_part_gone_from_the_blob_store_runs_the_step_from_rows(
+    spark: SparkSession, cluster: ResidentCluster, quick_storage: ServiceProcess
+) -> None:
+    async def scenario() -> None:
+        wrapped: list[_CompactingFirst] = []
+
+        def wrap(engine: SparkEngineDataflow, client: StorageClient, orders: Any) -> Any:
+            wrapped.append(_CompactingFirst(engine, client, orders))
+            return wrapped[0]
+
+        running, engine, history, read, _view, client = await _run_view(
+            spark,
+            cluster,
+            quick_storage.address,
+            steps=8,
+            wrap=wrap,
+            more=lambda: not wrapped or not wrapped[0].gone,
+        )
+        try:
+            assert running.state == "running", running.error
+            assert wrapped[0].gone, "no step from parts ran"
+            # That step's rows were read through storage, once.
+            assert sum(f.fallback_rows for f in running.followers) > 0
+            assert engine.io_counters.input_rows > 0
+            await _check_exact(running, history, client, read)
+        finally:
+            await running.stop(release=True)
+            await client.close()
+
+    asyncio.run(scenario())

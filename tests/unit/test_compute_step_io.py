@@ -1,0 +1,73 @@
+"""The driver's side of steps from parts, without Spark: a follower hands parts over by time
+window, the driver deals them out by size, and the change feed skips steps whose rows stayed
+on the tasks."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import pytest
+
+from services.compute.changes import ChangeFeed, Step
+from services.compute.inputs import InputFollower
+from services.compute.spark.spark_dataflow import PartWindow, _deal
+from tidemark.clients.storage import Capability, StorageClient
+from tidemark.errors import FailedPrecondition
+
+
+class _Capability:
+    collection_id = "u1"
+
+
+def _follower(windows: list[PartWindow]) -> InputFollower:
+    follower = InputFollower(
+        cast(StorageClient, None), cast(Capability, _Capability()), 0, lambda: None, parts=True
+    )
+    follower._windows = list(windows)
+    return follower
+
+
+def test_a_step_boundary_cuts_a_parts_window_into_two_sides() -> None:
+    follower = _follower(
+        [PartWindow("a", 1, 3, 10), PartWindow("b", 3, 8, 20), PartWindow("c", 8, 9, 5)]
+    )
+    assert follower.take_parts(5) == [PartWindow("a", 1, 3, 10), PartWindow("b", 3, 5, 20)]
+    assert follower.take_parts(9) == [PartWindow("b", 5, 8, 20), PartWindow("c", 8, 9, 5)]
+    assert follower.take_parts(100) == []
+    assert not follower.snapshot
+
+
+def test_parts_are_dealt_largest_first_to_the_least_loaded_task() -> None:
+    windows = [
+        (7, PartWindow("small", 1, 2, 10)),
+        (7, PartWindow("big", 1, 2, 100)),
+        (9, PartWindow("mid", 1, 2, 60)),
+        (9, PartWindow("tiny", 2, 3, 1)),
+    ]
+    dealt = _deal(windows, 2)
+    # big -> 0; mid -> 1 (60); small -> 1 (70); tiny -> 1 (71 < 100).
+    assert dealt == [
+        {7: [("big", 1, 2)]},
+        {9: [("mid", 1, 2), ("tiny", 2, 3)], 7: [("small", 1, 2)]},
+    ]
+    # Equal sizes spread by count.
+    same = [(1, PartWindow(f"p{i}", 1, 2, 0)) for i in range(4)]
+    assert [len(d.get(1, [])) for d in _deal(same, 2)] == [2, 2]
+
+
+async def test_a_skipped_step_moves_the_feeds_window_past_it() -> None:
+    feed = ChangeFeed()
+    feed.start(5)
+    update: Any = ((1,), 5, 1)
+    feed.publish(Step(5, 6, [update]))
+    assert feed.covers(4) and not feed.has_listeners
+    feed.skip(8)
+    assert not feed.covers(4), "changes at 5..7 are not held"
+    assert feed.covers(7)
+    with pytest.raises(FailedPrecondition, match="no longer retained"):
+        feed.listen(4)
+    listener = feed.listen(7)
+    assert feed.has_listeners
+    feed.publish(Step(8, 9, [((2,), 8, 1)]))
+    steps = listener.steps()
+    assert await anext(steps) == Step(8, 9, [((2,), 8, 1)])
