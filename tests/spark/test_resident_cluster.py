@@ -61,7 +61,7 @@ def test_a_killed_task_is_reported_and_stopping_frees_the_slots(
     assert doomed.failure is not None
     doomed.stop()
 
-    # A barrier job needs all its slots at once: one as wide as every slot not held by the
+    # Each shard's job needs a slot: a cluster as wide as every slot not held by the
     # shared cluster only starts if the dead cluster's slots came back.
     with ResidentCluster(spark, slots(spark) - cluster.shards, connect_timeout=60) as wide:
         flow = SparkDataflow(counted(), as_of=0, cluster=wide)
@@ -79,7 +79,7 @@ def wait_until(condition: Callable[[], bool], seconds: float, what: str) -> None
 
 
 def assert_free_slots(spark: SparkSession, cluster: ResidentCluster) -> None:
-    """A barrier job as wide as every slot the shared cluster does not hold starts: no slot
+    """A cluster as wide as every slot the shared cluster does not hold starts: no slot
     is held by anything else."""
     with ResidentCluster(spark, slots(spark) - cluster.shards, connect_timeout=60) as wide:
         flow = SparkDataflow(counted(), as_of=0, cluster=wide)
