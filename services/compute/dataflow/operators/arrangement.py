@@ -9,6 +9,13 @@ Attached to a task's ``StateBudget`` (``services.compute.dataflow.spill``), an a
 keeps only its recently used keys in memory: the budget moves its oldest keys to disk when the
 task's state outgrows the budget, and reading a spilled key brings it back. Reads go through
 ``get`` and ``in`` for that reason; ``rows`` holds only the keys in memory.
+
+A hydrated arrangement holds its bulk as columnar batches (``services.compute.dataflow.columnar``:
+Arrow data sorted by key hash, built without a Python object per row) under the dict of
+recently used keys: a read of a key that is in neither the dict nor the spill file searches
+the batches, and moves the key's rows from its batch into the dict, so that every key lives in
+one place and the dict is where changes go. Over the budget, the batches are the first to go
+to disk (as Arrow IPC files, memory-mapped back).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from collections.abc import Iterable, Iterator
 from itertools import islice
 
 from services.compute.dataflow.batch import Key, Row
+from services.compute.dataflow.columnar import ColumnarBatch, key_hash
 from services.compute.dataflow.guard import row_bytes
 from services.compute.dataflow.spill import Location, StateBudget
 
@@ -27,6 +35,7 @@ _SPILL_BATCH = 256
 class Arrangement:
     __slots__ = (
         "__weakref__",
+        "_batches",
         "_budget",
         "_cold",
         "_hot_rows",
@@ -46,6 +55,7 @@ class Arrangement:
         self._cold: dict[Key, Location] = {}
         self._budget: StateBudget | None = None
         self._member_id = 0
+        self._batches: list[ColumnarBatch] = []
 
     def attach(self, budget: StateBudget) -> None:
         """Counts this arrangement's rows in memory against ``budget`` from now on."""
@@ -59,8 +69,12 @@ class Arrangement:
         budget = self._budget
         if budget is not None:
             budget.detach(self, self._member_id)
+            budget.columnar_disk_bytes -= sum(batch.file_bytes for batch in self._batches)
             self._budget = None
             self._cold = {}
+        for batch in self._batches:
+            batch.close()
+        self._batches = []
 
     def get(self, key: Key) -> dict[Row, int] | None:
         """The rows under ``key`` (a live view: do not modify, and read it before the next
@@ -70,6 +84,8 @@ class Arrangement:
             location = self._cold.pop(key, None)
             if location is not None:
                 rows = self._unspill(key, location)
+        if rows is None and self._batches:
+            rows = self._from_batches(key)
         return rows
 
     def __contains__(self, key: Key) -> bool:
@@ -105,19 +121,62 @@ class Arrangement:
             spill_file = self._budget.file
             for key, location in self._cold.items():
                 yield key, spill_file.read(location)
+        for batch in self._batches:
+            yield from batch.items()
 
     @property
     def spilled_rows(self) -> int:
-        """Rows held on disk (spilled keys' rows)."""
-        return self.row_count - self._hot_rows
+        """Rows held on disk (spilled keys' rows and batches moved to disk)."""
+        in_memory = sum(batch.live_rows for batch in self._batches if not batch.on_disk)
+        return self.row_count - self._hot_rows - in_memory
 
     def __len__(self) -> int:
-        return len(self.rows) + len(self._cold)
+        return len(self.rows) + len(self._cold) + sum(batch.keys for batch in self._batches)
+
+    # -- columnar batches ----------------------------------------------------------------------
+
+    def add_batch(self, batch: ColumnarBatch) -> None:
+        """Adds the rows of ``batch`` (a hydration's load) under keys this arrangement does
+        not hold yet."""
+        self._batches.append(batch)
+        self.row_count += batch.live_rows
+        budget = self._budget
+        if budget is not None:
+            budget.charge(batch.nbytes)
+
+    def _from_batches(self, key: Key) -> dict[Row, int] | None:
+        hashed = key_hash(key)
+        for index, batch in enumerate(self._batches):
+            rows = batch.take(key, hashed)
+            if rows is None:
+                continue
+            self.rows[key] = rows
+            self._hot_rows += len(rows)
+            budget = self._budget
+            if budget is not None:
+                # Charged without relieving, as for a key read back from the spill file.
+                budget.held_bytes += len(rows) * self._row_bytes
+            if not batch.live_rows:
+                self._drop_batch(index)
+            return rows
+        return None
+
+    def _drop_batch(self, index: int) -> None:
+        batch = self._batches.pop(index)
+        budget = self._budget
+        if budget is not None:
+            if batch.on_disk:
+                budget.columnar_disk_bytes -= batch.file_bytes
+            else:
+                budget.held_bytes -= batch.nbytes
+        batch.close()
 
     # -- as a member of a StateBudget ----------------------------------------------------------
 
     def held_in_memory(self) -> int:
-        return self._hot_rows * self._row_bytes
+        return self._hot_rows * self._row_bytes + sum(
+            batch.nbytes for batch in self._batches if not batch.on_disk
+        )
 
     @property
     def spilled(self) -> dict[Key, Location]:
@@ -128,6 +187,13 @@ class Arrangement:
         if budget is None:
             return 0
         freed = 0
+        for batch in self._batches:
+            if freed >= bytes_wanted:
+                break
+            if not batch.on_disk:
+                # The dead marks stay in memory: freed is what leaves the heap.
+                freed += batch.to_disk(budget.directory)
+                budget.columnar_disk_bytes += batch.file_bytes
         rows = self.rows
         while freed < bytes_wanted and rows:
             chosen = []
