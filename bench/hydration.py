@@ -133,6 +133,7 @@ def hydrate_by_spark(
         )
         staged_s = time.perf_counter() - wall
         loaded, _ = dataflow.load_staged(staged.loads)
+        load_s = time.perf_counter() - wall - staged_s
         run(delete_prefix(blob_url, prefix))
         run(client.append_parts(output.write, staged.output_parts, AS_OF + 1, times=(AS_OF, AS_OF)))
         answer = run(client.snapshot(output.read, AS_OF)).version()
@@ -144,6 +145,7 @@ def hydrate_by_spark(
     return {
         "seconds": round(seconds, 2),
         "spark_jobs_seconds": round(staged_s, 2),
+        "tasks_load_seconds": round(load_s, 2),
         "rows": rows,
         "loaded": loaded,
         "driver_cpu_seconds": round(driver_cpu, 3),
