@@ -44,6 +44,7 @@ _CONVERT_ROWS = 65_536
 """Rows converted to Python values at a time when a whole batch is read."""
 
 _HASH_COLUMN = "__tidemark_key_hash"
+_ROW_HASH_COLUMN = "__tidemark_row_hash"
 _DIFF_COLUMN = "__tidemark_diff"
 
 
@@ -151,6 +152,7 @@ class ColumnarBatch:
         "hashes",
         "keys",
         "live_rows",
+        "row_hashes",
         "table",
     )
 
@@ -158,12 +160,16 @@ class ColumnarBatch:
         self,
         table: pa.Table,
         hashes: np.ndarray,
+        row_hashes: np.ndarray,
         diffs: np.ndarray,
         key_of: KeyFunction,
         float_columns: Sequence[int],
     ) -> None:
         self.table = table
         self.hashes = hashes
+        self.row_hashes = row_hashes
+        """Each row's hash over all its columns (:func:`key_hash` of the row), sorted within
+        each key hash: a row is found without converting its neighbours."""
         self.diffs = diffs
         self._key_of = key_of
         self._float_columns = tuple(float_columns)
@@ -216,15 +222,47 @@ class ColumnarBatch:
                 keep[position] = totals[row] != 0
         kept = order[keep]
         return cls(
-            table.take(pa.array(kept)), sorted_keys[keep], sorted_diffs[keep], key_of, float_columns
+            table.take(pa.array(kept)),
+            sorted_keys[keep],
+            sorted_rows[keep],
+            sorted_diffs[keep],
+            key_of,
+            float_columns,
         )
 
     # -- reads -----------------------------------------------------------------------------
 
-    def _find(self, key: Key, hashed: int) -> tuple[list[int], dict[Row, int]] | None:
+    def key_range(self, hashed: int) -> tuple[int, int]:
+        """The positions of the rows whose key hashes to ``hashed``."""
         target = np.uint64(hashed)
-        lo = int(np.searchsorted(self.hashes, target, side="left"))
-        hi = int(np.searchsorted(self.hashes, target, side="right"))
+        hashes = self.hashes
+        return int(hashes.searchsorted(target, "left")), int(hashes.searchsorted(target, "right"))
+
+    def live_in(self, lo: int, hi: int) -> int:
+        """How many rows in ``[lo, hi)`` have not been read out."""
+        if self._alive is None:
+            return hi - lo
+        return int(np.count_nonzero(self._alive[lo:hi]))
+
+    def count_of(self, row: Row, row_hash: int, lo: int, hi: int) -> int:
+        """The multiplicity of ``row`` (whose hash is ``row_hash``, its key's rows in
+        ``[lo, hi)``) still held here, 0 if none."""
+        if lo == hi:
+            return 0
+        target = np.uint64(row_hash)
+        row_hashes = self.row_hashes
+        position = lo + int(row_hashes[lo:hi].searchsorted(target, "left"))
+        alive = self._alive
+        while position < hi and row_hashes[position] == target:
+            if alive is None or alive[position]:
+                (candidate,) = python_rows(self.table.slice(position, 1), self._float_columns)
+                if candidate == row:
+                    return int(self.diffs[position])
+            position += 1
+        return 0
+
+    def _find(self, key: Key, hashed: int) -> tuple[list[int], dict[Row, int]] | None:
+        lo, hi = self.key_range(hashed)
         if lo == hi:
             return None
         alive = self._alive
@@ -278,7 +316,9 @@ class ColumnarBatch:
     def nbytes(self) -> int:
         """The bytes of its rows, hashes and multiplicities (in memory, or in its file once on
         disk; the dead marks, a byte a row, are not counted)."""
-        return int(self.table.nbytes + self.hashes.nbytes + self.diffs.nbytes)
+        return int(
+            self.table.nbytes + self.hashes.nbytes + self.row_hashes.nbytes + self.diffs.nbytes
+        )
 
     def to_disk(self, directory: str | None) -> int:
         """Writes the batch to an Arrow IPC file in ``directory`` and memory-maps it back in
@@ -287,8 +327,10 @@ class ColumnarBatch:
         held = self.nbytes
         fd, path = tempfile.mkstemp(prefix="tidemark-state-", suffix=".arrow", dir=directory)
         os.close(fd)
-        whole = self.table.append_column(_HASH_COLUMN, pa.array(self.hashes)).append_column(
-            _DIFF_COLUMN, pa.array(self.diffs)
+        whole = (
+            self.table.append_column(_HASH_COLUMN, pa.array(self.hashes))
+            .append_column(_ROW_HASH_COLUMN, pa.array(self.row_hashes))
+            .append_column(_DIFF_COLUMN, pa.array(self.diffs))
         )
         try:
             with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, whole.schema) as writer:
@@ -302,7 +344,8 @@ class ColumnarBatch:
         width = self.table.num_columns
         self.table = mapped.select(list(range(width)))
         self.hashes = _zero_copy(mapped.column(width))
-        self.diffs = _zero_copy(mapped.column(width + 1))
+        self.row_hashes = _zero_copy(mapped.column(width + 1))
+        self.diffs = _zero_copy(mapped.column(width + 2))
         self._path = path
         return held
 
