@@ -168,8 +168,8 @@ class ColumnarBatch:
         self.table = table
         self.hashes = hashes
         self.row_hashes = row_hashes
-        """Each row's hash over all its columns (:func:`key_hash` of the row), sorted within
-        each key hash: a row is found without converting its neighbours."""
+        """Each row's hash over all its columns (:func:`key_hash` of the row): a row is found
+        among its key's without converting them."""
         self.diffs = diffs
         self._key_of = key_of
         self._float_columns = tuple(float_columns)
@@ -191,21 +191,20 @@ class ColumnarBatch:
     ) -> ColumnarBatch:
         """The batch of ``table``'s rows with multiplicities ``diffs`` whose keys hash to
         ``hashes``: sorted by key hash, equal rows summed, rows summing to zero dropped.
-        Equal rows are found by a second hash over whole rows, so only rows whose
-        (key hash, row hash) pair repeats are compared as Python values."""
+        Equal rows are found by a second hash over whole rows (equal rows hash equally), so
+        only rows whose row hash repeats are compared as Python values."""
         float_columns = float_columns_of(table.schema)
         diffs = np.asarray(diffs, dtype=np.int64)
         row_hashes = key_hashes(table.columns, table.num_rows)
-        order = np.lexsort((row_hashes, hashes))
+        # Unstable (introsort): rows of one key are in no particular order.
+        order = np.argsort(hashes)
         sorted_keys, sorted_rows = hashes[order], row_hashes[order]
         sorted_diffs = diffs[order]
         keep = sorted_diffs != 0
-        repeats = (sorted_keys[1:] == sorted_keys[:-1]) & (sorted_rows[1:] == sorted_rows[:-1])
-        if repeats.any():
-            candidates = np.zeros(len(order), dtype=bool)
-            candidates[1:] |= repeats
-            candidates[:-1] |= repeats
-            positions = np.flatnonzero(candidates)
+        by_row = np.sort(row_hashes)
+        repeated = by_row[1:][by_row[1:] == by_row[:-1]]
+        if len(repeated):
+            positions = np.flatnonzero(np.isin(sorted_rows, repeated))
             rows = python_rows(table.take(pa.array(order[positions])), float_columns)
             first: dict[Row, int] = {}
             totals: dict[Row, int] = {}
@@ -220,9 +219,17 @@ class ColumnarBatch:
             for row, position in first.items():
                 sorted_diffs[position] = totals[row]
                 keep[position] = totals[row] != 0
-        kept = order[keep]
+        if keep.all():  # the usual case: no copies
+            return cls(
+                table.take(pa.array(order)),
+                sorted_keys,
+                sorted_rows,
+                sorted_diffs,
+                key_of,
+                float_columns,
+            )
         return cls(
-            table.take(pa.array(kept)),
+            table.take(pa.array(order[keep])),
             sorted_keys[keep],
             sorted_rows[keep],
             sorted_diffs[keep],
@@ -251,14 +258,13 @@ class ColumnarBatch:
             return 0
         target = np.uint64(row_hash)
         row_hashes = self.row_hashes
-        position = lo + int(row_hashes[lo:hi].searchsorted(target, "left"))
         alive = self._alive
-        while position < hi and row_hashes[position] == target:
+        for offset in np.flatnonzero(row_hashes[lo:hi] == target).tolist():
+            position = lo + offset
             if alive is None or alive[position]:
                 (candidate,) = python_rows(self.table.slice(position, 1), self._float_columns)
                 if candidate == row:
                     return int(self.diffs[position])
-            position += 1
         return 0
 
     def _find(self, key: Key, hashed: int) -> tuple[list[int], dict[Row, int]] | None:
