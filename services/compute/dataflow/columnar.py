@@ -168,8 +168,8 @@ class ColumnarBatch:
         self.table = table
         self.hashes = hashes
         self.row_hashes = row_hashes
-        """Each row's hash over all its columns (:func:`key_hash` of the row): a row is found
-        among its key's without converting them."""
+        """Each row's hash over all its columns (:func:`key_hash` of the row), sorted within
+        each key hash: a row is found by binary search without converting its neighbours."""
         self.diffs = diffs
         self._key_of = key_of
         self._float_columns = tuple(float_columns)
@@ -192,19 +192,23 @@ class ColumnarBatch:
         """The batch of ``table``'s rows with multiplicities ``diffs`` whose keys hash to
         ``hashes``: sorted by key hash, equal rows summed, rows summing to zero dropped.
         Equal rows are found by a second hash over whole rows (equal rows hash equally), so
-        only rows whose row hash repeats are compared as Python values."""
+        only rows whose (key hash, row hash) pair repeats are compared as Python values."""
         float_columns = float_columns_of(table.schema)
         diffs = np.asarray(diffs, dtype=np.int64)
         row_hashes = key_hashes(table.columns, table.num_rows)
-        # Unstable (introsort): rows of one key are in no particular order.
-        order = np.argsort(hashes)
+        # By key hash, then row hash: two sorts, the second stable (half the time of
+        # ``np.lexsort`` on these keys).
+        by_row = np.argsort(row_hashes)
+        order = by_row[np.argsort(hashes[by_row], kind="stable")]
         sorted_keys, sorted_rows = hashes[order], row_hashes[order]
         sorted_diffs = diffs[order]
         keep = sorted_diffs != 0
-        by_row = np.sort(row_hashes)
-        repeated = by_row[1:][by_row[1:] == by_row[:-1]]
-        if len(repeated):
-            positions = np.flatnonzero(np.isin(sorted_rows, repeated))
+        repeats = (sorted_keys[1:] == sorted_keys[:-1]) & (sorted_rows[1:] == sorted_rows[:-1])
+        if repeats.any():
+            candidates = np.zeros(len(order), dtype=bool)
+            candidates[1:] |= repeats
+            candidates[:-1] |= repeats
+            positions = np.flatnonzero(candidates)
             rows = python_rows(table.take(pa.array(order[positions])), float_columns)
             first: dict[Row, int] = {}
             totals: dict[Row, int] = {}
@@ -258,13 +262,14 @@ class ColumnarBatch:
             return 0
         target = np.uint64(row_hash)
         row_hashes = self.row_hashes
+        position = lo + int(row_hashes[lo:hi].searchsorted(target, "left"))
         alive = self._alive
-        for offset in np.flatnonzero(row_hashes[lo:hi] == target).tolist():
-            position = lo + offset
+        while position < hi and row_hashes[position] == target:
             if alive is None or alive[position]:
                 (candidate,) = python_rows(self.table.slice(position, 1), self._float_columns)
                 if candidate == row:
                     return int(self.diffs[position])
+            position += 1
         return 0
 
     def _find(self, key: Key, hashed: int) -> tuple[list[int], dict[Row, int]] | None:
