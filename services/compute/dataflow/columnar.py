@@ -390,6 +390,9 @@ def build_keyed(
     each row's key is computed in Python. ``drop_null_keys`` leaves out rows whose key holds a
     NULL (a join never matches them). None when no row is left."""
     diffs = np.asarray(diffs, dtype=np.int64)
+    # A staged table comes in thousands of record batches: one contiguous array per column
+    # makes hashing and taking cheaper than chunk by chunk.
+    table = table.combine_chunks()
     if key_columns is not None:
         if drop_null_keys and key_columns:
             nulls = np.zeros(table.num_rows, dtype=bool)
