@@ -14,8 +14,9 @@ then, in one run on one Spark session:
   appended.
 
 For both hydrations it prints the driver's CPU seconds per hydrated row: this Python process's
-own CPU time (the Spark JVM and the executors' Python workers are other processes).
-Both outputs are checked against Spark SQL's answer. Figures go to
+own CPU time (the Spark JVM and the executors' Python workers are other processes). By
+Spark, it also records the Spark jobs' time and the tasks' fetch and load of the staged
+objects (``tasks_load_seconds``). Both outputs are checked against Spark SQL's answer. Figures go to
 ``bench/results/hydration.json``.
 
     python bench/hydration.py --orders 10000000
