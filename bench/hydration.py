@@ -14,8 +14,9 @@ then, in one run on one Spark session:
   appended.
 
 For both hydrations it prints the driver's CPU seconds per hydrated row: this Python process's
-own CPU time (the Spark JVM and the executors' Python workers are other processes).
-Both outputs are checked against Spark SQL's answer. Figures go to
+own CPU time (the Spark JVM and the executors' Python workers are other processes). By
+Spark, it also records the Spark jobs' time and the tasks' fetch and load of the staged
+objects (``tasks_load_seconds``). Both outputs are checked against Spark SQL's answer. Figures go to
 ``bench/results/hydration.json``.
 
     python bench/hydration.py --orders 10000000
@@ -133,6 +134,7 @@ def hydrate_by_spark(
         )
         staged_s = time.perf_counter() - wall
         loaded, _ = dataflow.load_staged(staged.loads)
+        load_s = time.perf_counter() - wall - staged_s
         run(delete_prefix(blob_url, prefix))
         run(client.append_parts(output.write, staged.output_parts, AS_OF + 1, times=(AS_OF, AS_OF)))
         answer = run(client.snapshot(output.read, AS_OF)).version()
@@ -144,6 +146,7 @@ def hydrate_by_spark(
     return {
         "seconds": round(seconds, 2),
         "spark_jobs_seconds": round(staged_s, 2),
+        "tasks_load_seconds": round(load_s, 2),
         "rows": rows,
         "loaded": loaded,
         "driver_cpu_seconds": round(driver_cpu, 3),

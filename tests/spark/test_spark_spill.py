@@ -1,10 +1,13 @@
 """Resident tasks over a tiny state budget: the join's arrangements spill to the executors'
 local disk, the view stays exact at every time, and state that cannot fit even on disk is
-refused with a clear error while the tasks keep serving."""
+refused with a clear error while the tasks keep serving. Hydrated by Spark, the join's
+columnar batches go to disk as Arrow files and the state stays exact."""
 
 from __future__ import annotations
 
+import asyncio
 import random
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,10 +15,20 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from services.compute.dataflow import Index, Update
+from services.compute.dataflow import Dataflow, Index, Update
 from services.compute.dataflow.spill import TaskStateBudget
 from services.compute.spark import ResidentCluster, SparkDataflow
+from tests.spark.test_spark_hydration import CUSTOMERS as TOTALS_CUSTOMERS
+from tests.spark.test_spark_hydration import ORDERS as TOTALS_ORDERS
+from tests.spark.test_spark_hydration import (
+    _customers,
+    _hydrate,
+    _orders,
+    _store,
+    _totals_plan,
+)
 from tests.support import reference_eval
+from tests.support.storage import FAST_SETTINGS, embedded_backends, start_storage
 from tidemark.columnar import ColumnType, RelationSchema
 from tidemark.errors import ResourceExhausted
 from tidemark.plan import builders as pb
@@ -115,3 +128,45 @@ def test_state_that_cannot_fit_on_disk_is_refused_and_the_tasks_go_on(
         assert [(row, diff) for row, _, diff in out] == [(("r", 1, 5), 1)]
     finally:
         small.drop()
+
+
+def test_a_join_hydrated_by_spark_moves_its_batches_to_disk_and_stays_exact(
+    spark: SparkSession, tight: ResidentCluster, spill_directory: Path, tmp_path: Path
+) -> None:
+    storage = start_storage(embedded_backends(tmp_path / "storage"), extra=FAST_SETTINGS)
+    rng = random.Random(5)
+    base = secrets.randbelow(10**12) * 10
+    orders, customers = f"u{base}", f"u{base + 1}"
+    updates = {orders: _orders(rng, 400, 0), customers: _customers(0)}
+    plan = _totals_plan(orders, customers)
+    local = Dataflow(plan, as_of=0)
+    local.hydrate(updates)
+    dataflow = SparkDataflow(plan, as_of=0, cluster=tight)
+    try:
+        listings = asyncio.run(
+            _store(
+                storage.address, {orders: TOTALS_ORDERS, customers: TOTALS_CUSTOMERS}, updates, 0
+            )
+        )
+        _hydrate(spark, dataflow, listings)
+        assert [p for p in spill_directory.iterdir() if p.suffix == ".arrow"]
+        size = dataflow.state_size()
+        assert size.rows == local.state_size().rows
+        assert 0 < size.spilled_bytes <= size.bytes
+        # Retract and insert orders under hydrated keys: the batches on disk are read back.
+        current = {row[0]: (row, diff) for row, _, diff in updates[orders]}
+        for step in range(1, 4):
+            changes: list[Update] = []
+            for o_id in rng.sample(sorted(current), 30):
+                row, diff = current[o_id]
+                moved = (o_id, rng.randrange(40), row[2])
+                changes += [(row, step, -diff), (moved, step, diff)]
+                current[o_id] = (moved, diff)
+            want, _ = local.step({orders: changes}, step + 1)
+            got, _ = dataflow.step({orders: changes}, step + 1)
+            assert sorted(got, key=repr) == sorted(want, key=repr), step
+            assert dataflow.state_size().rows == local.state_size().rows
+    finally:
+        dataflow.drop()
+        storage.kill()
+    assert not [p for p in spill_directory.iterdir() if p.suffix == ".arrow"]

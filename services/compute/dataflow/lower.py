@@ -264,6 +264,9 @@ class _Lowering:
                 f"{where}: {len(join.left_keys)} left keys but {len(join.right_keys)} right keys"
             )
         left_keys, right_keys = [], []
+        # Where a key is plain columns, hydration hashes them without evaluating the key per row.
+        left_columns: list[int] | None = []
+        right_columns: list[int] | None = []
         for i, (lk, rk) in enumerate(zip(join.left_keys, join.right_keys, strict=True)):
             a = compile_scalar(lk, left.types, f"{where} left key {i}")
             b = compile_scalar(rk, right.types, f"{where} right key {i}")
@@ -273,6 +276,8 @@ class _Lowering:
                 )
             left_keys.append(_key_part(a, b))
             right_keys.append(_key_part(b, a))
+            left_columns = _plain_column(lk, a, b, left_columns)
+            right_columns = _plain_column(rk, b, a, right_columns)
         kind = join.kind
         if kind not in (
             _Kind.KIND_INNER,
@@ -292,6 +297,10 @@ class _Lowering:
             len(right.types),
             keep_left,
             keep_right,
+            key_columns=(
+                None if left_columns is None else tuple(left_columns),
+                None if right_columns is None else tuple(right_columns),
+            ),
         )
         return self.graph.add("join", (left.id, right.id), left_types + right_types, spec)
 
@@ -383,6 +392,18 @@ def _key_part(side: CompiledScalar, other: CompiledScalar) -> Callable[[Row], An
     if side.type.is_numeric and side.type.kind is not other.type.kind:
         return promoted(side, widest_numeric_kind([side.type, other.type]))
     return side.evaluate
+
+
+def _plain_column(
+    expr: plan_pb2.Scalar, side: CompiledScalar, other: CompiledScalar, columns: list[int] | None
+) -> list[int] | None:
+    """``columns`` and the column ``expr`` reads when the key part is that column as it is (a
+    column reference not converted by :func:`_key_part`), else None."""
+    if columns is None or expr.WhichOneof("kind") != "column":
+        return None
+    if side.type.is_numeric and side.type.kind is not other.type.kind:
+        return None
+    return [*columns, expr.column]
 
 
 def _check_constant_value(

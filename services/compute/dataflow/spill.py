@@ -187,10 +187,17 @@ class StateBudget:
         """Estimated bytes the attached arrangements keep in memory."""
         self.spilled_keys = 0
         """Keys moved to disk so far (a measure of how hard the budget is working)."""
+        self.columnar_disk_bytes = 0
+        """The bytes of columnar batches moved to disk (Arrow IPC files, memory-mapped)."""
+
+    @property
+    def directory(self) -> str | None:
+        return self._directory
 
     @property
     def bytes_on_disk(self) -> int:
-        return 0 if self._file is None else self._file.live_bytes
+        spilled = 0 if self._file is None else self._file.live_bytes
+        return spilled + self.columnar_disk_bytes
 
     @property
     def file(self) -> SpillFile:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pyarrow as pa
+
 from services.compute.dataflow.batch import Update
 from services.compute.dataflow.graph import Graph
 from services.compute.dataflow.guard import UNGUARDED, Guard
@@ -50,6 +52,10 @@ class ShardWorker:
     def load(self, node_id: int, inputs: Sequence[list[Update]]) -> None:
         """``process`` into the empty state of ``node_id``, its output not wanted."""
         self.states[node_id].load(inputs)
+
+    def load_columnar(self, node_id: int, inputs: Sequence[pa.Table | None], time: int) -> None:
+        """``load`` of inputs given as Arrow tables (``OperatorState.load_columnar``)."""
+        self.states[node_id].load_columnar(inputs, time)
 
     def work(self) -> Work:
         total = Work()

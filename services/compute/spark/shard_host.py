@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -376,12 +377,7 @@ class ShardHost:
             return [(row, as_of, diff) for row, diff in zip(rows, diffs, strict=True)]
 
         for node_id in sorted(request.nodes):
-            node = graph.nodes[node_id]
-            inputs = [
-                staged(key, normalizer(graph.nodes[input_id].types))
-                for key, input_id in zip(request.nodes[node_id], node.inputs, strict=True)
-            ]
-            hosted.worker.load(node_id, inputs)
+            loaded += _load_staged(hosted.worker, node_id, request.nodes[node_id], fetched, as_of)
         index_rows = 0
         if request.index is not None:
             updates = staged(request.index, normalizer(graph.output_types))
@@ -402,6 +398,20 @@ class ShardHost:
         if index is None:
             raise FailedPrecondition(f"dataflow {dataflow_id!r} was installed without an index")
         return index
+
+
+def _load_staged(
+    worker: ShardWorker,
+    node_id: int,
+    keys: Sequence[str | None],
+    fetched: dict[str, bytes],
+    as_of: int,
+) -> int:
+    """Loads a stateful node's staged inputs as Arrow tables, which states holding columnar
+    data take without a Python object per row; returns the rows loaded."""
+    tables = [None if key is None else decode(fetched.pop(key)) for key in keys]
+    worker.load_columnar(node_id, tables, as_of)
+    return sum(table.num_rows for table in tables if table is not None)
 
 
 def _fault_from(setting: str) -> tuple[str, int] | None:

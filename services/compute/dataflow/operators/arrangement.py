@@ -9,6 +9,16 @@ Attached to a task's ``StateBudget`` (``services.compute.dataflow.spill``), an a
 keeps only its recently used keys in memory: the budget moves its oldest keys to disk when the
 task's state outgrows the budget, and reading a spilled key brings it back. Reads go through
 ``get`` and ``in`` for that reason; ``rows`` holds only the keys in memory.
+
+A hydrated arrangement holds its bulk as columnar batches (``services.compute.dataflow.columnar``:
+Arrow data sorted by key hash, built without a Python object per row) under the dict of
+recently used keys: a read of a key that is in neither the dict nor the spill file searches
+the batches, and moves the key's rows from its batch into the dict, so that every key lives in
+one place. A change to a key with few rows in a batch moves them the same way; a key with many
+(a join's customer with thousands of orders) keeps them in the batch and collects its changes
+beside it (``_pending``), each changed row looked up in the batch by its own hash, so that a
+step inserting under it does not convert all its rows to Python objects. Over the budget, the
+batches are the first to go to disk (as Arrow IPC files, memory-mapped back).
 """
 
 from __future__ import annotations
@@ -17,20 +27,47 @@ from collections.abc import Iterable, Iterator
 from itertools import islice
 
 from services.compute.dataflow.batch import Key, Row
+from services.compute.dataflow.columnar import ColumnarBatch, key_hash
 from services.compute.dataflow.guard import row_bytes
 from services.compute.dataflow.spill import Location, StateBudget
 
 _SPILL_BATCH = 256
 """Keys examined per round when choosing what to spill."""
 
+MATERIALISE_ROWS = 64
+"""A changed key with at most this many rows in a batch moves them into the dict; a key with
+more keeps them there and collects its changes beside them."""
+
+
+class _Pending:
+    """The changes to a key whose rows stay in a batch."""
+
+    __slots__ = ("base", "changes", "net", "ranges")
+
+    def __init__(self, ranges: list[tuple[ColumnarBatch, int, int]]) -> None:
+        self.ranges = ranges
+        """Where the key's rows are in each batch (the batches' arrays never change)."""
+        base = sum(batch.live_in(lo, hi) for batch, lo, hi in ranges)
+        self.changes: dict[Row, int] = {}
+        """Net change per row since the batch was loaded (no zeros)."""
+        self.base = base
+        """The key's rows in the batches."""
+        self.net = 0
+        """Distinct rows the changes added to the key's (negative: removed)."""
+
 
 class Arrangement:
     __slots__ = (
         "__weakref__",
+        "_batches",
         "_budget",
         "_cold",
         "_hot_rows",
+        "_key_adjust",
         "_member_id",
+        "_pending",
+        "_pending_entries",
+        "_pending_net",
         "_row_bytes",
         "row_count",
         "rows",
@@ -46,6 +83,12 @@ class Arrangement:
         self._cold: dict[Key, Location] = {}
         self._budget: StateBudget | None = None
         self._member_id = 0
+        self._batches: list[ColumnarBatch] = []
+        self._pending: dict[Key, _Pending] = {}
+        self._pending_entries = 0
+        self._pending_net = 0
+        self._key_adjust = 0
+        """Keys the pending changes emptied (negative) of those counted in the batches."""
 
     def attach(self, budget: StateBudget) -> None:
         """Counts this arrangement's rows in memory against ``budget`` from now on."""
@@ -59,8 +102,13 @@ class Arrangement:
         budget = self._budget
         if budget is not None:
             budget.detach(self, self._member_id)
+            budget.columnar_disk_bytes -= sum(batch.file_bytes for batch in self._batches)
             self._budget = None
             self._cold = {}
+        for batch in self._batches:
+            batch.close()
+        self._batches = []
+        self._pending = {}
 
     def get(self, key: Key) -> dict[Row, int] | None:
         """The rows under ``key`` (a live view: do not modify, and read it before the next
@@ -70,6 +118,8 @@ class Arrangement:
             location = self._cold.pop(key, None)
             if location is not None:
                 rows = self._unspill(key, location)
+        if rows is None and self._batches:
+            rows = self._from_batches(key)
         return rows
 
     def __contains__(self, key: Key) -> bool:
@@ -78,6 +128,11 @@ class Arrangement:
     def apply(self, key: Key, changes: Iterable[tuple[Row, int]]) -> None:
         """Adds ``changes`` to the rows under ``key``; rows that reach zero are removed, and so
         is a key with no rows left, so "no rows" always means "absent"."""
+        if self._batches and key not in self.rows and key not in self._cold:
+            pending = self._pending.get(key)
+            if pending is not None or self._many_in_batches(key):
+                self._apply_pending(key, pending, changes)
+                return
         rows = self.get(key)
         if rows is None:
             rows = self.rows[key] = {}
@@ -105,19 +160,140 @@ class Arrangement:
             spill_file = self._budget.file
             for key, location in self._cold.items():
                 yield key, spill_file.read(location)
+        if not self._batches:
+            return
+        held: dict[Key, dict[Row, int]] = {}
+        for batch in self._batches:
+            for key, rows in batch.items():
+                held.setdefault(key, {}).update(rows)
+        for key, pending in self._pending.items():
+            rows = held.setdefault(key, {})
+            for row, diff in pending.changes.items():
+                total = rows.get(row, 0) + diff
+                if total:
+                    rows[row] = total
+                else:
+                    del rows[row]
+        for key, rows in held.items():
+            if rows:
+                yield key, rows
 
     @property
     def spilled_rows(self) -> int:
-        """Rows held on disk (spilled keys' rows)."""
-        return self.row_count - self._hot_rows
+        """Rows held on disk (spilled keys' rows and batches moved to disk). A batch's row
+        that a pending change removed is still on disk: the figure is capped at the rows
+        held."""
+        on_disk = sum(batch.live_rows for batch in self._batches if batch.on_disk)
+        in_batches = sum(batch.live_rows for batch in self._batches)
+        spilled = self.row_count - self._hot_rows - self._pending_net - in_batches + on_disk
+        return min(spilled, self.row_count)
 
     def __len__(self) -> int:
-        return len(self.rows) + len(self._cold)
+        batched = sum(batch.keys for batch in self._batches) + self._key_adjust
+        return len(self.rows) + len(self._cold) + batched
+
+    # -- columnar batches ----------------------------------------------------------------------
+
+    def add_batch(self, batch: ColumnarBatch) -> None:
+        """Adds the rows of ``batch`` (a hydration's load) under keys this arrangement does
+        not hold yet."""
+        self._batches.append(batch)
+        self.row_count += batch.live_rows
+        budget = self._budget
+        if budget is not None:
+            budget.charge(batch.nbytes)
+
+    def _from_batches(self, key: Key) -> dict[Row, int] | None:
+        """Moves the key's rows out of the batches, with its pending changes, into the dict."""
+        hashed = key_hash(key)
+        rows: dict[Row, int] = {}
+        for batch in list(self._batches):
+            taken = batch.take(key, hashed)
+            if taken is not None:
+                rows.update(taken)
+                if not batch.live_rows:
+                    self._drop_batch(batch)
+        budget = self._budget
+        pending = self._pending.pop(key, None)
+        if pending is not None:
+            self._pending_entries -= len(pending.changes)
+            self._pending_net -= pending.net
+            self._key_adjust -= (pending.base + pending.net > 0) - (pending.base > 0)
+            if budget is not None:
+                budget.held_bytes -= len(pending.changes) * self._row_bytes
+            for row, diff in pending.changes.items():
+                total = rows.get(row, 0) + diff
+                if total:
+                    rows[row] = total
+                else:
+                    del rows[row]
+        if not rows:
+            return None
+        self.rows[key] = rows
+        self._hot_rows += len(rows)
+        if budget is not None:
+            # Charged without relieving, as for a key read back from the spill file.
+            budget.held_bytes += len(rows) * self._row_bytes
+        return rows
+
+    def _many_in_batches(self, key: Key) -> bool:
+        hashed = key_hash(key)
+        held = 0
+        for batch in self._batches:
+            held += batch.live_in(*batch.key_range(hashed))
+        return held > MATERIALISE_ROWS
+
+    def _apply_pending(
+        self, key: Key, pending: _Pending | None, changes: Iterable[tuple[Row, int]]
+    ) -> None:
+        """Adds ``changes`` beside the key's rows in the batches: each row's multiplicity
+        there decides whether the change adds or removes a distinct row."""
+        if pending is None:
+            hashed = key_hash(key)
+            ranges = [(batch, *batch.key_range(hashed)) for batch in self._batches]
+            pending = self._pending[key] = _Pending([r for r in ranges if r[1] < r[2]])
+        ranges = pending.ranges
+        held = pending.changes
+        entries, net = len(held), pending.net
+        for row, diff in changes:
+            if not diff:
+                continue
+            old = held.get(row, 0)
+            new = old + diff
+            row_hash = key_hash(row)
+            base = sum(batch.count_of(row, row_hash, lo, hi) for batch, lo, hi in ranges)
+            pending.net += ((base + new) != 0) - ((base + old) != 0)
+            if new:
+                held[row] = new
+            else:
+                del held[row]
+        added = len(held) - entries
+        self._pending_entries += added
+        self._pending_net += pending.net - net
+        self.row_count += pending.net - net
+        self._key_adjust += (pending.base + pending.net > 0) - (pending.base + net > 0)
+        if not held:
+            del self._pending[key]
+        budget = self._budget
+        if budget is not None and (added or budget.held_bytes > budget.budget_bytes):
+            budget.charge(added * self._row_bytes)
+
+    def _drop_batch(self, batch: ColumnarBatch) -> None:
+        self._batches.remove(batch)
+        budget = self._budget
+        if budget is not None:
+            if batch.on_disk:
+                budget.columnar_disk_bytes -= batch.file_bytes
+            else:
+                budget.held_bytes -= batch.nbytes
+        batch.close()
 
     # -- as a member of a StateBudget ----------------------------------------------------------
 
     def held_in_memory(self) -> int:
-        return self._hot_rows * self._row_bytes
+        return (self._hot_rows + self._pending_entries) * self._row_bytes + sum(
+            batch.nbytes for batch in self._batches if not batch.on_disk
+        )
 
     @property
     def spilled(self) -> dict[Key, Location]:
@@ -128,6 +304,13 @@ class Arrangement:
         if budget is None:
             return 0
         freed = 0
+        for batch in self._batches:
+            if freed >= bytes_wanted:
+                break
+            if not batch.on_disk:
+                # The dead marks stay in memory: freed is what leaves the heap.
+                freed += batch.to_disk(budget.directory)
+                budget.columnar_disk_bytes += batch.file_bytes
         rows = self.rows
         while freed < bytes_wanted and rows:
             chosen = []

@@ -5,7 +5,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
+import pyarrow as pa
+
 from services.compute.dataflow.batch import Key, KeyFunction, Row, Update, keyed_by_time
+from services.compute.dataflow.columnar import float_columns_of, python_rows
 from services.compute.dataflow.guard import CHECK_EVERY, UNGUARDED, Guard, row_bytes
 from services.compute.dataflow.spill import StateBudget
 from services.compute.dataflow.work import Work
@@ -43,6 +46,21 @@ class OperatorState(ABC):
         """``process`` into an empty state, where the output is not wanted (a hydration whose
         output Spark computes): an operator that keeps no output may skip computing it."""
         self.process(inputs)
+
+    def load_columnar(self, inputs: Sequence[pa.Table | None], time: int) -> None:
+        """``load`` of inputs given as Arrow tables (the input's columns, then a last column of
+        multiplicities; None for an empty input), all at ``time``. States that hold columnar
+        data build it from the tables; the others get the rows."""
+        updates: list[list[Update]] = []
+        for table in inputs:
+            if table is None:
+                updates.append([])
+                continue
+            width = table.num_columns - 1
+            rows = python_rows(table.select(list(range(width))), float_columns_of(table.schema))
+            diffs = table.column(width).to_pylist()
+            updates.append([(row, time, diff) for row, diff in zip(rows, diffs, strict=True)])
+        self.load(updates)
 
     @abstractmethod
     def key_count(self) -> int:

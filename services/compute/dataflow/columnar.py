@@ -1,0 +1,418 @@
+"""Columnar batches: the bulk of an arrangement as Arrow data sorted by a 64-bit key hash.
+
+A hydrated arrangement starts as one :class:`ColumnarBatch` built from the staged Arrow table
+with vectorised work (hash the key columns, sort, consolidate), instead of a Python dict
+entry per row. A read of a key binary-searches the batch's sorted hashes, converts only the
+rows in that hash's range to Python values and keeps those whose key equals the one asked for
+(two keys may share a hash). The arrangement then moves the key's rows into its dict of
+recently used keys and marks them dead in the batch, so every key lives in exactly one place.
+
+Hashes must agree between the two ways they are computed: over Arrow columns when a batch is
+built (:func:`column_hashes`) and over a Python key when it is read (:func:`key_hash`). Equal
+keys hash equally under the engine's rules: NULL is one value, every NaN is one value,
+-0.0 == 0.0, and decimals equal but for trailing zeros are equal. Integers, booleans and
+floats are hashed from their 64-bit values (floats normalised first); every other type from
+Python's own ``hash`` of the engine's value (``Decimal``, ``str``, ...), which already follows
+those rules and is stable within the process that holds the batch.
+
+A batch can move to disk as an Arrow IPC file, memory-mapped back: its reads then cost page
+faults rather than heap (``services.compute.dataflow.spill``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import tempfile
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from services.compute.dataflow.batch import Key, KeyFunction, Row
+from services.compute.dataflow.ordering import NAN
+
+MASK = (1 << 64) - 1
+_SEED = 0x9E3779B97F4A7C15
+_PRIME = 0x100000001B3
+_NULL_HASH = 0x6A09E667F3BCC909
+_NAN_BITS = struct.unpack("<Q", struct.pack("<d", NAN))[0]
+_CONVERT_ROWS = 65_536
+"""Rows converted to Python values at a time when a whole batch is read."""
+
+_HASH_COLUMN = "__tidemark_key_hash"
+_ROW_HASH_COLUMN = "__tidemark_row_hash"
+_DIFF_COLUMN = "__tidemark_diff"
+
+
+def _mix(z: int) -> int:
+    """The splitmix64 finaliser: spreads nearby integers over the 64-bit range."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+    return z ^ (z >> 31)
+
+
+def _mix_array(z: np.ndarray) -> np.ndarray:
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    result: np.ndarray = z ^ (z >> np.uint64(31))
+    return result
+
+
+def value_hash(value: Any) -> int:
+    """One key value's hash, as :func:`column_hashes` computes it for a column."""
+    if value is None:
+        return _NULL_HASH
+    cls = value.__class__
+    if cls is int or cls is bool:
+        return _mix(int(value) & MASK)
+    if cls is float:
+        if value != value:
+            return _mix(_NAN_BITS)
+        bits: int = struct.unpack("<Q", struct.pack("<d", value + 0.0))[0]
+        return _mix(bits)
+    return _mix(hash(value) & MASK)
+
+
+def key_hash(key: Key) -> int:
+    """A key's hash, as :func:`key_hashes` computes it for each row of key columns."""
+    h = _SEED
+    for value in key:
+        h = _mix(((h * _PRIME) & MASK) ^ value_hash(value))
+    return h
+
+
+def column_hashes(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """:func:`value_hash` of every value of ``column``, vectorised for numbers."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    kind = column.type
+    if pa.types.is_integer(kind) or pa.types.is_boolean(kind):
+        ints = pc.cast(column, pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+        hashes = _mix_array(ints.view(np.uint64))
+    elif pa.types.is_floating(kind):
+        floats = pc.cast(column, pa.float64()).fill_null(0.0).to_numpy(zero_copy_only=False)
+        bits = np.where(np.isnan(floats), np.uint64(_NAN_BITS), (floats + 0.0).view(np.uint64))
+        hashes = _mix_array(bits.astype(np.uint64, copy=False))
+    else:
+        return np.fromiter(
+            (value_hash(value) for value in column.to_pylist()), dtype=np.uint64, count=len(column)
+        )
+    if column.null_count:
+        hashes[column.is_null().to_numpy(zero_copy_only=False)] = np.uint64(_NULL_HASH)
+    return hashes
+
+
+def key_hashes(columns: Sequence[pa.Array | pa.ChunkedArray], rows: int) -> np.ndarray:
+    """:func:`key_hash` of each row of the key ``columns`` (``rows`` of them)."""
+    hashes = np.full(rows, _SEED, dtype=np.uint64)
+    for column in columns:
+        hashes = _mix_array((hashes * np.uint64(_PRIME)) ^ column_hashes(column))
+    return hashes
+
+
+def python_rows(table: pa.Table, float_columns: Sequence[int]) -> list[Row]:
+    """A table's rows as the engine holds them: every float NaN the engine's one NaN (decoding
+    makes a new NaN object each time, and NaN never equals itself), -0.0 as 0.0."""
+    columns = [column.to_pylist() for column in table.columns]
+    rows: list[Row] = list(zip(*columns, strict=True)) if columns else [()] * table.num_rows
+    if float_columns and rows:
+        rows = [_normalised(row, float_columns) for row in rows]
+    return rows
+
+
+def _normalised(row: Row, float_columns: Sequence[int]) -> Row:
+    fixed = None
+    for column in float_columns:
+        value = row[column]
+        if value is not None and (value != value or value == 0.0):
+            if fixed is None:
+                fixed = list(row)
+            fixed[column] = NAN if value != value else 0.0
+    return row if fixed is None else tuple(fixed)
+
+
+def float_columns_of(schema: pa.Schema) -> tuple[int, ...]:
+    return tuple(i for i, field in enumerate(schema) if pa.types.is_floating(field.type))
+
+
+class ColumnarBatch:
+    """Rows with their multiplicities, consolidated, sorted by key hash; rows read out of the
+    batch are marked dead rather than removed (the arrays are immutable)."""
+
+    __slots__ = (
+        "_alive",
+        "_float_columns",
+        "_key_of",
+        "_path",
+        "diffs",
+        "hashes",
+        "keys",
+        "live_rows",
+        "row_hashes",
+        "table",
+    )
+
+    def __init__(
+        self,
+        table: pa.Table,
+        hashes: np.ndarray,
+        row_hashes: np.ndarray,
+        diffs: np.ndarray,
+        key_of: KeyFunction,
+        float_columns: Sequence[int],
+    ) -> None:
+        self.table = table
+        self.hashes = hashes
+        self.row_hashes = row_hashes
+        """Each row's hash over all its columns (:func:`key_hash` of the row), sorted within
+        each key hash: a row is found by binary search without converting its neighbours."""
+        self.diffs = diffs
+        self._key_of = key_of
+        self._float_columns = tuple(float_columns)
+        self._alive: np.ndarray | None = None
+        self._path: str | None = None
+        self.live_rows: int = table.num_rows
+        """Rows not yet read out (each a distinct row: the batch is consolidated)."""
+        self.keys: int = int(np.count_nonzero(hashes[1:] != hashes[:-1])) + 1 if len(hashes) else 0
+        """Keys not yet read out, counted by distinct hash (two keys sharing a 64-bit hash
+        count once)."""
+
+    @classmethod
+    def build(
+        cls,
+        table: pa.Table,
+        diffs: np.ndarray,
+        hashes: np.ndarray,
+        key_of: KeyFunction,
+    ) -> ColumnarBatch:
+        """The batch of ``table``'s rows with multiplicities ``diffs`` whose keys hash to
+        ``hashes``: sorted by key hash, equal rows summed, rows summing to zero dropped.
+        Equal rows are found by a second hash over whole rows (equal rows hash equally), so
+        only rows whose (key hash, row hash) pair repeats are compared as Python values."""
+        float_columns = float_columns_of(table.schema)
+        diffs = np.asarray(diffs, dtype=np.int64)
+        row_hashes = key_hashes(table.columns, table.num_rows)
+        # By key hash, then row hash: two sorts, the second stable (half the time of
+        # ``np.lexsort`` on these keys).
+        by_row = np.argsort(row_hashes)
+        order = by_row[np.argsort(hashes[by_row], kind="stable")]
+        sorted_keys, sorted_rows = hashes[order], row_hashes[order]
+        sorted_diffs = diffs[order]
+        keep = sorted_diffs != 0
+        repeats = (sorted_keys[1:] == sorted_keys[:-1]) & (sorted_rows[1:] == sorted_rows[:-1])
+        if repeats.any():
+            candidates = np.zeros(len(order), dtype=bool)
+            candidates[1:] |= repeats
+            candidates[:-1] |= repeats
+            positions = np.flatnonzero(candidates)
+            rows = python_rows(table.take(pa.array(order[positions])), float_columns)
+            first: dict[Row, int] = {}
+            totals: dict[Row, int] = {}
+            for position, row, diff in zip(
+                positions.tolist(), rows, sorted_diffs[positions].tolist(), strict=True
+            ):
+                if row in first:
+                    keep[position] = False
+                else:
+                    first[row] = position
+                totals[row] = totals.get(row, 0) + diff
+            for row, position in first.items():
+                sorted_diffs[position] = totals[row]
+                keep[position] = totals[row] != 0
+        if keep.all():  # the usual case: no copies
+            return cls(
+                table.take(pa.array(order)),
+                sorted_keys,
+                sorted_rows,
+                sorted_diffs,
+                key_of,
+                float_columns,
+            )
+        return cls(
+            table.take(pa.array(order[keep])),
+            sorted_keys[keep],
+            sorted_rows[keep],
+            sorted_diffs[keep],
+            key_of,
+            float_columns,
+        )
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def key_range(self, hashed: int) -> tuple[int, int]:
+        """The positions of the rows whose key hashes to ``hashed``."""
+        target = np.uint64(hashed)
+        hashes = self.hashes
+        return int(hashes.searchsorted(target, "left")), int(hashes.searchsorted(target, "right"))
+
+    def live_in(self, lo: int, hi: int) -> int:
+        """How many rows in ``[lo, hi)`` have not been read out."""
+        if self._alive is None:
+            return hi - lo
+        return int(np.count_nonzero(self._alive[lo:hi]))
+
+    def count_of(self, row: Row, row_hash: int, lo: int, hi: int) -> int:
+        """The multiplicity of ``row`` (whose hash is ``row_hash``, its key's rows in
+        ``[lo, hi)``) still held here, 0 if none."""
+        if lo == hi:
+            return 0
+        target = np.uint64(row_hash)
+        row_hashes = self.row_hashes
+        position = lo + int(row_hashes[lo:hi].searchsorted(target, "left"))
+        alive = self._alive
+        while position < hi and row_hashes[position] == target:
+            if alive is None or alive[position]:
+                (candidate,) = python_rows(self.table.slice(position, 1), self._float_columns)
+                if candidate == row:
+                    return int(self.diffs[position])
+            position += 1
+        return 0
+
+    def _find(self, key: Key, hashed: int) -> tuple[list[int], dict[Row, int]] | None:
+        lo, hi = self.key_range(hashed)
+        if lo == hi:
+            return None
+        alive = self._alive
+        if alive is not None and not alive[lo:hi].any():
+            return None
+        rows = python_rows(self.table.slice(lo, hi - lo), self._float_columns)
+        diffs = self.diffs[lo:hi].tolist()
+        key_of = self._key_of
+        positions: list[int] = []
+        found: dict[Row, int] = {}
+        for offset, row in enumerate(rows):
+            if (alive is None or alive[lo + offset]) and key_of(row) == key:
+                positions.append(lo + offset)
+                found[row] = diffs[offset]
+        return (positions, found) if positions else None
+
+    def take(self, key: Key, hashed: int) -> dict[Row, int] | None:
+        """The rows under ``key`` (hashing to ``hashed``), marked dead here; None when
+        there are none."""
+        found = self._find(key, hashed)
+        if found is None:
+            return None
+        positions, rows = found
+        if self._alive is None:
+            self._alive = np.ones(len(self.hashes), dtype=bool)
+        self._alive[positions] = False
+        self.live_rows -= len(positions)
+        self.keys -= 1
+        return rows
+
+    def items(self, key_of: KeyFunction | None = None) -> Iterator[tuple[Key, dict[Row, int]]]:
+        """Every live key and its rows (for tests and diagnostics)."""
+        key_of = key_of or self._key_of
+        grouped: dict[Key, dict[Row, int]] = {}
+        for start in range(0, self.table.num_rows, _CONVERT_ROWS):
+            piece = self.table.slice(start, _CONVERT_ROWS)
+            rows = python_rows(piece, self._float_columns)
+            diffs = self.diffs[start : start + _CONVERT_ROWS].tolist()
+            for offset, row in enumerate(rows):
+                if self._alive is None or self._alive[start + offset]:
+                    grouped.setdefault(key_of(row), {})[row] = diffs[offset]
+        yield from grouped.items()
+
+    # -- memory and disk -------------------------------------------------------------------
+
+    @property
+    def on_disk(self) -> bool:
+        return self._path is not None
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of its rows, hashes and multiplicities (in memory, or in its file once on
+        disk; the dead marks, a byte a row, are not counted)."""
+        return int(
+            self.table.nbytes + self.hashes.nbytes + self.row_hashes.nbytes + self.diffs.nbytes
+        )
+
+    def to_disk(self, directory: str | None) -> int:
+        """Writes the batch to an Arrow IPC file in ``directory`` and memory-maps it back in
+        place of the arrays in memory (the dead marks stay in memory); returns the bytes
+        moved out of the heap."""
+        held = self.nbytes
+        fd, path = tempfile.mkstemp(prefix="tidemark-state-", suffix=".arrow", dir=directory)
+        os.close(fd)
+        whole = (
+            self.table.append_column(_HASH_COLUMN, pa.array(self.hashes))
+            .append_column(_ROW_HASH_COLUMN, pa.array(self.row_hashes))
+            .append_column(_DIFF_COLUMN, pa.array(self.diffs))
+        )
+        try:
+            with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, whole.schema) as writer:
+                writer.write_table(whole)
+            # The mapping stays open for as long as the arrays read from it are referenced.
+            mapped = pa.ipc.open_file(pa.memory_map(path)).read_all()
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            raise
+        width = self.table.num_columns
+        self.table = mapped.select(list(range(width)))
+        self.hashes = _zero_copy(mapped.column(width))
+        self.row_hashes = _zero_copy(mapped.column(width + 1))
+        self.diffs = _zero_copy(mapped.column(width + 2))
+        self._path = path
+        return held
+
+    @property
+    def file_bytes(self) -> int:
+        return 0 if self._path is None else os.path.getsize(self._path)
+
+    def close(self) -> None:
+        """Deletes its file, if it has one (the mapping stays valid until the arrays go)."""
+        if self._path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._path)
+            self._path = None
+
+
+def _zero_copy(column: pa.ChunkedArray) -> np.ndarray:
+    chunk = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    result: np.ndarray = chunk.to_numpy(zero_copy_only=True)
+    return result
+
+
+def build_keyed(
+    table: pa.Table,
+    diffs: np.ndarray,
+    key_of: KeyFunction,
+    key_columns: Sequence[int] | None,
+    drop_null_keys: bool,
+) -> ColumnarBatch | None:
+    """The batch of ``table``'s rows arranged by ``key_of``. With ``key_columns`` (the key is
+    those columns as they are) the keys are hashed from the columns, vectorised; otherwise
+    each row's key is computed in Python. ``drop_null_keys`` leaves out rows whose key holds a
+    NULL (a join never matches them). None when no row is left."""
+    diffs = np.asarray(diffs, dtype=np.int64)
+    # A staged table comes in thousands of record batches: one contiguous array per column
+    # makes hashing and taking cheaper than chunk by chunk.
+    table = table.combine_chunks()
+    if key_columns is not None:
+        if drop_null_keys and key_columns:
+            nulls = np.zeros(table.num_rows, dtype=bool)
+            for column in key_columns:
+                if table.column(column).null_count:
+                    nulls |= table.column(column).is_null().to_numpy(zero_copy_only=False)
+            if nulls.any():
+                table = table.filter(pa.array(~nulls))
+                diffs = diffs[~nulls]
+        hashes = key_hashes([table.column(c) for c in key_columns], table.num_rows)
+    else:
+        keys = [key_of(row) for row in python_rows(table, float_columns_of(table.schema))]
+        if drop_null_keys:
+            kept = np.fromiter((None not in key for key in keys), dtype=bool, count=len(keys))
+            if not kept.all():
+                table = table.filter(pa.array(kept))
+                diffs = diffs[kept]
+                keys = [key for key in keys if None not in key]
+        hashes = np.fromiter((key_hash(key) for key in keys), dtype=np.uint64, count=len(keys))
+    if table.num_rows == 0:
+        return None
+    batch = ColumnarBatch.build(table, diffs, hashes, key_of)
+    return batch if batch.live_rows else None
