@@ -56,9 +56,10 @@ class InputFollower:
     ) -> None:
         """``snapshot``: whether the stream starts with the contents at ``as_of`` (a dataflow
         hydrated from storage's parts instead wants only the updates after it). ``parts``:
-        follow the parts holding the updates after ``as_of``, not the updates."""
+        follow the parts holding the updates after ``as_of``, not the updates (with
+        ``snapshot``, the contents at ``as_of`` still come as rows first)."""
         self.collection_id = capability.collection_id
-        self.snapshot = snapshot and not parts
+        self.snapshot = snapshot
         self.parts = parts
         self.blob_url = ""
         """Where the parts are (known once an interval came)."""
@@ -124,6 +125,23 @@ class InputFollower:
         self.fallback_rows += len(rows)
         return rows
 
+    async def _read_snapshot(self) -> None:
+        """The contents at ``as_of`` as rows at time ``as_of`` (a dataflow small enough to
+        hydrate through this process, whose steps then go by parts); the parts follow from
+        after ``as_of``."""
+        tables = []
+        async for event in self.storage.subscribe_arrow(
+            self.capability, as_of=self.as_of, snapshot=True, stop_at=self.as_of + 1
+        ):
+            if not isinstance(event, Progress) and event.num_rows:
+                # Later updates come by parts: an interval reaching past as_of is not
+                # taken twice.
+                tables.append(select_times(event, None, self.as_of + 1))
+        self._tables.extend(tables)
+        self.rows_received += sum(table.num_rows for table in tables)
+        self.upper = self.as_of + 1
+        self._on_change()
+
     @property
     def held_rows(self) -> int:
         return sum(table.num_rows for table in self._tables)
@@ -170,6 +188,9 @@ class InputFollower:
         while True:
             as_of = self.as_of if self.upper is None else self.upper - 1
             try:
+                if self.upper is None and self.snapshot:
+                    await self._read_snapshot()
+                    continue
                 async for interval in self.storage.subscribe_parts(self.capability, as_of=as_of):
                     upper = MAX_TIME if interval.upper is None else interval.upper
                     self.blob_url = interval.blob_url

@@ -117,9 +117,10 @@ class RunningDataflow:
         """Hydration's progress in the inputs' storage parts at ``as_of`` (0 and 0 where it does
         not go by parts), as Status and the progress log lines report it."""
         # A plan of constants reads no parts: it hydrates in-process, instantly.
-        self.hydrates_from_parts = (
-            hydrate_from_parts and engine.hydrates_from_parts and bool(inputs)
-        )
+        self.steps_from_parts = engine.hydrates_from_parts and bool(inputs)
+        """The engine's tasks read the inputs' parts and write the output's themselves, in
+        every step after hydration, however the dataflow hydrated."""
+        self.hydrates_from_parts = hydrate_from_parts and self.steps_from_parts
         self.started_ms = int(time.time() * 1000)
         self.feed = ChangeFeed()
         self._wake = asyncio.Event()
@@ -131,7 +132,7 @@ class RunningDataflow:
                 as_of,
                 self._wake.set,
                 snapshot=not self.hydrates_from_parts,
-                parts=self.hydrates_from_parts,
+                parts=self.steps_from_parts,
             )
             for capability in inputs
         ]
@@ -378,7 +379,7 @@ class RunningDataflow:
             if target is None or target <= self.upper:
                 await self._wait_inputs()
                 continue
-            if self.hydrates_from_parts:
+            if self.steps_from_parts:
                 await self._step_io(target)
                 continue
             batches = {}

@@ -138,6 +138,7 @@ async def _run_view(
     wrap: Any = None,
     more: Callable[[], bool] = lambda: False,
     on_hydrated: Callable[[Capability, StorageClient], None] | None = None,
+    hydrate_from_parts: bool = True,
 ) -> tuple[RunningDataflow, SparkEngineDataflow, _History, Capability, str, StorageClient]:
     """A view over fresh inputs, maintained by a ``RunningDataflow`` on the Spark engine
     while ``steps`` appends land (and more while ``more()``, up to 400); returns once its
@@ -181,7 +182,7 @@ async def _run_view(
         False,
         as_of,
         RunSettings("test", renew_interval_s=2.0, hold_interval_s=0.5),
-        hydrate_from_parts=True,
+        hydrate_from_parts=hydrate_from_parts,
     )
     running.start()
     await running.wait_past(as_of, time.monotonic() + 120)
@@ -266,6 +267,35 @@ def test_a_view_is_exact_at_every_time_with_no_row_through_the_driver(
                     span = (frontier_bound(part.lower), frontier_bound(part.upper))
                     per_batch[span] = per_batch.get(span, 0) + 1
             assert max(per_batch.values()) == 2, per_batch
+        finally:
+            await running.stop(release=True)
+            await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_view_hydrated_through_the_driver_still_steps_from_parts(
+    spark: SparkSession, cluster: ResidentCluster, storage: ServiceProcess
+) -> None:
+    """A view too small for hydration by Spark takes its inputs' contents at ``as_of`` as
+    rows; every later update reaches the tasks as parts, none as rows through the driver."""
+
+    async def scenario() -> None:
+        running, engine, history, read, _view, client = await _run_view(
+            spark, cluster, storage.address, steps=12, hydrate_from_parts=False
+        )
+        try:
+            assert running.state == "running", running.error
+            assert not running.hydrates_from_parts and running.steps_from_parts
+            await _check_exact(running, history, client, read)
+            at_as_of = sum(
+                1 for contents in history.at(running.as_of).values() for n in contents.values() if n
+            )
+            assert sum(f.rows_received for f in running.followers) == at_as_of
+            assert all(not f.held_rows for f in running.followers)
+            counters = engine.io_counters
+            assert counters.input_rows == 0, "a step dealt input rows"
+            assert counters.input_parts > 0
         finally:
             await running.stop(release=True)
             await client.close()

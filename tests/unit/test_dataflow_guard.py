@@ -9,7 +9,7 @@ import time
 import pytest
 
 from services.compute.dataflow import Dataflow
-from services.compute.dataflow.guard import Guard, row_bytes
+from services.compute.dataflow.guard import UNGUARDED, Guard, row_bytes
 from tidemark.columnar import ColumnType as T
 from tidemark.columnar import RelationSchema
 from tidemark.errors import Cancelled, ResourceExhausted
@@ -92,3 +92,11 @@ def test_a_budget_counts_large_linear_batches_between_operators() -> None:
     guard = Guard(budget_bytes=1 << 20, what="the statement")
     with pytest.raises(ResourceExhausted):
         Dataflow(plan, as_of=0, guard=guard).hydrate({"a": [((i,), 0, 1) for i in range(200_000)]})
+
+
+def test_cancelling_the_shared_unguarded_guard_stops_no_other_evaluation() -> None:
+    # Dropping one dataflow built without a guard cancels its guard, which is the one every
+    # such dataflow shares: that must not stop the next one.
+    UNGUARDED.cancel("the dataflow was dropped")
+    assert not UNGUARDED.cancelled
+    UNGUARDED.check()

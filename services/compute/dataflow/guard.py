@@ -95,5 +95,15 @@ class Guard:
             )
 
 
-UNGUARDED = Guard()
+class _Unguarded(Guard):
+    """Shared by every evaluation built without a guard of its own, so it cannot be
+    cancelled: a cancel meant for one of them would stop all the others."""
+
+    __slots__ = ()
+
+    def cancel(self, reason: str) -> None:
+        pass
+
+
+UNGUARDED: Guard = _Unguarded()
 """The guard of evaluations nobody stops and that have no budget (tests, tools)."""
