@@ -25,10 +25,11 @@ from services.compute.dataflow.guard import Guard
 from services.compute.dataflow.spill import TaskStateBudget
 from services.compute.dataflow.work import StateSize
 from services.compute.spark import ResidentCluster, SparkDataflow, spark_session
-from services.compute.spark.hydration import OutputTarget, stage
+from services.compute.spark import requests as rq
+from services.compute.spark.hydration import OutputTarget, Staged, stage
 from services.compute.spark.jobs import SparkJobs
 from services.compute.spark.liveness import ClusterStart
-from services.compute.spark.parts_source import s3_credentials
+from services.compute.spark.parts_source import missing_part, s3_credentials
 from services.compute.spark.queries import SparkQueries, translated_job_error
 from services.compute.spark.spark_dataflow import IoCounters, IoStep, OutputSink, PartWindow
 from services.compute.spark.staging import delete_prefix, run_prefix
@@ -42,10 +43,15 @@ from tidemark.v1 import plan_pb2
 log = get_logger("compute.engines")
 
 SESSION_ATTEMPTS = 3
+REBUILD_ATTEMPTS = 5
+"""Listings a shard rebuild tries before giving up on parts compacted away under it."""
 PROGRESS_INTERVAL_S = 1.0
 """How often a hydration by Spark reports how far its jobs have come."""
 
 T = TypeVar("T")
+
+PartsLister = Callable[[int], Coroutine[object, object, Mapping[str, PartsListing]]]
+"""The inputs' parts at a time, by collection (listed under the dataflow's read holds)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,22 @@ class EngineDataflow(Protocol):
     @property
     def hydrates_from_parts(self) -> bool:
         """Whether :meth:`hydrate_from_parts` works (the bulk path)."""
+        ...
+
+    @property
+    def shard_restores(self) -> int:
+        """Shards of this dataflow rebuilt on a task that replaced a lost one."""
+        ...
+
+    @property
+    def index_floor(self) -> int:
+        """The earliest time the index answers for as far as the engine goes (a rebuilt
+        shard's index starts where its state was rebuilt)."""
+        ...
+
+    def list_parts_with(self, lister: PartsLister) -> None:
+        """How to list the inputs' parts at a time, for rebuilding a lost shard (the bulk
+        path); without it a lost shard fails the dataflow."""
         ...
 
     async def hydrate(self, snapshots: Batches) -> tuple[list[Update], int]: ...
@@ -172,6 +194,17 @@ class LocalDataflow:
     @property
     def hydrates_from_parts(self) -> bool:
         return False
+
+    @property
+    def shard_restores(self) -> int:
+        return 0
+
+    @property
+    def index_floor(self) -> int:
+        return 0
+
+    def list_parts_with(self, lister: PartsLister) -> None:
+        return None  # one process: nothing to rebuild a shard of
 
     async def hydrate_from_parts(
         self,
@@ -292,6 +325,8 @@ class SparkEngineDataflow:
     def __init__(self, dataflow: SparkDataflow, jobs: SparkJobs) -> None:
         self._dataflow = dataflow
         self._jobs = jobs
+        self._lister: PartsLister | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def failure(self) -> str | None:
@@ -300,6 +335,83 @@ class SparkEngineDataflow:
     @property
     def hydrates_from_parts(self) -> bool:
         return True
+
+    @property
+    def shard_restores(self) -> int:
+        return self._dataflow.shard_restores
+
+    @property
+    def index_floor(self) -> int:
+        return self._dataflow.index_floor
+
+    def list_parts_with(self, lister: PartsLister) -> None:
+        self._lister = lister
+        self._loop = asyncio.get_running_loop()
+        self._dataflow.rebuild = self._rebuild_shard
+
+    def _rebuild_shard(self, shard: int, time: int, ask: Callable[[rq.Request], object]) -> None:
+        """Rebuilds shard ``shard`` as of ``time`` on the task ``ask`` talks to, by the bulk
+        path: the inputs' parts at ``time``, one Spark job staging that shard's rows alone,
+        and a ``Hydrate`` of the task. Nothing is written to the output. Runs in the thread
+        that replaces the task (the event loop is free; the listing runs there)."""
+        lister, loop, dataflow = self._lister, self._loop, self._dataflow
+        assert lister is not None and loop is not None
+        attempt = 1
+        while True:
+            # Listed again after a part was compacted away under the job (as queries do).
+            listings = asyncio.run_coroutine_threadsafe(lister(time), loop).result()
+            try:
+                staged, staging_url, prefix = self._stage_shard(listings, shard, time)
+                break
+            except Exception as exc:
+                if not missing_part(exc) or attempt >= REBUILD_ATTEMPTS:
+                    raise translated_job_error(exc) from exc
+                log.info(
+                    "shard_rebuild_listed_again", dataflow=dataflow.dataflow_id, attempt=attempt
+                )
+                attempt += 1
+        try:
+            ask(staged.loads[shard])
+        finally:
+            self._delete_staged(staging_url, prefix)
+
+    def _stage_shard(
+        self, listings: Mapping[str, PartsListing], shard: int, time: int
+    ) -> tuple[Staged, str, str]:
+        dataflow = self._dataflow
+        urls = [listing.blob_url for listing in listings.values()]
+        if not urls:
+            raise FailedPrecondition("a dataflow that reads no collection has no parts to rebuild")
+        staging_url = urls[0]
+        prefix = run_prefix(dataflow.dataflow_id)
+        try:
+            staged = stage(
+                self._jobs.spark,
+                dataflow.plan,
+                dataflow.graph,
+                dataflow_id=dataflow.dataflow_id,
+                as_of=time,
+                shards=dataflow.shards,
+                index_key_columns=dataflow.index_key_columns,
+                listings=listings,
+                staging_url=staging_url,
+                prefix=prefix,
+                output=None,
+                count_output=False,
+                only_shard=shard,
+            )
+        except BaseException:
+            self._delete_staged(staging_url, prefix)
+            raise
+        return staged, staging_url, prefix
+
+    @staticmethod
+    def _delete_staged(staging_url: str, prefix: str) -> None:
+        try:
+            # A loop of this thread's own: the blob store needs no other.
+            asyncio.run(delete_prefix(staging_url, prefix))
+        except Exception as exc:  # left for a later sweep of the staging prefix
+            log.warning("hydration_staging_cleanup_failed", prefix=prefix, error=str(exc))
 
     async def hydrate_from_parts(
         self,
@@ -534,6 +646,8 @@ class SparkEngine:
             if current is not None:
                 log.warning("resident_cluster_replaced", failure=current.failure)
                 await current.astop()
+            # A lost task is replaced and its shards rebuilt; the cluster only fails (and
+            # its dataflows restart on a new one) when that cannot be done.
             start = self.start_settings
             fresh = ResidentCluster(
                 session,
@@ -543,6 +657,7 @@ class SparkEngine:
                 connect_timeout=start.connect_timeout_s,
                 start_attempts=start.attempts,
                 liveness=start.liveness,
+                replace_lost=True,
             )
             try:
                 await fresh.astart()

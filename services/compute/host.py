@@ -709,5 +709,6 @@ async def _status(running: RunningDataflow) -> compute_pb2.DataflowStatus:
         error=running.error,
         restarts=running.restarts,
         last_failure=running.last_failure,
+        shard_restores=running.engine.shard_restores,
     )
     return status

@@ -35,7 +35,7 @@ from services.compute.spark.hydration import OutputTarget
 from services.compute.spark.parts_source import missing_part
 from services.compute.spark.spark_dataflow import OutputSink
 from services.compute.spec import DataflowSpec
-from tidemark.clients.storage import Capability, StorageClient
+from tidemark.clients.storage import Capability, PartsListing, StorageClient
 from tidemark.columnar import RelationSchema, frontier_bound
 from tidemark.errors import (
     DeadlineExceeded,
@@ -150,7 +150,7 @@ class RunningDataflow:
         before its upper; a collection output is read from storage, and the holds are at
         upper - 1."""
         if self.has_index:
-            return self.index_since
+            return max(self.index_since, self.engine.index_floor)
         if self.upper is None:
             return self.as_of
         return max(self.as_of, self.upper - 1)
@@ -224,6 +224,7 @@ class RunningDataflow:
         capabilities = list(self.inputs)
         if self.writer is not None:
             capabilities.append(self.writer.capability)
+        self.engine.list_parts_with(self._list_parts)
         try:
             for follower in self.followers:
                 follower.start()
@@ -246,6 +247,17 @@ class RunningDataflow:
                 await follower.stop()
 
     # -- hydration and steps ------------------------------------------------------------------
+
+    async def _list_parts(self, as_of: int) -> dict[str, PartsListing]:
+        """The inputs' parts at ``as_of``, under the dataflow's read holds (at most
+        ``upper - 1``): how a lost shard's state is rebuilt at ``upper - 1``."""
+        listed = await asyncio.gather(
+            *(self.storage.list_parts(capability, as_of) for capability in self.inputs)
+        )
+        return {
+            capability.collection_id: listing
+            for capability, listing in zip(self.inputs, listed, strict=True)
+        }
 
     async def _wait_inputs(self) -> None:
         await self._wake.wait()

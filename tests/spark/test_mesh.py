@@ -7,6 +7,7 @@ from __future__ import annotations
 import secrets
 import socket
 import threading
+import time as clock
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from services.compute.dataflow.batch import Row, consolidate
 from services.compute.spark import requests as rq
 from services.compute.spark.liveness import Channel, Liveness, collect
 from services.compute.spark.mesh import MESH_LOST, PEER_FAILED, Mesh, MeshLost
-from services.compute.spark.shard_host import ShardHost
+from services.compute.spark.shard_host import HOLD_ENV, ShardHost
 from services.compute.spark.wire import TOKEN_BYTES
 from tests.spark.test_spark_dataflow import history, orders_by_region
 from tidemark.columnar import ColumnType as T
@@ -34,22 +35,38 @@ SHARDS = 3
 class Tasks:
     """Three hosts serving in threads, joined into one mesh, and the driver's channels."""
 
-    def __init__(self, tls: TlsSettings | None = None) -> None:
-        token = secrets.token_bytes(TOKEN_BYTES)
-        self.hosts = [
-            ShardHost(shard, SHARDS, mesh=Mesh(shard, SHARDS, token, LIVENESS, tls=tls))
-            for shard in range(SHARDS)
-        ]
+    def __init__(self, tls: TlsSettings | None = None, replace_s: float | None = None) -> None:
+        self.token = secrets.token_bytes(TOKEN_BYTES)
+        self.replace_s = replace_s
+        self.hosts = [self.host(shard, tls) for shard in range(SHARDS)]
         self.channels: list[Channel] = []
         self.threads: list[threading.Thread] = []
         for host in self.hosts:
-            driver, task = socket.socketpair()
-            thread = threading.Thread(target=_serve, args=(host, task), daemon=True)
-            thread.start()
-            self.channels.append(Channel(driver, LIVENESS.deadline_s))
-            self.threads.append(thread)
+            self.channels.append(self.serve(host))
         addresses = self.ask_all(rq.MeshAddress())
-        assert self.ask_all(rq.JoinMesh(tuple(r.value for r in addresses))) == [rq.Reply()] * 3
+        self.addresses = [reply.value for reply in addresses]
+        assert self.ask_all(rq.JoinMesh(tuple(self.addresses))) == [rq.Reply()] * 3
+
+    def host(self, shard: int, tls: TlsSettings | None = None) -> ShardHost:
+        mesh = Mesh(shard, SHARDS, self.token, LIVENESS, tls=tls, replace_s=self.replace_s)
+        return ShardHost(shard, SHARDS, mesh=mesh)
+
+    def serve(self, host: ShardHost) -> Channel:
+        driver, task = socket.socketpair()
+        thread = threading.Thread(target=_serve, args=(host, task), daemon=True)
+        thread.start()
+        self.threads.append(thread)
+        return Channel(driver, LIVENESS.deadline_s)
+
+    def replace(self, shard: int, steps: int) -> None:
+        """A new host for ``shard`` joins the mesh in the old one's place."""
+        self.hosts[shard] = self.host(shard)
+        self.channels[shard] = channel = self.serve(self.hosts[shard])
+        channel.send(rq.MeshAddress())
+        [address] = collect([channel])
+        self.addresses[shard] = address.value  # type: ignore[attr-defined]
+        channel.send(rq.JoinMesh(tuple(self.addresses), rejoin=True, steps=steps))
+        assert collect([channel]) == [rq.Reply()]
 
     def ask(self, requests: Sequence[rq.Request]) -> list[rq.Reply]:
         for channel, request in zip(self.channels, requests, strict=True):
@@ -182,6 +199,63 @@ def test_a_lost_peer_fails_the_step_with_mesh_lost_at_once(tasks: Tasks) -> None
     replies = collect(tasks.channels[:2])
     assert [reply.error_class for reply in replies] == [MESH_LOST, MESH_LOST]  # type: ignore[attr-defined]
     assert all("shard 2 is gone" in reply.error_message for reply in replies)  # type: ignore[attr-defined]
+
+
+def test_a_task_replaced_mid_step_completes_the_step_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every task holds after the step's first exchange; shard 2 is then killed (its
+    connections end) and the others go on to the next exchange, waiting for it. A new host
+    for shard 2, in the state before the step, joins the mesh and runs the step from its
+    start: the others re-send what they sent shard 2 and skip what the new host sends again
+    of the first exchange, and the step's output is the single-shard engine's, once."""
+    monkeypatch.setenv(HOLD_ENV, f"v@1@{tmp_path}")
+    tasks = Tasks(replace_s=60.0)
+    plan = orders_by_region()
+    updates = history(seed=5, times=8)
+    reference = Dataflow(plan, as_of=0)
+    install = rq.Install("v", plan.SerializeToString(), True, (0,), 0)
+    assert tasks.ask_all(install) == [rq.Reply()] * SHARDS
+    snapshot = {name: [(r, 0, d) for r, t, d in batch if t <= 0] for name, batch in updates.items()}
+    expected, _ = reference.hydrate(snapshot)
+    sources = _by_node(reference, snapshot)
+    shares = [
+        {node: batch[shard::SHARDS] for node, batch in sources.items()} for shard in range(SHARDS)
+    ]
+    for shard in range(SHARDS):
+        tasks.channels[shard].send(rq.Step("v", shares[shard], 0, 1))
+    for shard in range(SHARDS):
+        _wait_for(tmp_path / f"held-{shard}")
+    lost = tasks.hosts[2]
+    assert lost.mesh is not None
+    lost.mesh.close()  # as a killed task's connections end
+    tasks.channels[2].sock.close()
+    (tmp_path / "release").touch()
+
+    tasks.replace(2, steps=0)
+    tasks.channels[2].send(install)
+    assert collect([tasks.channels[2]]) == [rq.Reply()]
+    tasks.channels[2].send(rq.Step("v", shares[2], 0, 1))
+    replies = collect(tasks.channels)
+    assert [reply.error_class for reply in replies] == [None] * SHARDS, replies  # type: ignore[attr-defined]
+    got = consolidate(u for reply in replies for u in reply.value)  # type: ignore[attr-defined]
+    assert got == expected and got
+    # Later steps run as ever, numbered alike on the new host.
+    batches = {name: [u for u in batch if 1 <= u[1] < 8] for name, batch in updates.items()}
+    expected, _ = reference.step(batches, 8)
+    assert tasks.step("v", _by_node(reference, batches), None, 8) == expected and expected
+    peeked: dict[Row, int] = {}
+    for reply in tasks.ask_all(rq.Peek("v", 7)):
+        peeked.update(reply.value)
+    assert peeked == _contents([*got, *expected], 7)
+    tasks.stop()
+
+
+def _wait_for(path: Path) -> None:
+    deadline = clock.monotonic() + 30
+    while not path.exists():
+        assert clock.monotonic() < deadline, f"{path} never appeared"
+        clock.sleep(0.01)
 
 
 def test_large_parts_cross_both_ways_over_tls_at_once(tmp_path: Path) -> None:

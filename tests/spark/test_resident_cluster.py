@@ -61,7 +61,7 @@ def test_a_killed_task_is_reported_and_stopping_frees_the_slots(
     assert doomed.failure is not None
     doomed.stop()
 
-    # A barrier job needs all its slots at once: one as wide as every slot not held by the
+    # Each shard's job needs a slot: a cluster as wide as every slot not held by the
     # shared cluster only starts if the dead cluster's slots came back.
     with ResidentCluster(spark, slots(spark) - cluster.shards, connect_timeout=60) as wide:
         flow = SparkDataflow(counted(), as_of=0, cluster=wide)
@@ -79,7 +79,7 @@ def wait_until(condition: Callable[[], bool], seconds: float, what: str) -> None
 
 
 def assert_free_slots(spark: SparkSession, cluster: ResidentCluster) -> None:
-    """A barrier job as wide as every slot the shared cluster does not hold starts: no slot
+    """A cluster as wide as every slot the shared cluster does not hold starts: no slot
     is held by anything else."""
     with ResidentCluster(spark, slots(spark) - cluster.shards, connect_timeout=60) as wide:
         flow = SparkDataflow(counted(), as_of=0, cluster=wide)
@@ -159,6 +159,40 @@ def test_an_idle_task_that_stops_is_noticed_without_a_call(
         idle.stop()
     finally:
         os.kill(victim, signal.SIGCONT)
+
+
+def test_a_lost_task_is_replaced_while_its_peer_keeps_its_process_and_state(
+    spark: SparkSession, cluster: ResidentCluster
+) -> None:
+    """With ``replace_lost``, a task killed between rounds is replaced: a new job for its
+    shard, a new task in the mesh, the dataflow's shard rebuilt there (here a rebuild that
+    takes longer than the deadline, of a state that is empty, so nothing is loaded), and
+    steps go on exactly; the other task keeps its process and its state."""
+    resident = ResidentCluster(spark, 2, liveness=QUICK, replace_lost=True)
+    resident.start()
+    try:
+        dataflow = SparkDataflow(counted(), as_of=0, cluster=resident)
+        assert dataflow.hydrate({"numbers": []})[0] == []
+        rebuilt: list[tuple[int, int]] = []
+
+        def rebuild(shard: int, at: int, ask: Callable[[rq.Request], object]) -> None:
+            # Longer than the deadline: the keepalive must go on pinging the other task
+            # (and the new one) meanwhile.
+            time.sleep(2 * QUICK.deadline_s)
+            rebuilt.append((shard, at))
+
+        dataflow.rebuild = rebuild
+        survivor, victim = resident.task_pids
+        os.kill(victim, signal.SIGKILL)
+        wait_until(lambda: resident.shard_restores == 1, 120, "the task was not replaced")
+        assert rebuilt == [(1, 0)] and dataflow.shard_restores == 1
+        assert resident.task_pids[0] == survivor and resident.task_pids[1] not in (0, victim)
+        numbers = [((n % 7,), 1, 1) for n in range(40)]
+        out, _ = dataflow.step({"numbers": numbers}, 2)
+        assert out == [((n, 6 if n < 5 else 5), 1, 1) for n in range(7)]
+        assert resident.failure is None and resident.task_pids[0] == survivor
+    finally:
+        resident.stop()
 
 
 def test_tasks_whose_driver_falls_silent_end_and_free_their_slots(

@@ -245,6 +245,18 @@ def resident_task_pids(process: ServiceProcess) -> tuple[int, ...]:
     return tuple(started[-1]["task_pids"])
 
 
+def current_task_pids(process: ServiceProcess) -> tuple[int, ...]:
+    """The resident tasks' pids now: those the latest cluster started with, as shard restores
+    replaced some since."""
+    records = [
+        r
+        for r in process.records()
+        if r.get("event") in ("resident_cluster_started", "shard_restored")
+    ]
+    assert records, "the compute process has not started a resident cluster"
+    return tuple(records[-1]["task_pids"])
+
+
 def contents_at(updates: Sequence[tuple[Row, int, int]], time: int) -> dict[Row, int]:
     """The multiset ``updates`` accumulate to at ``time``."""
     version: dict[Row, int] = {}

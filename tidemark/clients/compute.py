@@ -125,6 +125,8 @@ class DataflowInfo:
     """The operator state's estimated bytes, over all shards."""
     state_spilled_bytes: int = 0
     """Of ``state_bytes``, the rows the resident tasks moved to their local disk."""
+    shard_restores: int = 0
+    """Times a lost task's shard of it was rebuilt on a new task (not a restart)."""
 
     @classmethod
     def from_proto(cls, proto: compute_pb2.DataflowStatus) -> DataflowInfo:
@@ -146,6 +148,7 @@ class DataflowInfo:
             error=proto.error,
             restarts=proto.restarts,
             last_failure=proto.last_failure,
+            shard_restores=proto.shard_restores,
             hydration_parts_done=proto.hydration_parts_done,
             hydration_parts_total=proto.hydration_parts_total,
             state_rows=proto.state_rows,

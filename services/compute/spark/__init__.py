@@ -1,7 +1,7 @@
 """The Spark runtime of the dataflow engine (design option D, ``../DESIGN-NOTES.md``).
 
 ``spark_session`` gives the process its one SparkSession; ``ResidentCluster`` runs P
-long-lived barrier tasks that each hold one shard of the operator state; ``SparkDataflow``
+long-lived tasks that each hold one shard of the operator state; ``SparkDataflow``
 maintains a plan on such a cluster with the in-process ``Dataflow``'s contract.
 """
 

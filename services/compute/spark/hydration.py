@@ -131,10 +131,13 @@ def stage(
     output: OutputTarget | None,
     count_output: bool,
     environment: Mapping[str, str] | None = None,
+    only_shard: int | None = None,
 ) -> Staged:
     """Runs steps 1, 2 and 4 of the module docstring (Spark jobs on this thread) and returns
     the per-shard requests for step 3. ``count_output``: count the output's rows by a job of
-    their own when no part write counts them (an index load counts them too)."""
+    their own when no part write counts them (an index load counts them too).
+    ``only_shard``: stage that shard's rows alone, dropped before the shuffle (a task that
+    replaces a lost one; the others keep their state)."""
     credentials = s3_credentials(environment)
     frames = {
         cid: collection_frame(spark, listing, consolidate=False, environment=environment)
@@ -170,6 +173,8 @@ def stage(
     ]
     started = time.perf_counter()
     staged: list[Any] = []
+    if only_shard is not None:
+        routed = [frame.where(F.col("shard") == only_shard) for frame in routed]
     if routed:
         union = fold(lambda a, b: a.unionByName(b), routed)
         shuffled = union.repartition(shards, F.col("shard"))

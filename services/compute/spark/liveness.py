@@ -164,14 +164,16 @@ def keep_alive(sock: socket.socket, liveness: Liveness) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
-def collect(channels: Sequence[Channel]) -> list[object]:
+def collect(channels: Sequence[Channel], replies: dict[int, object] | None = None) -> list[object]:
     """The next message other than heartbeats from every channel, read in order: the peers
     work in parallel meanwhile, and a round of quick answers costs no more than plain
     receives (no poll). Each wait is bounded by the channel's deadline (its receive timeout).
     While a peer's heartbeats show it is still working on a long request, the peers not read
     yet are looked at too, so one that fell silent meanwhile is noticed at once rather than
-    after the busy one answers. Raises ``PeerLost``."""
-    replies: dict[int, object] = {}
+    after the busy one answers. Raises ``PeerLost``. ``replies``: the answers read so far,
+    kept there as they come (a caller that replaces a lost peer collects on from them)."""
+    if replies is None:
+        replies = {}
     for index, channel in enumerate(channels):
         while index not in replies:
             message = _receive(channel, index)

@@ -89,9 +89,23 @@ class MeshAddress:
 
 @dataclass(frozen=True)
 class JoinMesh:
-    """Connect to every other task (``addresses[p]`` is shard ``p``'s listener)."""
+    """Connect to every other task (``addresses[p]`` is shard ``p``'s listener). With
+    ``rejoin``, this task replaces a lost one in a running mesh (``mesh.py``), and the
+    ``Step`` requests the lost task had been sent number ``steps``: the next one is
+    ``steps + 1`` on every task."""
 
     addresses: tuple[tuple[str, int], ...]
+    rejoin: bool = False
+    steps: int = 0
+
+
+@dataclass(frozen=True)
+class MeshPeer:
+    """Task to task, once, right after the hello of a task that replaces a lost one: where
+    its mesh listener is, so that the peer dials it back."""
+
+    host: str
+    port: int
 
 
 @dataclass(frozen=True)

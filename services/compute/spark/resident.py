@@ -1,15 +1,23 @@
 """Resident tasks on the driver's side: start P of them, talk to them, notice when one dies.
 
-A ``ResidentCluster`` runs one barrier job of P tasks from a driver thread. The job never
-finishes on its own: task ``p`` connects back to a socket the driver listens on, proves it
-belongs to this cluster with a random token carried in the job's closure, and then serves
-requests for shard ``p`` (``shard_host.ShardHost``) until told to stop. A barrier job gets
-all its slots at once or not at all, so the P shards always live together.
+A ``ResidentCluster`` runs P single-task Spark jobs, one per shard, each from a driver
+thread and in a job group of its own. A job never finishes on its own: the task of shard
+``p`` connects back to a socket the driver listens on, proves it belongs to this cluster with
+a random token carried in the job's closure, and then serves requests for shard ``p``
+(``shard_host.ShardHost``) until told to stop. Separate jobs keep the tasks apart: Spark
+ends only the job of a task that died, never its peers' (a barrier job would fail them all).
 
 Both sides watch the other (``liveness.py``): a task that says nothing for the deadline (not
-even the heartbeat it sends while working) fails the cluster and frees the caller, and a task
-that hears nothing from its driver for the deadline ends by itself. Starting waits for slots
-that are still coming up, relaunching the job a bounded number of times.
+even the heartbeat it sends while working) is lost, and a task that hears nothing from its
+driver for the deadline ends by itself. Starting waits for slots that are still coming up,
+relaunching the jobs a bounded number of times.
+
+A lost task either fails the cluster (``Unavailable``, now and on every later call), or,
+with ``replace_lost``, is replaced: the driver relaunches that shard's job, the new task
+joins the mesh in the lost one's place (``mesh.py``), every dataflow registered with
+``register`` rebuilds its shard of state there (its ``ShardRestorer``: the bulk path, as of
+before the request in flight), and the request in flight is sent to the new task again, so
+the round completes once. The other tasks keep their state and their processes.
 
 The blocking methods are thread-safe (one request round at a time); the ``a``-prefixed ones
 run them in a thread for asyncio callers.
@@ -23,7 +31,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -56,10 +64,14 @@ log = get_logger("compute.spark.resident")
 
 _STOP_WAIT_SECONDS = 30.0
 
+ShardRestorer = Callable[[int, Callable[[rq.Request], object]], None]
+"""Rebuilds one dataflow's shard on a task that replaces a lost one: called with the shard
+and a function that sends that task one request and returns its answer (raising its error)."""
+
 
 @dataclass
 class _Job:
-    """One launch of the barrier job (a start may launch several)."""
+    """One launch of one shard's job (a start or a replacement may launch several)."""
 
     group: str
     done: threading.Event = field(default_factory=threading.Event)
@@ -77,14 +89,17 @@ class ResidentCluster:
         liveness: Liveness | None = None,
         tls: TlsSettings | None = None,
         state_budget: TaskStateBudget | None = None,
+        replace_lost: bool = False,
+        replace_s: float = 600.0,
     ) -> None:
-        """``connect_timeout``: how long one launch of the job may take until every task
-        has connected; ``start_attempts``: launches before ``start`` gives up (slots may still
-        be coming up); ``liveness``: heartbeat interval and silence deadline. ``tls``: the
-        compute's mTLS files; the tasks' sockets then use TLS (``secure.py``), and the
-        executors must read the same files at the same paths. ``state_budget``: what each
-        task may hold of operator state in memory and spilled to its local disk (None: no
-        bound)."""
+        """``connect_timeout``: how long one launch of the jobs may take until every task
+        has connected; ``start_attempts``: launches before ``start`` (or a replacement)
+        gives up (slots may still be coming up); ``liveness``: heartbeat interval and
+        silence deadline. ``tls``: the compute's mTLS files; the tasks' sockets then use TLS
+        (``secure.py``), and the executors must read the same files at the same paths.
+        ``state_budget``: what each task may hold of operator state in memory and spilled to
+        its local disk (None: no bound). ``replace_lost``: replace a lost task rather than
+        fail the cluster; its peers wait up to ``replace_s`` for it within a step."""
         if shards < 1:
             raise InvalidArgument(f"a resident cluster needs at least one shard, not {shards}")
         if start_attempts < 1:
@@ -100,10 +115,20 @@ class ResidentCluster:
         # Read now, so that files that do not make a TLS setup fail before any job starts.
         self._tls_context = None if tls is None else server_context(tls)
         self._tls_identity = None if tls is None else own_identity(tls)
+        self._replace_lost = replace_lost
+        self._replace_s = replace_s
         self._channels: list[Channel] = []
         self._pids: list[int] = []
         self._lock = threading.Lock()  # one request round at a time
-        self._job: _Job | None = None
+        self._jobs: list[_Job] = []
+        self._mesh_addresses: list[tuple[str, int]] = []
+        self._restorers: dict[str, ShardRestorer] = {}
+        self._replacing: list[Channel] = []  # lost between rounds, being replaced
+        # Step rounds sent so far: every task numbers the same steps alike, and a
+        # replacement numbers on from here.
+        self._steps_sent = 0
+        self.shard_restores = 0
+        """Lost tasks replaced with their shards' state rebuilt."""
         self._failure: str | None = None
         self._closing = threading.Event()
         self._keeper: threading.Thread | None = None
@@ -113,7 +138,7 @@ class ResidentCluster:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Launches the barrier job and waits until every task has connected."""
+        """Launches the shards' jobs and waits until every task has connected."""
         if self._started:
             raise FailedPrecondition("the resident cluster was already started")
         slots = local_slots(self._spark.sparkContext.master or "")
@@ -151,7 +176,7 @@ class ResidentCluster:
         self._channels = [Channel(sock, self._liveness.deadline_s) for sock, _ in connected]
         self._pids = [pid for _, pid in connected]
         self._keeper = threading.Thread(
-            target=self._keep_alive, name=f"{self._group()}-keepalive", daemon=True
+            target=self._keep_alive, name="tidemark-resident-keepalive", daemon=True
         )
         self._keeper.start()
         if self.shards > 1:
@@ -161,8 +186,8 @@ class ResidentCluster:
         """Gives every task the others' listeners and waits until they are all connected
         to each other (``mesh.py``); a mesh that cannot form fails the start."""
         try:
-            addresses = self.broadcast(rq.MeshAddress())
-            self.broadcast(rq.JoinMesh(tuple(_address(a) for a in addresses)))
+            self._mesh_addresses = [_address(a) for a in self.broadcast(rq.MeshAddress())]
+            self.broadcast(rq.JoinMesh(tuple(self._mesh_addresses)))
         except BaseException as error:
             self._fail(f"the resident tasks could not connect to each other ({error})")
             self.stop()
@@ -171,28 +196,37 @@ class ResidentCluster:
             raise Unavailable(self._failure or "") from error
 
     def _launch(self) -> list[tuple[socket.socket, int]]:
-        """One launch of the barrier job, until every task has connected. A launch that
+        """One launch of every shard's job, until every task has connected. A launch that
         fails is cancelled (its slots, if it got any, come back) before this raises."""
+        connected = self._launch_shards(list(range(self.shards)))
+        return [connected[shard] for shard in range(self.shards)]
+
+    def _launch_shards(self, shards: list[int]) -> dict[int, tuple[socket.socket, int]]:
         host, bind, port = self._addresses()
         listener = socket.create_server((bind, port), backlog=self.shards)
         listener.settimeout(0.2)
         port = listener.getsockname()[1]
-        job = _Job(f"tidemark-resident-{secrets.token_hex(8)}")
-        self._job = job
-        threading.Thread(
-            target=self._run_job, args=(job, host, port), name=job.group, daemon=True
-        ).start()
+        launch = secrets.token_hex(8)
+        jobs = {shard: _Job(f"tidemark-resident-{launch}-{shard}") for shard in shards}
+        if not self._jobs:
+            self._jobs = list(jobs.values())
+        for shard, job in jobs.items():
+            self._jobs[shard] = job
+            threading.Thread(
+                target=self._run_job, args=(job, host, port, shard), name=job.group, daemon=True
+            ).start()
         try:
-            return self._accept_all(listener, job)
+            return self._accept_all(listener, jobs)
         except BaseException:
-            self._cancel_job()
+            for shard in shards:
+                self._cancel_shard(shard)
             raise
         finally:
-            # Closed at once so that a retried attempt of the job cannot connect again.
+            # Closed at once so that a retried attempt of a job cannot connect again.
             listener.close()
 
     def stop(self) -> None:
-        """Stops every task and waits for the job to end, freeing its slots. Idempotent."""
+        """Stops every task and waits for the jobs to end, freeing their slots. Idempotent."""
         self._closing.set()
         if self._keeper is not None:
             self._keeper.join()
@@ -210,10 +244,10 @@ class ResidentCluster:
                     pass  # a task gone already; cancelling the job below ends the rest
             for channel in self._channels:
                 channel.sock.close()
-        job = self._job
-        if job is not None and not job.done.wait(_STOP_WAIT_SECONDS):
-            self._cancel_job()
-            job.done.wait(_STOP_WAIT_SECONDS)
+        for shard, job in enumerate(self._jobs):
+            if not job.done.wait(_STOP_WAIT_SECONDS):
+                self._cancel_shard(shard)
+                job.done.wait(_STOP_WAIT_SECONDS)
 
     def __enter__(self) -> ResidentCluster:
         self.start()
@@ -239,8 +273,16 @@ class ResidentCluster:
 
     @property
     def job_running(self) -> bool:
-        """Whether the barrier job still runs (its tasks hold their slots)."""
-        return self._job is not None and not self._job.done.is_set()
+        """Whether a shard's job still runs (its task holds its slot)."""
+        return any(not job.done.is_set() for job in self._jobs)
+
+    def register(self, dataflow_id: str, restore: ShardRestorer) -> None:
+        """How to rebuild an installed dataflow's shard on a task replacing a lost one; a
+        lost task fails the cluster while an installed dataflow has none."""
+        self._restorers[dataflow_id] = restore
+
+    def unregister(self, dataflow_id: str) -> None:
+        self._restorers.pop(dataflow_id, None)
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -252,18 +294,24 @@ class ResidentCluster:
             raise InvalidArgument(f"{len(requests)} requests for {self.shards} shards")
         with self._lock:
             self._check_usable()
-            shard = 0
-            try:
-                while shard < self.shards:
+            if isinstance(requests[0], rq.Step):
+                self._steps_sent += 1
+            lost: dict[int, str] = {}
+            for shard in range(self.shards):
+                try:
                     self._channels[shard].send(requests[shard])
-                    shard += 1
-                answers = collect(self._channels)
-            except ConnectionLost as error:
-                self._fail(f"the resident task of shard {shard} is gone ({error})")
-                raise Unavailable(self._failure or "") from error
-            except PeerLost as error:
-                self._fail(f"the resident task of shard {error.index} {error}")
-                raise Unavailable(self._failure or "") from error
+                except ConnectionLost as error:
+                    lost[shard] = f"is gone ({error})"
+            replied: dict[int, object] = {}
+            while True:
+                if lost:
+                    self._lost(lost, requests, replied)
+                try:
+                    collect(self._channels, replied)
+                    break
+                except PeerLost as error:
+                    lost = {error.index: str(error)}
+            answers = [replied[shard] for shard in range(self.shards)]
         replies = [_reply(answer) for answer in answers]
         failed = [reply for reply in replies if reply.error_class is not None]
         for shard, reply in enumerate(replies):
@@ -288,15 +336,7 @@ class ResidentCluster:
         index_key_columns: Sequence[int] | None = None,
         index_since: int = 0,
     ) -> None:
-        self.broadcast(
-            rq.Install(
-                dataflow_id,
-                plan.SerializeToString(),
-                isinstance(plan, plan_pb2.Relation),
-                None if index_key_columns is None else tuple(index_key_columns),
-                index_since,
-            )
-        )
+        self.broadcast(install_request(dataflow_id, plan, index_key_columns, index_since))
 
     def drop(self, dataflow_id: str) -> None:
         self.broadcast(rq.Drop(dataflow_id))
@@ -389,10 +429,12 @@ class ResidentCluster:
         host = conf.get("spark.driver.host") or socket.getfqdn()
         return host, conf.get("spark.driver.bindAddress") or "", port
 
-    def _run_job(self, job: _Job, host: str, port: int) -> None:
+    def _run_job(self, job: _Job, host: str, port: int, shard: int) -> None:
         context = self._spark.sparkContext
         try:
-            context.setJobGroup(job.group, "tidemark resident shards", interruptOnCancel=True)
+            context.setJobGroup(
+                job.group, f"tidemark resident shard {shard}", interruptOnCancel=True
+            )
             mesh_ports = context.getConf().get(MESH_PORTS)
             task = functools.partial(
                 resident_task,
@@ -404,28 +446,30 @@ class ResidentCluster:
                 tls=self._tls,
                 state_budget=self._state_budget,
                 mesh_ports=port_range(mesh_ports) if mesh_ports else None,
+                replace_s=self._replace_s if self._replace_lost else None,
             )
-            context.parallelize(range(self.shards), self.shards).barrier().mapPartitions(
-                task
-            ).collect()
+            context.parallelize([shard], 1).mapPartitions(task).collect()
         except BaseException as error:  # reported by start() or noticed as lost sockets
             job.error = error
         finally:
             job.done.set()
 
-    def _accept_all(self, listener: socket.socket, job: _Job) -> list[tuple[socket.socket, int]]:
+    def _accept_all(
+        self, listener: socket.socket, jobs: dict[int, _Job]
+    ) -> dict[int, tuple[socket.socket, int]]:
         by_shard: dict[int, tuple[socket.socket, int]] = {}
         deadline = time.monotonic() + self._connect_timeout
         try:
-            while len(by_shard) < self.shards:
-                if job.done.is_set():
-                    raise Unavailable(
-                        f"the resident job ended before all {self.shards} tasks connected: "
-                        f"{_describe(job.error)}"
-                    )
+            while len(by_shard) < len(jobs):
+                for shard, job in jobs.items():
+                    if job.done.is_set() and shard not in by_shard:
+                        raise Unavailable(
+                            f"the resident job of shard {shard} ended before its task "
+                            f"connected: {_describe(job.error)}"
+                        )
                 if time.monotonic() > deadline:
                     raise Unavailable(
-                        f"only {len(by_shard)} of {self.shards} resident tasks connected within "
+                        f"only {len(by_shard)} of {len(jobs)} resident tasks connected within "
                         f"{self._connect_timeout} s (are there enough free task slots?)"
                     )
                 try:
@@ -436,7 +480,7 @@ class ResidentCluster:
                 if sock is None:
                     continue
                 hello = authenticate(sock, self._token)
-                if hello is None or hello.shard in by_shard or not 0 <= hello.shard < self.shards:
+                if hello is None or hello.shard in by_shard or hello.shard not in jobs:
                     sock.close()
                     continue
                 by_shard[hello.shard] = (sock, hello.pid)
@@ -444,7 +488,7 @@ class ResidentCluster:
             for sock, _ in by_shard.values():
                 sock.close()
             raise
-        return [by_shard[shard] for shard in range(self.shards)]
+        return by_shard
 
     def _check_usable(self) -> None:
         if self._failure is not None:
@@ -460,41 +504,218 @@ class ResidentCluster:
             log.warning("resident_cluster_failed", reason=reason)
         for channel in self._channels:
             channel.shut()
-        self._cancel_job()
+        for shard in range(len(self._jobs)):
+            self._cancel_shard(shard)
 
     def _keep_alive(self) -> None:
         """Pings every task each heartbeat and, when no request round is running (a round
-        watches the tasks itself), reads their heartbeats and gives up a silent one."""
+        watches the tasks itself), reads their heartbeats and gives up (or replaces) a
+        silent one."""
         while not self._closing.wait(self._liveness.heartbeat_s) and self._failure is None:
-            try:
-                self._keep_alive_once()
-            except PeerLost as error:
-                self._fail(f"the resident task of shard {error.index} {error}")
+            self._keep_alive_once()
 
     def _keep_alive_once(self) -> None:
-        for shard, channel in enumerate(self._channels):
+        channels = list(self._channels)
+        lost: PeerLost | None = None
+        # Every task is pinged, even past a lost one: the others must keep hearing from
+        # their driver while the lost one is replaced.
+        for shard, channel in enumerate(channels):
             try:
                 channel.send(rq.Ping())
             except ConnectionLost as error:
-                raise PeerLost(shard, f"is gone ({error})") from error
-        if not self._lock.acquire(blocking=False):
+                lost = lost or PeerLost(shard, f"is gone ({error})")
+        if lost is None and self._lock.acquire(blocking=False):
+            try:
+                if self._failure is None and not self._stopped and channels == self._channels:
+                    drain(channels)
+            except PeerLost as error:
+                lost = error
+            finally:
+                self._lock.release()
+        if lost is not None:
+            self._lost_idle(lost.index, str(lost), channels[lost.index])
+
+    def _lost_idle(self, shard: int, reason: str, channel: Channel) -> None:
+        """A task lost between rounds: replaced at once (the dataflows are idle), unless a
+        round replaced it meanwhile. From a thread of its own: the keepalive goes on pinging
+        the other tasks (and the new one), which would otherwise give their driver up while
+        a long rebuild runs."""
+        if not self._replace_lost:
+            self._fail(f"the resident task of shard {shard} {reason}")
             return
+        if channel in self._replacing:
+            return
+        self._replacing.append(channel)
+        threading.Thread(
+            target=self._replace_idle,
+            args=(shard, reason, channel),
+            name=f"tidemark-resident-replace-{shard}",
+            daemon=True,
+        ).start()
+
+    def _replace_idle(self, shard: int, reason: str, channel: Channel) -> None:
         try:
-            if self._failure is None and not self._stopped:
-                drain(self._channels)
+            with self._lock:
+                if (
+                    self._failure is not None
+                    or self._stopped
+                    or self._channels[shard] is not channel
+                ):
+                    return
+                self._lost({shard: reason}, None, {})
+        except Unavailable:
+            pass  # the cluster is failed; the next call reports it
         finally:
-            self._lock.release()
+            self._replacing.remove(channel)
 
-    def _group(self) -> str:
-        return self._job.group if self._job is not None else "tidemark-resident"
+    def _lost(
+        self,
+        lost: dict[int, str],
+        requests: Sequence[rq.Request] | None,
+        replied: dict[int, object],
+    ) -> None:
+        """The tasks of ``lost`` (shard: why) are gone during a round sending ``requests``
+        (None: between rounds): replaces them and sends them their requests again, or fails
+        the cluster. Called with the lock held."""
+        if self._replace_lost:
+            # An executor that died took all its tasks: find them now, so that the new
+            # tasks do not try to join a mesh with dead peers.
+            self._find_lost(lost, replied)
+        cause = "; ".join(
+            f"the resident task of shard {shard} {reason}" for shard, reason in sorted(lost.items())
+        )
+        if not self._replace_lost:
+            self._fail(cause)
+            raise Unavailable(self._failure or "")
+        log.warning("resident_task_lost", shards=sorted(lost), reason=cause)
+        try:
+            try:
+                self._replace(sorted(lost), None if requests is None else requests[0])
+            except Exception:
+                # Another task of a dead executor whose end showed only later: replace it
+                # with the others, once.
+                known = set(lost)
+                self._find_lost(lost, replied)
+                if set(lost) == known:
+                    raise
+                log.warning("resident_task_lost", shards=sorted(lost), reason="found later")
+                self._replace(sorted(lost), None if requests is None else requests[0])
+            for shard in lost:
+                # The new task answers the round instead (a lost task's answer, if it came,
+                # is dropped: the new task ran the request again from the same state).
+                replied.pop(shard, None)
+                if requests is None:
+                    continue
+                if isinstance(requests[shard], rq.Drop):
+                    replied[shard] = rq.Reply()  # never installed there
+                else:
+                    self._channels[shard].send(requests[shard])
+        except Exception as error:
+            self._fail(f"{cause}, and replacing it failed ({error})")
+            raise Unavailable(self._failure or "") from error
 
-    def _cancel_job(self) -> None:
-        if self._job is None:
+    def _find_lost(self, lost: dict[int, str], replied: dict[int, object]) -> None:
+        """Adds to ``lost`` the other tasks whose connection has ended, keeping any answer
+        read on the way (a heartbeat is skipped)."""
+        for shard, channel in enumerate(self._channels):
+            if shard in lost:
+                continue
+            try:
+                while shard not in replied and channel.readable(0):
+                    message = channel.receive()
+                    if not isinstance(message, rq.Heartbeat):
+                        replied[shard] = message
+            except ConnectionLost as error:
+                lost[shard] = f"is gone ({error})"
+
+    def _replace(self, shards: list[int], request: rq.Request | None) -> None:
+        """Starts new tasks for ``shards``, joins them to the mesh in the lost ones' place
+        and has every registered dataflow rebuild its shards there."""
+        started = time.monotonic()
+        for shard in shards:
+            old = self._channels[shard]
+            old.shut()
+            old.sock.close()
+            self._cancel_shard(shard)
+        attempt = 1
+        while True:
+            try:
+                connected = self._launch_shards(shards)
+                break
+            except Unavailable as error:
+                if attempt >= self._start_attempts:
+                    raise
+                wait_s = retry_delay(attempt)
+                log.warning(
+                    "resident_shard_start_retry",
+                    shards=shards,
+                    attempt=attempt,
+                    error=error.message,
+                )
+                time.sleep(wait_s)
+                attempt += 1
+        for shard, (sock, pid) in connected.items():
+            keep_alive(sock, self._liveness)
+            self._channels[shard] = Channel(sock, self._liveness.deadline_s)
+            self._pids[shard] = pid
+        if self.shards > 1:
+            for shard in shards:
+                self._mesh_addresses[shard] = _address(self._ask(shard, rq.MeshAddress()))
+            # A step in flight is sent again: the new tasks count it as the same step.
+            steps = self._steps_sent - (1 if isinstance(request, rq.Step) else 0)
+            join = rq.JoinMesh(tuple(self._mesh_addresses), rejoin=True, steps=steps)
+            # All at once: new tasks dial each other too.
+            for shard in shards:
+                self._channels[shard].send(join)
+            for shard in shards:
+                self._answer(shard)
+        restored = []
+        for dataflow_id, restore in list(self._restorers.items()):
+            for shard in shards:
+                restore(shard, functools.partial(self._ask, shard))
+            restored.append(dataflow_id)
+        self.shard_restores += len(shards)
+        log.info(
+            "shard_restored",
+            shards=shards,
+            dataflows=restored,
+            seconds=round(time.monotonic() - started, 3),
+            task_pids=list(self._pids),
+        )
+
+    def _ask(self, shard: int, request: rq.Request) -> object:
+        """One request to one task, outside a round (the lock is held)."""
+        self._channels[shard].send(request)
+        return self._answer(shard)
+
+    def _answer(self, shard: int) -> object:
+        reply = _reply(collect([self._channels[shard]])[0])
+        if reply.error_class is not None:
+            raise _task_error(reply)
+        return reply.value
+
+    def _cancel_shard(self, shard: int) -> None:
+        if shard >= len(self._jobs):
             return
         try:
-            self._spark.sparkContext.cancelJobGroup(self._job.group)
+            self._spark.sparkContext.cancelJobGroup(self._jobs[shard].group)
         except Exception:  # the session may be gone already; nothing is left to cancel then
             pass
+
+
+def install_request(
+    dataflow_id: str,
+    plan: plan_pb2.Plan | plan_pb2.Relation,
+    index_key_columns: Sequence[int] | None,
+    index_since: int,
+) -> rq.Install:
+    return rq.Install(
+        dataflow_id,
+        plan.SerializeToString(),
+        isinstance(plan, plan_pb2.Relation),
+        None if index_key_columns is None else tuple(index_key_columns),
+        index_since,
+    )
 
 
 def _describe(error: BaseException | None) -> str:

@@ -48,8 +48,6 @@ _SETTINGS: dict[str, str] = {
     # preferred host ("localhost") matches no executor, and waiting for one cost each stage
     # seconds of a one-shot query's latency.
     "spark.locality.wait": "0",
-    # A barrier job that cannot get all its slots at once fails fast rather than waiting.
-    "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "1",
 }
 
 _lock = threading.Lock()

@@ -62,6 +62,36 @@ for that dataflow fails, once (every task gets every request round, so they all 
 round). The dataflow fails while its resident cluster stays healthy. Unset in
 production."""
 
+HOLD_ENV = "TIDEMARK_TEST_HOLD_STEP"
+"""Test-only, ``<dataflow id>@<n>@<directory>``: each task, in the n-th ``Step`` of that
+dataflow it gets, right after the step's first exchange, creates ``<directory>/held-<shard>``
+and waits (beating) until ``<directory>/release`` exists, so that a test can kill a task while
+a step is in flight, half exchanged. Unset in production."""
+
+
+class _StepHold:
+    def __init__(self, setting: str) -> None:
+        self.dataflow_id, _, rest = setting.partition("@")
+        count, _, self.directory = rest.partition("@")
+        self.count = int(count) if count else 0
+        self.seen = 0
+        self.armed = False
+
+    def arm(self, dataflow_id: str) -> None:
+        if dataflow_id == self.dataflow_id:
+            self.seen += 1
+            self.armed = self.seen == self.count
+
+    def wait(self, shard: int) -> None:
+        if not self.armed:
+            return
+        self.armed = False
+        open(os.path.join(self.directory, f"held-{shard}"), "w").close()
+        release = os.path.join(self.directory, "release")
+        give_up = time.monotonic() + 300.0
+        while not os.path.exists(release) and time.monotonic() < give_up:
+            time.sleep(0.05)
+
 
 @dataclass
 class HostedDataflow:
@@ -96,6 +126,8 @@ class ShardHost:
         self.dataflows: dict[str, HostedDataflow] = {}
         self._fault = _fault_from(os.environ.get(FAULT_ENV, ""))
         self._fault_count = 0
+        hold = os.environ.get(HOLD_ENV, "")
+        self._hold = _StepHold(hold) if hold else None
 
     def close(self) -> None:
         """Deletes the spilled state and ends the mesh (the task is ending)."""
@@ -164,7 +196,9 @@ class ShardHost:
         if isinstance(request, MeshAddress):
             return self._mesh().address
         if isinstance(request, JoinMesh):
-            self._mesh().join(request.addresses)
+            self._mesh().join(request.addresses, rejoin=request.rejoin)
+            # A replacement numbers the steps on from where the lost task was.
+            self._steps = request.steps
             return None
         if isinstance(request, Hydrate):
             return self._hydrate(request)
@@ -201,6 +235,8 @@ class ShardHost:
         # Counted first, whatever happens next: every task numbers the same steps alike.
         self._steps += 1
         step = self._steps
+        if self._hold is not None:
+            self._hold.arm(request.dataflow_id)
         try:
             return self._run_step(step, request)
         except MeshLost:
@@ -311,7 +347,10 @@ class ShardHost:
     ) -> list[tuple[list[Update], ...]]:
         if self.shards == 1:
             return parts
-        return self._mesh().exchange(step, node_id, parts)
+        received = self._mesh().exchange(step, node_id, parts)
+        if self._hold is not None:
+            self._hold.wait(self.shard)
+        return received
 
     def _mesh(self) -> Mesh:
         if self.mesh is None:

@@ -17,20 +17,28 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from services.compute.dataflow.batch import Row, Update, consolidate
 from services.compute.dataflow.dataflow import Batches, Dataflow
 from services.compute.dataflow.guard import UNGUARDED, Guard, row_bytes
 from services.compute.dataflow.work import StateSize, Work
-from services.compute.spark.requests import Hydrate, Step, StepIO, StepWritten
-from services.compute.spark.resident import ResidentCluster
+from services.compute.spark.requests import Hydrate, Request, Step, StepIO, StepWritten
+from services.compute.spark.resident import ResidentCluster, install_request
 from services.compute.spark.transport import normalizer
 from tidemark.clients.storage import WrittenPart
 from tidemark.columnar import RelationSchema
 from tidemark.errors import FailedPrecondition, InvalidArgument
+from tidemark.logging import get_logger
 from tidemark.v1 import plan_pb2
+
+log = get_logger("compute.spark.dataflow")
+
+ShardRebuild = Callable[[int, int, Callable[[Request], object]], None]
+"""Rebuilds a dataflow's state of one shard as of a time on a replacing task, by the bulk
+path (``engines.SparkEngineDataflow``): called with the shard, the time and the function
+that sends that task a request."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +110,37 @@ class SparkDataflow(Dataflow):
         self._index_upper = as_of + 1
         self._ran = False
         self.io_counters = IoCounters()
+        self.rebuild: ShardRebuild | None = None
+        """How a lost shard's state is rebuilt (None: it cannot be; the cluster fails)."""
+        self.shard_restores = 0
+        """Shards of this dataflow rebuilt on a task that replaced a lost one."""
+        self.index_floor = as_of
+        """The index answers from here on: a restored shard's index starts at the time its
+        state was rebuilt at, so the whole index's since moves up to it."""
+        cluster.register(self.dataflow_id, self._restore_shard)
+
+    def _restore_shard(self, shard: int, ask: Callable[[Request], object]) -> None:
+        """Installs this dataflow on a task replacing a lost one and rebuilds its shard
+        there as of before the round in flight (the upper only moves once a round is done):
+        a step in flight, sent again to the task, then runs from the same state as on the
+        others. Not hydrated yet: installed empty, for the hydration to fill."""
+        if self.upper is None:
+            ask(self._install_request(self.as_of))
+            return
+        time = self.upper - 1
+        if self.rebuild is None:
+            raise FailedPrecondition(
+                f"dataflow {self.dataflow_id!r} cannot rebuild a lost shard's state"
+            )
+        ask(self._install_request(time))
+        self.rebuild(shard, time, ask)
+        self.shard_restores += 1
+        if self.index_key_columns is not None:
+            self.index_floor = max(self.index_floor, time)
+        log.info("dataflow_shard_rebuilt", dataflow=self.dataflow_id, shard=shard, time=time)
+
+    def _install_request(self, index_since: int) -> Request:
+        return install_request(self.dataflow_id, self.plan, self.index_key_columns, index_since)
 
     def work(self) -> Work:
         return self.cluster.stats(self.dataflow_id)[1]
@@ -160,12 +199,14 @@ class SparkDataflow(Dataflow):
         every step's updates)."""
         if self.index_key_columns is None:
             raise FailedPrecondition(f"dataflow {self.dataflow_id!r} keeps no index")
-        self.cluster.compact_index(self.dataflow_id, since)
+        # A rebuilt shard's index starts at its floor: the whole index answers from there.
+        self.cluster.compact_index(self.dataflow_id, max(since, self.index_floor))
 
     def drop(self) -> None:
         """Frees the dataflow's state in the tasks (the cluster keeps running)."""
         if not self._dropped:
             self._dropped = True
+            self.cluster.unregister(self.dataflow_id)
             self.cluster.drop(self.dataflow_id)
 
     def _run(self, sources: Mapping[int, list[Update]], constants_at: int | None) -> list[Update]:

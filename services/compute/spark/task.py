@@ -30,16 +30,24 @@ def resident_task(
     tls: TlsSettings | None = None,
     state_budget: TaskStateBudget | None = None,
     mesh_ports: tuple[int, int] | None = None,
+    replace_s: float | None = None,
 ) -> Iterator[int]:
-    """Hosts the shard numbered by this task's partition until the driver says stop, or
+    """Hosts the shard its one-element partition names until the driver says stop, or
     until the driver falls silent for ``liveness.deadline_s`` (the task then fails, which
     ends the job and frees its slot). With ``tls`` (paths this executor can read), the
     connection to the driver and those to the other tasks (``mesh.py``) are mTLS; its
     operator state is held to ``state_budget`` (None: no bound). It listens for the other
-    tasks on the first free port of ``mesh_ports`` (None: any free port)."""
-    from pyspark import BarrierTaskContext
+    tasks on the first free port of ``mesh_ports`` (None: any free port); ``replace_s``: how
+    long a step waits for a lost peer's replacement (None: not at all)."""
+    from pyspark import TaskContext
 
-    shard = BarrierTaskContext.get().partitionId()
+    (shard,) = partition
+    context = TaskContext.get()
+    if context is not None and context.attemptNumber() > 0:
+        # Spark retrying a lost task on its own: the driver relaunches a lost shard itself
+        # (it has to rebuild its state first), so this attempt ends at once.
+        yield shard
+        return
     with connect_secure(socket.create_connection((host, port), timeout=60), tls) as sock:
         # Blocking: the request loop bounds its waits itself, and a large reply may take
         # its time to send to a live driver.
@@ -58,6 +66,7 @@ def resident_task(
                 host=sock.getsockname()[0],
                 tls=tls,
                 ports=mesh_ports,
+                replace_s=replace_s,
             )
         send_hello(sock, token, shard, os.getpid())
         shard_host = ShardHost(

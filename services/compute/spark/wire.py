@@ -52,6 +52,7 @@ CODEC.register(14, rq.Step)
 CODEC.register(15, rq.MeshAddress)
 CODEC.register(16, rq.JoinMesh)
 CODEC.register(17, rq.Exchange)
+CODEC.register(18, rq.MeshPeer)
 CODEC.register(40, rq.StepIO)
 CODEC.register(41, rq.StepWritten)
 
