@@ -29,7 +29,7 @@ from services.compute.spark import requests as rq
 from services.compute.spark.hydration import OutputTarget, Staged, stage
 from services.compute.spark.jobs import SparkJobs
 from services.compute.spark.liveness import ClusterStart
-from services.compute.spark.parts_source import missing_part, s3_credentials
+from services.compute.spark.parts_source import LISTING_ATTEMPTS, missing_part, s3_credentials
 from services.compute.spark.queries import SparkQueries, translated_job_error
 from services.compute.spark.spark_dataflow import IoCounters, IoStep, OutputSink, PartWindow
 from services.compute.spark.staging import delete_prefix, run_prefix
@@ -43,8 +43,6 @@ from tidemark.v1 import plan_pb2
 log = get_logger("compute.engines")
 
 SESSION_ATTEMPTS = 3
-REBUILD_ATTEMPTS = 5
-"""Listings a shard rebuild tries before giving up on parts compacted away under it."""
 PROGRESS_INTERVAL_S = 1.0
 """How often a hydration by Spark reports how far its jobs have come."""
 
@@ -364,7 +362,7 @@ class SparkEngineDataflow:
                 staged, staging_url, prefix = self._stage_shard(listings, shard, time)
                 break
             except Exception as exc:
-                if not missing_part(exc) or attempt >= REBUILD_ATTEMPTS:
+                if not missing_part(exc) or attempt >= LISTING_ATTEMPTS:
                     raise translated_job_error(exc) from exc
                 log.info(
                     "shard_rebuild_listed_again", dataflow=dataflow.dataflow_id, attempt=attempt

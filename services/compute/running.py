@@ -32,7 +32,7 @@ from services.compute.inputs import MAX_TIME, InputFollower
 from services.compute.metrics import STEP_SECONDS
 from services.compute.output import OutputWriter, read_back
 from services.compute.spark.hydration import OutputTarget
-from services.compute.spark.parts_source import missing_part
+from services.compute.spark.parts_source import LISTING_ATTEMPTS, missing_part
 from services.compute.spark.spark_dataflow import OutputSink
 from services.compute.spec import DataflowSpec
 from tidemark.clients.storage import Capability, PartsListing, StorageClient
@@ -308,13 +308,8 @@ class RunningDataflow:
         as parts this commits (see ``services/compute/spark/hydration.py``)."""
         as_of = self.as_of
         started = time.perf_counter()
-        listed = await asyncio.gather(
-            *(self.storage.list_parts(capability, as_of) for capability in self.inputs)
-        )
-        listings = {
-            capability.collection_id: listing
-            for capability, listing in zip(self.inputs, listed, strict=True)
-        }
+        listings = await self._list_parts(as_of)
+        listed = list(listings.values())
         parts_total = sum(len(listing.parts) for listing in listed)
         rows_total = sum(part.rows for listing in listed for part in listing.parts)
         self.hydration_parts_total = parts_total
@@ -345,7 +340,19 @@ class RunningDataflow:
                 parts=parts_total,
                 rows=rows_total,
             )
-            done = await self.engine.hydrate_from_parts(listings, target, on_progress)
+            attempt = 1
+            while True:
+                try:
+                    done = await self.engine.hydrate_from_parts(listings, target, on_progress)
+                    break
+                except TidemarkError as exc:
+                    # A part compacted away under the jobs (past storage's grace period):
+                    # its replacement holds the same updates.
+                    if not missing_part(exc) or attempt >= LISTING_ATTEMPTS:
+                        raise
+                    log.info("hydration_listed_again", dataflow=self.dataflow_id, attempt=attempt)
+                    attempt += 1
+                    listings = await self._list_parts(as_of)
             if writer is not None and target is not None:
                 await writer.write_parts(done.output_parts, (as_of, as_of), done.upper)
         finally:

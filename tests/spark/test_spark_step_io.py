@@ -29,7 +29,9 @@ from services.compute.engines import SparkEngineDataflow
 from services.compute.output import OutputWriter
 from services.compute.running import RunningDataflow, RunSettings
 from services.compute.spark import ResidentCluster, SparkDataflow
+from services.compute.spark.hydration import OutputTarget
 from services.compute.spark.jobs import SparkJobs
+from services.compute.spark.parts_source import MISSING_PART
 from services.compute.spark.spark_dataflow import IoStep, OutputSink, PartWindow
 from services.compute.spec import DataflowInputSpec, DataflowSpec
 from tests.support.reference_eval import canonical, evaluate
@@ -44,6 +46,7 @@ from tests.support.storage import (
 from tidemark.blob import open_blob
 from tidemark.clients.storage import Capability, PartsInterval, StorageClient
 from tidemark.columnar import Column, ColumnType, RelationSchema, frontier_bound
+from tidemark.errors import Unavailable
 from tidemark.plan import builders as pb
 from tidemark.plan import derive_schema
 from tidemark.v1 import plan_pb2
@@ -296,6 +299,56 @@ def test_a_view_hydrated_through_the_driver_still_steps_from_parts(
             counters = engine.io_counters
             assert counters.input_rows == 0, "a step dealt input rows"
             assert counters.input_parts > 0
+        finally:
+            await running.stop(release=True)
+            await client.close()
+
+    asyncio.run(scenario())
+
+
+class _GoneOnFirstHydration:
+    """The engine, but its first hydration fails as one whose listed part was compacted
+    away under the Spark jobs does."""
+
+    def __init__(self, engine: SparkEngineDataflow, _client: StorageClient, _orders: Any) -> None:
+        self.engine = engine
+        self.listings: list[Mapping[str, Any]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    async def hydrate_from_parts(
+        self,
+        listings: Mapping[str, Any],
+        output: OutputTarget | None,
+        on_progress: Callable[[float], None],
+    ) -> Any:
+        self.listings.append(listings)
+        if len(self.listings) == 1:
+            key = next(part.key for listing in listings.values() for part in listing.parts)
+            raise Unavailable(f"Spark job failed: {MISSING_PART}: {key} (compacted away)")
+        return await self.engine.hydrate_from_parts(listings, output, on_progress)
+
+
+def test_a_hydration_that_finds_a_part_gone_lists_again_instead_of_failing(
+    spark: SparkSession, cluster: ResidentCluster, storage: ServiceProcess
+) -> None:
+    wrapped: list[_GoneOnFirstHydration] = []
+
+    def wrap(engine: SparkEngineDataflow, client: StorageClient, orders: Any) -> Any:
+        wrapped.append(_GoneOnFirstHydration(engine, client, orders))
+        return wrapped[0]
+
+    async def scenario() -> None:
+        running, _engine, history, read, _view, client = await _run_view(
+            spark, cluster, storage.address, steps=4, wrap=wrap
+        )
+        try:
+            assert running.state == "running", running.error
+            assert running.restarts == 0
+            first, second = wrapped[0].listings
+            assert first is not second, "the inputs were not listed again"
+            await _check_exact(running, history, client, read)
         finally:
             await running.stop(release=True)
             await client.close()

@@ -64,6 +64,8 @@ _CREDENTIAL_VARIABLES = (
 # "secret" from plans and logs.
 _CREDENTIALS_OPTION = "s3_secret_environment"
 MISSING_PART = "tidemark: part missing from the blob store"
+LISTING_ATTEMPTS = 5
+"""Listings a Spark job over parts tries before giving up on parts compacted away under it."""
 
 
 class MissingPart(Exception):
