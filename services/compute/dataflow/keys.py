@@ -1,12 +1,11 @@
 """Stable key encoding and shard assignment.
 
-Stateful operators are partitioned by key across P workers (later: P resident Spark tasks),
-so every process must agree on which worker owns a key. Python's ``hash()`` is salted per
-process for text, so the shard is ``crc32`` of a canonical byte encoding instead. Values that
-are equal under the contract encode equally: -0.0 and 0.0, every NaN, and decimals that differ
-only in trailing zeros (1.5 and 1.50).
+Stateful operators are partitioned by key across P workers (the P resident Spark tasks), so
+every process must agree on which worker owns a key. Values that are equal under the contract
+hash (and encode, :func:`encode_key`) equally: -0.0 and 0.0, every NaN, and decimals that
+differ only in trailing zeros (1.5 and 1.50).
 
-The shard itself is a 64-bit hash of the key, computed two ways that agree: over one Python
+The shard is a 64-bit hash of the key, computed two ways that agree: over one Python
 key (:func:`shard_of`, every update the tasks exchange) and over whole Arrow columns at once
 (:func:`shards_of`, every row hydration stages). The hash follows the same rules; its value
 hashes are stable across processes (Python's own ``hash`` is salted for text, bytes and
