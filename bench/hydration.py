@@ -146,6 +146,7 @@ def hydrate_by_spark(
     return {
         "seconds": round(seconds, 2),
         "spark_jobs_seconds": round(staged_s, 2),
+        "staging_job_seconds": round(staged.staging_seconds, 2),
         "tasks_load_seconds": round(load_s, 2),
         "rows": rows,
         "loaded": loaded,

@@ -2,7 +2,8 @@
 
 ``Dataflow`` maintains one plan (see ``dataflow.py`` for the lifecycle), ``Index`` answers
 reads of its output at past times, ``compile_scalar`` evaluates scalar expressions, and
-``shard_of``/``encode_key`` are the stable key hashing the Spark runtime will partition by.
+``shard_of`` is the stable key hashing the Spark runtime partitions by (``encode_key``: a
+key's canonical bytes).
 """
 
 from services.compute.dataflow.batch import Row, Update, consolidate

@@ -12,10 +12,13 @@ in one process; here Spark does the bulk of it:
    shuffle of its own): an operator takes any batch of updates at one time, and sums them.
    A Reduce's input is the exception: it is cut to the columns the Reduce reads and
    consolidated on them, which its per-group state cannot tell apart (:func:`_narrowed`).
-2. One job routes those rows by the operator's key with the resident tasks' own hash
-   (``keys.shard_of`` of the operator's route, computed in the executors), shuffles them with
-   Spark's shuffle so that each shard's rows meet in one partition, and has the executor of
-   that partition stage them in the blob store (:mod:`.staging`).
+2. One job routes those rows by the operator's key with the resident tasks' own hash, shuffles
+   them with Spark's shuffle so that each shard's rows meet in one partition, and has the
+   executor of that partition stage them in the blob store (:mod:`.staging`). Where the key
+   is plain columns (every operator but a join on expressions), the executors hash each
+   Arrow batch's key columns whole (``keys.shards_of``, which gives each row the shard
+   ``keys.shard_of`` gives its key in the tasks) and split the batch with one take; a
+   computed key is evaluated and hashed row by row in Python.
 3. Each resident task loads its shard's objects and feeds every stateful operator its
    input at ``as_of`` in topological order (``ShardHost``). An operator's own output is not
    passed on: Spark computed what the next operator reads from the same plan.
@@ -36,12 +39,13 @@ from dataclasses import dataclass, field
 from functools import reduce as fold
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
+from services.compute.dataflow.batch import KeyFunction
 from services.compute.dataflow.graph import Graph
 from services.compute.spark import requests as rq
 from services.compute.spark.lowering import DIFF, lower_with
@@ -64,8 +68,7 @@ FLUSH_ROWS = 100_000
 """Rows an executor buffers per shard before handing them to the shuffle."""
 
 KNOWN_KEYS = 1_000_000
-"""Keys whose shard an executor remembers while routing one partition."""
-"""Rows an executor buffers per shard before handing them to the shuffle."""
+"""Keys whose shard an executor remembers while routing one partition by a computed key."""
 
 _ROUTED = StructType(
     [
@@ -106,6 +109,8 @@ class Staged:
     output_rows: int | None = None
     """The output's rows at ``as_of`` with multiplicity (``None``: the index load counts)."""
     staged_rows: int = 0
+    staging_seconds: float = 0.0
+    """The routing and staging job's wall time (step 2)."""
 
 
 @dataclass(frozen=True)
@@ -204,13 +209,13 @@ def stage(
                 objects.get((INDEX_TAG, shard)) if index_key_columns is not None else None,
             )
         )
-    result = Staged(loads, staged_rows=staged_rows)
+    result = Staged(loads, staged_rows=staged_rows, staging_seconds=time.perf_counter() - started)
     log.info(
         "hydration_staged",
         dataflow=dataflow_id,
         objects=len(staged),
         rows=staged_rows,
-        seconds=round(time.perf_counter() - started, 3),
+        seconds=round(result.staging_seconds, 3),
     )
     started = time.perf_counter()
 
@@ -326,7 +331,7 @@ def _router(
     index_columns = None if index_key_columns is None else tuple(index_key_columns)
 
     def route(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from services.compute.dataflow.keys import shard_of
+        from services.compute.dataflow.keys import shard_of, shards_of
         from services.compute.dataflow.lower import columns_key
         from services.compute.spark.transport import normalizer
 
@@ -339,9 +344,34 @@ def _router(
             node = graph.nodes[node_id]
             key = node.operator.routes[position]  # type: ignore[union-attr]
             types = graph.nodes[node.inputs[position]].types
+        columns = _route_columns(graph, node_id, position, key, len(types))
         normalize = normalizer(types)
-        buffered: dict[int, list[pa.RecordBatch]] = {}
         known: dict[tuple[Any, ...], int] = {}
+
+        def owners_by_row(batch: pa.RecordBatch) -> np.ndarray:
+            """A computed key (a join on expressions): evaluated row by row in Python."""
+            width = batch.num_columns - 1
+            values = [batch.column(i).to_pylist() for i in range(width)]
+            rows: Iterable[tuple[Any, ...]] = (
+                zip(*values, strict=True) if values else [()] * batch.num_rows
+            )
+            if normalize.float_columns:
+                rows = (normalize.row(row) for row in rows)
+            # Keys repeat (a join's foreign keys, a reduce's groups): a dict lookup is
+            # cheaper than encoding and hashing again. A key column holds one type, so
+            # values equal in Python (1 and True) never meet in one route.
+            owners = []
+            for row in rows:
+                owner_key = key(row)
+                owner = known.get(owner_key)
+                if owner is None:
+                    if len(known) >= KNOWN_KEYS:
+                        known.clear()
+                    owner = known[owner_key] = shard_of(owner_key, shards)
+                owners.append(owner)
+            return np.array(owners, dtype=np.int64)
+
+        buffered: dict[int, list[pa.RecordBatch]] = {}
         held = 0
         for batch in batches:
             if batch.num_rows == 0:
@@ -349,30 +379,12 @@ def _router(
             if shards == 1:
                 buffered.setdefault(0, []).append(batch)
             else:
-                width = batch.num_columns - 1
-                columns = [batch.column(i).to_pylist() for i in range(width)]
-                rows: Iterable[tuple[Any, ...]] = (
-                    zip(*columns, strict=True) if columns else [()] * batch.num_rows
-                )
-                if normalize.float_columns:
-                    rows = (normalize.row(row) for row in rows)
-                # Keys repeat (a join's foreign keys, a reduce's groups): a dict lookup is
-                # cheaper than encoding and hashing again. A key column holds one type, so
-                # values equal in Python (1 and True) never meet in one route.
-                owners = []
-                for row in rows:
-                    owner_key = key(row)
-                    owner = known.get(owner_key)
-                    if owner is None:
-                        if len(known) >= KNOWN_KEYS:
-                            known.clear()
-                        owner = known[owner_key] = shard_of(owner_key, shards)
-                    owners.append(owner)
-                owner_array = pa.array(owners, pa.int32())
-                for shard in set(owners):
-                    buffered.setdefault(shard, []).append(
-                        batch.filter(pc.equal(owner_array, shard))
-                    )
+                if columns is None:
+                    owners = owners_by_row(batch)
+                else:
+                    owners = shards_of([batch.column(c) for c in columns], batch.num_rows, shards)
+                for shard, part in _split(batch, owners, shards):
+                    buffered.setdefault(shard, []).append(part)
             held += batch.num_rows
             if held >= FLUSH_ROWS:
                 yield from _flush(tag, buffered)
@@ -380,6 +392,51 @@ def _router(
         yield from _flush(tag, buffered)
 
     return route
+
+
+def _route_columns(
+    graph: Graph, node_id: int | None, position: int, key: KeyFunction, width: int
+) -> tuple[int, ...] | None:
+    """The columns a route projects, in order, when it is a plain projection of the row (the
+    index key, a join on plain columns, a reduce's, top-k's or window's groups, a distinct's
+    whole row): their Arrow columns are then hashed whole (``keys.shards_of``), which gives
+    each row the shard ``keys.shard_of`` gives its key. ``None``: a computed key."""
+    from services.compute.dataflow.operators.distinct import DistinctOperator
+    from services.compute.dataflow.operators.join import JoinOperator
+    from services.compute.dataflow.operators.reduce import ReduceOperator
+    from services.compute.dataflow.operators.topk import TopKOperator
+    from services.compute.dataflow.operators.window import WindowOperator
+
+    operator = None if node_id is None else graph.nodes[node_id].operator
+    if isinstance(operator, JoinOperator):
+        return operator.key_columns[position]
+    if operator is not None and not isinstance(
+        operator, DistinctOperator | ReduceOperator | TopKOperator | WindowOperator
+    ):
+        return None
+    # These routes are column projections (``lower.columns_key`` or the whole row): applied
+    # to the row of column numbers, one gives back the numbers it projects.
+    probe = tuple(range(width))
+    projected = tuple(key(probe))
+    if all(isinstance(c, int) and 0 <= c < width for c in projected):
+        return projected
+    return None
+
+
+def _split(
+    batch: pa.RecordBatch, owners: np.ndarray, shards: int
+) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """``batch``'s rows grouped by their shard in ``owners``: one take, then slices."""
+    counts = np.bincount(owners, minlength=shards)
+    if np.count_nonzero(counts) == 1:
+        yield int(owners[0]), batch
+        return
+    ordered = batch.take(pa.array(np.argsort(owners, kind="stable")))
+    start = 0
+    for shard, count in enumerate(counts.tolist()):
+        if count:
+            yield shard, ordered.slice(start, count)
+            start += count
 
 
 def _flush(tag: int, buffered: Mapping[int, list[pa.RecordBatch]]) -> Iterator[pa.RecordBatch]:
