@@ -21,7 +21,12 @@ class _Capability:
 
 def _follower(windows: list[PartWindow]) -> InputFollower:
     follower = InputFollower(
-        cast(StorageClient, None), cast(Capability, _Capability()), 0, lambda: None, parts=True
+        cast(StorageClient, None),
+        cast(Capability, _Capability()),
+        0,
+        lambda: None,
+        snapshot=False,
+        parts=True,
     )
     follower._windows = list(windows)
     return follower
@@ -34,7 +39,6 @@ def test_a_step_boundary_cuts_a_parts_window_into_two_sides() -> None:
     assert follower.take_parts(5) == [PartWindow("a", 1, 3, 10), PartWindow("b", 3, 5, 20)]
     assert follower.take_parts(9) == [PartWindow("b", 5, 8, 20), PartWindow("c", 8, 9, 5)]
     assert follower.take_parts(100) == []
-    assert not follower.snapshot
 
 
 def test_parts_are_dealt_largest_first_to_the_least_loaded_task() -> None:
