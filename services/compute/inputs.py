@@ -174,14 +174,21 @@ class InputFollower:
                     elif event.num_rows:
                         pending.append(event)
                 # The server ends a subscription only when it stops; pick it up again.
-            except (Unavailable, Cancelled) as exc:
-                log.info("input_stream_broken", collection=self.collection_id, error=exc.message)
             except TidemarkError as exc:
-                log.warning("input_stream_failed", collection=self.collection_id, error=exc.message)
-                self.error = exc
-                self._on_change()
-                return
+                if not self._resumable(exc):
+                    return
             await backoff.sleep()
+
+    def _resumable(self, error: TidemarkError) -> bool:
+        """Whether a stream that ended with ``error`` is picked up again; otherwise the
+        follower failed for good (the capability was lost) and says so."""
+        if isinstance(error, (Unavailable, Cancelled)):
+            log.info("input_stream_broken", collection=self.collection_id, error=error.message)
+            return True
+        log.warning("input_stream_failed", collection=self.collection_id, error=error.message)
+        self.error = error
+        self._on_change()
+        return False
 
     async def _follow_parts(self) -> None:
         backoff = RESUBSCRIBE.backoffs()
@@ -204,11 +211,7 @@ class InputFollower:
                     backoff = RESUBSCRIBE.backoffs()
                     if interval.upper is None:
                         return
-            except (Unavailable, Cancelled) as exc:
-                log.info("input_stream_broken", collection=self.collection_id, error=exc.message)
             except TidemarkError as exc:
-                log.warning("input_stream_failed", collection=self.collection_id, error=exc.message)
-                self.error = exc
-                self._on_change()
-                return
+                if not self._resumable(exc):
+                    return
             await backoff.sleep()

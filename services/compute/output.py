@@ -69,16 +69,20 @@ class OutputWriter:
         ``upper``; a no-op when the collection is already there."""
 
         async def append(lower: int) -> None:
-            kept = [update for update in updates if update[1] >= lower]
-            await self.storage.append(
-                self.capability,
-                table_from_updates(self.schema, kept),
-                upper,
-                token=append_token(self.dataflow_id, lower, upper),
-                expected_upper=lower,
-            )
+            await self._append_rows(updates, lower, upper)
 
         await self._append_until(upper, append)
+
+    async def _append_rows(self, updates: Sequence[Update], lower: int, upper: int) -> None:
+        """One attempt at appending ``[lower, upper)``: the updates at times from ``lower``."""
+        kept = [update for update in updates if update[1] >= lower]
+        await self.storage.append(
+            self.capability,
+            table_from_updates(self.schema, kept),
+            upper,
+            token=append_token(self.dataflow_id, lower, upper),
+            expected_upper=lower,
+        )
 
     async def write_parts(
         self,
@@ -107,14 +111,7 @@ class OutputWriter:
                         f"output {self.collection_id!r} is already written up to {lower}, "
                         f"past the parts' least time {least}"
                     )
-                kept = [u for u in await read_back(blob_url, parts) if u[1] >= lower]
-                await self.storage.append(
-                    self.capability,
-                    table_from_updates(self.schema, kept),
-                    upper,
-                    token=append_token(self.dataflow_id, lower, upper),
-                    expected_upper=lower,
-                )
+                await self._append_rows(await read_back(blob_url, parts), lower, upper)
                 return
             await self.storage.append_parts(
                 self.capability,

@@ -139,6 +139,21 @@ def _owner() -> str:
     return caller.uri if caller is not None else ""
 
 
+def _subscribe_spec(
+    options: storage_pb2.SubscribeOptions, *, max_rows: int = 0, parts_only: bool = False
+) -> SubscribeSpec:
+    """What a SubscribeAt or SubscribeParts request asks for."""
+    return SubscribeSpec(
+        snapshot=not options.no_snapshot,
+        columns=tuple(options.columns),
+        row_filter=options.filter if options.HasField("filter") else None,
+        stop_at=frontier_from_proto(options.stop_at) if options.HasField("stop_at") else None,
+        as_of=options.as_of if options.HasField("as_of") else None,
+        max_rows=max_rows,
+        parts_only=parts_only,
+    )
+
+
 def _ref(request: object) -> storage_pb2.CapabilityRef:
     if not request.HasField("capability"):  # type: ignore[attr-defined]
         raise InvalidArgument("the request names no capability")
@@ -275,14 +290,10 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
     ) -> AsyncIterator[common_pb2.CdcMessage]:
         ref = _ref(request)
         await self._check(ref.collection_id, access.check_read)
-        options = request.options
-        spec = SubscribeSpec(
-            snapshot=not options.no_snapshot,
-            columns=tuple(options.columns),
-            row_filter=options.filter if options.HasField("filter") else None,
-            stop_at=frontier_from_proto(options.stop_at) if options.HasField("stop_at") else None,
-            as_of=options.as_of if options.HasField("as_of") else None,
-            max_rows=options.max_rows_per_message or self.core.settings.max_rows_per_message,
+        spec = _subscribe_spec(
+            request.options,
+            max_rows=request.options.max_rows_per_message
+            or self.core.settings.max_rows_per_message,
         )
         async for event in self.core.subscribe(ref.collection_id, ref.id, spec):
             if isinstance(event, Progress):
@@ -295,15 +306,7 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
     ) -> AsyncIterator[storage_pb2.PartsInterval]:
         ref = _ref(request)
         await self._check(ref.collection_id, access.check_read)
-        options = request.options
-        spec = SubscribeSpec(
-            snapshot=not options.no_snapshot,
-            columns=tuple(options.columns),
-            row_filter=options.filter if options.HasField("filter") else None,
-            stop_at=frontier_from_proto(options.stop_at) if options.HasField("stop_at") else None,
-            as_of=options.as_of if options.HasField("as_of") else None,
-            parts_only=True,
-        )
+        spec = _subscribe_spec(request.options, parts_only=True)
         grace_ms = self.core.settings.retired_grace_ms
         async for event in self.core.subscribe(ref.collection_id, ref.id, spec):
             assert isinstance(event, PartsEvent)

@@ -148,20 +148,26 @@ class Dataflow:
             raise InvalidArgument(
                 f"input upper {input_upper} is before the dataflow's upper {lower_bound}"
             )
+        by_node = self._step_rows(batches, lower_bound, input_upper)
+        output = self._run(by_node, constants_at=None) if by_node else []
+        self._upper = input_upper
+        return output, input_upper
+
+    def _step_rows(self, batches: Batches, lower: int, input_upper: int) -> dict[int, list[Update]]:
+        """A step's input updates by source node, each checked to lie in ``[lower,
+        input_upper)`` and to fit its input's columns."""
         by_node: dict[int, list[Update]] = {}
         for collection_id, updates in batches.items():
             node = self._input_node(collection_id)
             held = by_node.setdefault(node.id, [])
             for row, time, diff in updates:
-                if not lower_bound <= time < input_upper:
+                if not lower <= time < input_upper:
                     raise InvalidArgument(
                         f"update of {collection_id!r} at time {time} is outside "
-                        f"[{lower_bound}, {input_upper})"
+                        f"[{lower}, {input_upper})"
                     )
                 held.append((self._checked_row(node, row), time, diff))
-        output = self._run(by_node, constants_at=None) if by_node else []
-        self._upper = input_upper
-        return output, input_upper
+        return by_node
 
     def _input_node(self, collection_id: str) -> Node:
         node_id = self.graph.inputs.get(collection_id)

@@ -257,7 +257,7 @@ class SparkDataflow(Dataflow):
             raise FailedPrecondition(f"dataflow {self.dataflow_id!r} was dropped")
         if not lower <= input_upper:
             raise InvalidArgument(f"input upper {input_upper} is before the dataflow's {lower}")
-        rows = self._step_rows(batches, lower, input_upper)
+        rows = {n: held for n, held in self._step_rows(batches, lower, input_upper).items() if held}
         windows = [
             (
                 self._input_node(cid).id,
@@ -327,20 +327,6 @@ class SparkDataflow(Dataflow):
             )
             self.io_counters.output_rows += len(done.updates)
         return done
-
-    def _step_rows(self, batches: Batches, lower: int, input_upper: int) -> dict[int, list[Update]]:
-        by_node: dict[int, list[Update]] = {}
-        for collection_id, updates in batches.items():
-            node = self._input_node(collection_id)
-            held = by_node.setdefault(node.id, [])
-            for row, time, diff in updates:
-                if not lower <= time < input_upper:
-                    raise InvalidArgument(
-                        f"update of {collection_id!r} at time {time} is outside "
-                        f"[{lower}, {input_upper})"
-                    )
-                held.append((self._checked_row(node, row), time, diff))
-        return {node_id: held for node_id, held in by_node.items() if held}
 
     def _consolidated(self, updates: list[Update]) -> list[Update]:
         return consolidate(normalizer(self.graph.output_types).apply([updates]))

@@ -56,6 +56,16 @@ class _Pending:
         """Distinct rows the changes added to the key's (negative: removed)."""
 
 
+def add_changes(rows: dict[Row, int], changes: Iterable[tuple[Row, int]]) -> None:
+    """Adds ``changes`` to the multiplicities in ``rows``, removing rows that reach zero."""
+    for row, diff in changes:
+        total = rows.get(row, 0) + diff
+        if total:
+            rows[row] = total
+        else:
+            rows.pop(row, None)
+
+
 class Arrangement:
     __slots__ = (
         "__weakref__",
@@ -137,12 +147,7 @@ class Arrangement:
         if rows is None:
             rows = self.rows[key] = {}
         before = len(rows)
-        for row, diff in changes:
-            total = rows.get(row, 0) + diff
-            if total:
-                rows[row] = total
-            else:
-                rows.pop(row, None)
+        add_changes(rows, changes)
         added = len(rows) - before
         self.row_count += added
         self._hot_rows += added
@@ -167,13 +172,7 @@ class Arrangement:
             for key, rows in batch.items():
                 held.setdefault(key, {}).update(rows)
         for key, pending in self._pending.items():
-            rows = held.setdefault(key, {})
-            for row, diff in pending.changes.items():
-                total = rows.get(row, 0) + diff
-                if total:
-                    rows[row] = total
-                else:
-                    del rows[row]
+            add_changes(held.setdefault(key, {}), pending.changes.items())
         for key, rows in held.items():
             if rows:
                 yield key, rows
@@ -221,12 +220,7 @@ class Arrangement:
             self._key_adjust -= (pending.base + pending.net > 0) - (pending.base > 0)
             if budget is not None:
                 budget.held_bytes -= len(pending.changes) * self._row_bytes
-            for row, diff in pending.changes.items():
-                total = rows.get(row, 0) + diff
-                if total:
-                    rows[row] = total
-                else:
-                    del rows[row]
+            add_changes(rows, pending.changes.items())
         if not rows:
             return None
         self.rows[key] = rows
