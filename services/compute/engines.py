@@ -356,10 +356,16 @@ class SparkEngineDataflow:
         assert lister is not None and loop is not None
         attempt = 1
         while True:
-            # Listed again after a part was compacted away under the job (as queries do).
+            # Listed again after a part was compacted away under the job or the task's own
+            # read of it (as queries do). The task reads every input before it loads any, so
+            # a load that failed so left its state empty.
             listings = asyncio.run_coroutine_threadsafe(lister(time), loop).result()
             try:
                 staged, staging_url, prefix = self._stage_shard(listings, shard, time)
+                try:
+                    ask(staged.loads[shard])
+                finally:
+                    self._delete_staged(staging_url, prefix)
                 break
             except Exception as exc:
                 if not missing_part(exc) or attempt >= LISTING_ATTEMPTS:
@@ -368,10 +374,6 @@ class SparkEngineDataflow:
                     "shard_rebuild_listed_again", dataflow=dataflow.dataflow_id, attempt=attempt
                 )
                 attempt += 1
-        try:
-            ask(staged.loads[shard])
-        finally:
-            self._delete_staged(staging_url, prefix)
 
     def _stage_shard(
         self, listings: Mapping[str, PartsListing], shard: int, time: int

@@ -337,6 +337,16 @@ def test_join_and_aggregate_output_written_by_executors_is_the_views_contents(
         target = OutputTarget(view, TOTALS, blob_url)
         staged, loaded, _ = _hydrate(spark, dataflow, listings, target)
         assert loaded > 0
+        # Both of the join's inputs are collections: each task read them from the parts
+        # itself, and Spark staged only the aggregate's input (the join's output).
+        for load in staged.loads:
+            (join_id,) = load.shares
+            assert [share.columns for share in load.shares[join_id]] == [
+                ("id", "customer", "amount"),
+                ("id", "region"),
+            ]
+            assert load.nodes.get(join_id, (None, None)) == (None, None)
+            assert all(share.keys for share in load.shares[join_id])
         assert staged.output_rows == sum(expected.values())
         assert staged.output_parts, "the executors wrote no part"
         contents, _ = asyncio.run(

@@ -117,6 +117,22 @@ def messages(draw: st.DrawFn) -> object:
             INT64,
             st.dictionaries(INT64, st.lists(st.one_of(st.none(), st.text())).map(tuple)),
             st.one_of(st.none(), st.text()),
+            st.dictionaries(
+                INT64,
+                st.lists(
+                    st.one_of(
+                        st.none(),
+                        st.builds(
+                            rq.PartsShare,
+                            st.text(),
+                            st.lists(st.text(), max_size=3).map(tuple),
+                            st.lists(st.text(), max_size=3).map(tuple),
+                        ),
+                    ),
+                    max_size=2,
+                ).map(tuple),
+                max_size=2,
+            ),
         ),
         st.just(rq.Stop()),
     ]
@@ -355,6 +371,7 @@ REGISTERED = (
     rq.Peek,
     rq.Stats,
     rq.Hydrate,
+    rq.PartsShare,
     rq.Stop,
     rq.Reply,
     Work,

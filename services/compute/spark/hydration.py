@@ -12,6 +12,8 @@ in one process; here Spark does the bulk of it:
    shuffle of its own): an operator takes any batch of updates at one time, and sums them.
    A Reduce's input is the exception: it is cut to the columns the Reduce reads and
    consolidated on them, which its per-group state cannot tell apart (:func:`_narrowed`).
+   A join's input that is a stored collection, or a projection of one, is not computed
+   here at all: each task reads it from the parts itself (:mod:`.part_shares`).
 2. One job routes those rows by the operator's key with the resident tasks' own hash, shuffles
    them with Spark's shuffle so that each shard's rows meet in one partition, and has the
    executor of that partition stage them in the blob store (:mod:`.staging`). Where the key
@@ -50,6 +52,7 @@ from services.compute.dataflow.graph import Graph
 from services.compute.spark import requests as rq
 from services.compute.spark.lowering import DIFF, lower_with
 from services.compute.spark.lowering.types import diff_sum
+from services.compute.spark.part_shares import share_for
 from services.compute.spark.parts_source import collection_frame, s3_credentials
 from services.compute.spark.parts_writer import write_parts_counted
 from services.compute.spark.staging import encode, object_key, put_all
@@ -149,8 +152,14 @@ def stage(
         for cid, listing in listings.items()
     }
     wanted: list[tuple[int, int, plan_pb2.Relation]] = []
+    shares: dict[int, list[rq.PartsShare | None]] = {}
     for node in graph.stateful_nodes():
         for position, input_id in enumerate(node.inputs):
+            share = share_for(graph, node.id, position, listings)
+            if share is not None:
+                slots = shares.setdefault(node.id, [None] * len(node.inputs))
+                slots[position] = share
+                continue
             relation = graph.nodes[input_id].relation
             if relation is None:
                 raise Internal(f"{node.label}: input {position} has no plan relation")
@@ -197,8 +206,8 @@ def stage(
             if target.node_id is None:
                 continue
             arity = len(graph.nodes[target.node_id].inputs)
-            slots = nodes.setdefault(target.node_id, [None] * arity)
-            slots[target.input_index] = objects.get((target.tag, shard))
+            staged_keys = nodes.setdefault(target.node_id, [None] * arity)
+            staged_keys[target.input_index] = objects.get((target.tag, shard))
         loads.append(
             rq.Hydrate(
                 dataflow_id,
@@ -207,6 +216,7 @@ def stage(
                 as_of,
                 {node_id: tuple(keys) for node_id, keys in nodes.items()},
                 objects.get((INDEX_TAG, shard)) if index_key_columns is not None else None,
+                {node_id: tuple(read) for node_id, read in shares.items()},
             )
         )
     result = Staged(loads, staged_rows=staged_rows, staging_seconds=time.perf_counter() - started)
@@ -214,6 +224,7 @@ def stage(
         "hydration_staged",
         dataflow=dataflow_id,
         objects=len(staged),
+        read_by_tasks=sum(1 for slots in shares.values() for s in slots if s is not None),
         rows=staged_rows,
         seconds=round(result.staging_seconds, 3),
     )

@@ -185,6 +185,14 @@ def read_parts(
     return dict(zip(chosen, tables, strict=True))
 
 
+def iter_parts(
+    blob_url: str, keys: Sequence[str], columns: Sequence[str], environment: Mapping[str, str]
+) -> Iterator[pa.Table]:
+    """Each part's ``columns``, one table per part, read as :func:`read_parts` reads them."""
+    os.environ.update(environment)
+    return _read_slices(blob_url, [(key, 0, 1) for key in keys], columns)
+
+
 def _read_slices(
     blob_url: str, slices: Sequence[tuple[str, int, int]], columns: Sequence[str] | None
 ) -> Iterator[pa.Table]:

@@ -8,7 +8,7 @@ flow both ways unanswered (``liveness.py``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from services.compute.dataflow.batch import Update
@@ -157,13 +157,27 @@ class Stats:
 
 
 @dataclass(frozen=True)
+class PartsShare:
+    """An input a task reads straight from a collection's parts (``part_shares.py``): the
+    parts ``keys`` in the blob store at ``blob_url``, of which the task keeps the updates at
+    times ``<= as_of``, the ``columns`` named (in order, a name may repeat: the input is a
+    projection of the collection) and the rows whose key its shard owns."""
+
+    blob_url: str
+    keys: tuple[str, ...]
+    columns: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Hydrate:
     """Build this shard's state of a hydrating dataflow from what a Spark job staged in the
     blob store at ``blob_url`` (``hydration.py``): ``nodes[node_id]`` names, per input of
     that stateful node, the object holding this shard's share of the input at ``as_of``
     (``None``: nothing); ``index`` the object of this shard's share of the output, for the
-    index. ``environment``: the S3 credentials to open the store with. The task answers
-    ``(updates loaded, sum of the diffs loaded into the index)``."""
+    index. ``shares[node_id]``: per input of that node, the parts the task reads that input
+    from itself instead (``None``: the staged object, if any, holds it). ``environment``:
+    the S3 credentials to open the stores with. The task answers ``(updates loaded, sum of
+    the diffs loaded into the index)``."""
 
     dataflow_id: str
     blob_url: str
@@ -171,6 +185,7 @@ class Hydrate:
     as_of: int
     nodes: dict[int, tuple[str | None, ...]]
     index: str | None
+    shares: dict[int, tuple[PartsShare | None, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
+
+import pyarrow as pa
 
 from services.compute.dataflow.batch import Update, consolidate
 from services.compute.dataflow.exchange import partition
@@ -25,6 +26,7 @@ from services.compute.dataflow.spill import StateBudget
 from services.compute.dataflow.worker import ShardWorker
 from services.compute.spark.liveness import Channel, Liveness, heartbeats
 from services.compute.spark.mesh import MESH_LOST, PEER_FAILED, Mesh, MeshLost, PeerFailed
+from services.compute.spark.part_shares import read_share
 from services.compute.spark.requests import (
     ApplyIndex,
     CompactIndex,
@@ -376,8 +378,27 @@ class ShardHost:
             loaded += len(rows)
             return [(row, as_of, diff) for row, diff in zip(rows, diffs, strict=True)]
 
-        for node_id in sorted(request.nodes):
-            loaded += _load_staged(hosted.worker, node_id, request.nodes[node_id], fetched, as_of)
+        # Every input is read before any state changes: a part gone from the blob store
+        # fails the load with this shard's state still empty.
+        inputs: dict[int, list[pa.Table | None]] = {}
+        for node_id in sorted(request.nodes.keys() | request.shares.keys()):
+            node = graph.nodes[node_id]
+            staged_keys = request.nodes.get(node_id) or (None,) * len(node.inputs)
+            shares = request.shares.get(node_id) or (None,) * len(node.inputs)
+            tables = inputs[node_id] = []
+            for position, (key, share) in enumerate(zip(staged_keys, shares, strict=True)):
+                if share is None:
+                    tables.append(None if key is None else decode(fetched.pop(key)))
+                    continue
+                key_columns = node.operator.key_columns[position]  # type: ignore[union-attr]
+                tables.append(
+                    read_share(
+                        share, as_of, request.environment, key_columns, self.shard, self.shards
+                    )
+                )
+        for node_id, tables in inputs.items():
+            hosted.worker.load_columnar(node_id, tables, as_of)
+            loaded += sum(table.num_rows for table in tables if table is not None)
         index_rows = 0
         if request.index is not None:
             updates = staged(request.index, normalizer(graph.output_types))
@@ -398,20 +419,6 @@ class ShardHost:
         if index is None:
             raise FailedPrecondition(f"dataflow {dataflow_id!r} was installed without an index")
         return index
-
-
-def _load_staged(
-    worker: ShardWorker,
-    node_id: int,
-    keys: Sequence[str | None],
-    fetched: dict[str, bytes],
-    as_of: int,
-) -> int:
-    """Loads a stateful node's staged inputs as Arrow tables, which states holding columnar
-    data take without a Python object per row; returns the rows loaded."""
-    tables = [None if key is None else decode(fetched.pop(key)) for key in keys]
-    worker.load_columnar(node_id, tables, as_of)
-    return sum(table.num_rows for table in tables if table is not None)
 
 
 def _fault_from(setting: str) -> tuple[str, int] | None:

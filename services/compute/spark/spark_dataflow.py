@@ -24,12 +24,13 @@ from services.compute.dataflow.batch import Row, Update, consolidate
 from services.compute.dataflow.dataflow import Batches, Dataflow
 from services.compute.dataflow.guard import UNGUARDED, Guard, row_bytes
 from services.compute.dataflow.work import StateSize, Work
+from services.compute.spark.parts_source import missing_part
 from services.compute.spark.requests import Hydrate, Request, Step, StepIO, StepWritten
 from services.compute.spark.resident import ResidentCluster, install_request
 from services.compute.spark.transport import normalizer
 from tidemark.clients.storage import WrittenPart
 from tidemark.columnar import RelationSchema
-from tidemark.errors import FailedPrecondition, InvalidArgument
+from tidemark.errors import FailedPrecondition, Internal, InvalidArgument, TidemarkError
 from tidemark.logging import get_logger
 from tidemark.v1 import plan_pb2
 
@@ -172,7 +173,19 @@ class SparkDataflow(Dataflow):
             raise FailedPrecondition("the dataflow is already hydrated")
         if self._dropped:
             raise FailedPrecondition(f"dataflow {self.dataflow_id!r} was dropped")
-        results = self.cluster.call(loads)
+        try:
+            results = self.cluster.call(loads)
+        except TidemarkError as exc:
+            if not missing_part(exc):
+                raise
+            # Tasks read inputs from parts themselves (``part_shares``): one that found a
+            # part gone loaded nothing, but the others may have loaded their shards, so
+            # listing again and loading once more could count rows twice. The dataflow
+            # fails instead, and its restart starts from empty state.
+            raise Internal(
+                f"dataflow {self.dataflow_id!r}: an input's part was compacted away while "
+                "the tasks loaded it; the dataflow restarts"
+            ) from exc
         self._upper = self.as_of + 1
         loaded = index_rows = 0
         for result in results:

@@ -55,6 +55,7 @@ CODEC.register(17, rq.Exchange)
 CODEC.register(18, rq.MeshPeer)
 CODEC.register(40, rq.StepIO)
 CODEC.register(41, rq.StepWritten)
+CODEC.register(42, rq.PartsShare)
 
 
 class ConnectionLost(Exception):

@@ -1,0 +1,96 @@
+"""A hydrating task's share of a join's input, read by the task straight from the parts.
+
+A join's input that is a stored collection, or a projection of one, needs no Spark job to
+reach the tasks: nothing is computed on its rows before the join. Staging it anyway costs
+Spark turning every row into Arrow for a Python worker, a shuffle and a write and a read of
+the staged objects. Instead each task reads the collection's parts at ``as_of`` itself
+(``file://`` in place, S3 through the blob store's API), keeps the columns the join reads,
+hashes each part's key columns with the tasks' own hash (``keys.shards_of``) and keeps the
+rows its shard owns. Every task reads every part once: for the few tasks of a compute
+cluster, far cheaper than the staging job (see ``services/compute/spark/README.md``).
+
+The rows are read from the same parts, under the same listing and read hold, as the Spark
+jobs that compute the other inputs and the output, so all of them see one ``as_of``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pyarrow as pa
+
+from services.compute.dataflow.graph import Graph
+from services.compute.dataflow.keys import shards_of
+from services.compute.dataflow.operators.join import JoinOperator
+from services.compute.spark.parts_source import at_time, iter_parts
+from services.compute.spark.requests import PartsShare
+from tidemark.clients.storage import PartsListing
+from tidemark.columnar.schema import DIFF_COLUMN, TIME_COLUMN
+from tidemark.v1 import plan_pb2
+
+
+def projected_collection(relation: plan_pb2.Relation) -> tuple[str, tuple[int, ...]] | None:
+    """``(collection id, its columns in order)`` when ``relation`` is a collection or a
+    projection of one (of a projection...); ``None`` for anything that computes."""
+    kind = relation.WhichOneof("kind")
+    if kind == "get":
+        return relation.get.collection_id, tuple(range(len(relation.get.schema.columns)))
+    if kind == "project":
+        inner = projected_collection(relation.project.input)
+        if inner is None:
+            return None
+        collection_id, columns = inner
+        return collection_id, tuple(columns[c] for c in relation.project.columns)
+    return None
+
+
+def share_for(
+    graph: Graph, node_id: int, position: int, listings: Mapping[str, PartsListing]
+) -> PartsShare | None:
+    """The parts input ``position`` of stateful node ``node_id`` is read from by the tasks
+    themselves, or ``None`` when Spark must stage it: it is not a join's input keyed by
+    plain columns, or not a (projected) collection listed in ``listings``."""
+    node = graph.nodes[node_id]
+    operator = node.operator
+    if not isinstance(operator, JoinOperator) or operator.key_columns[position] is None:
+        return None
+    relation = graph.nodes[node.inputs[position]].relation
+    found = None if relation is None else projected_collection(relation)
+    if found is None or found[0] not in listings:
+        return None
+    listing = listings[found[0]]
+    names = tuple(listing.schema.columns[c].name for c in found[1])
+    return PartsShare(listing.blob_url, tuple(part.key for part in listing.parts), names)
+
+
+def read_share(
+    share: PartsShare,
+    as_of: int,
+    environment: Mapping[str, str],
+    key_columns: Sequence[int],
+    shard: int,
+    shards: int,
+) -> pa.Table | None:
+    """This shard's rows of ``share`` at ``as_of``: its columns, then a last column of
+    multiplicities (as a staged table has them); ``None`` when it has none. A part gone
+    from the blob store raises ``MissingPart`` (the caller lists again)."""
+    unique = list(dict.fromkeys(share.columns))
+    # at_time keeps the data columns in the order read, then the multiplicities.
+    positions = [unique.index(name) for name in share.columns]
+    names = [f"c{i}" for i in range(len(positions))] + [DIFF_COLUMN]
+    kept: list[pa.Table] = []
+    for part in iter_parts(
+        share.blob_url, share.keys, [*unique, TIME_COLUMN, DIFF_COLUMN], environment
+    ):
+        current = at_time(part, as_of)
+        if current.num_rows == 0:
+            continue
+        rows = current.select([*positions, len(unique)]).rename_columns(names)
+        if shards > 1:
+            owners = shards_of([rows.column(c) for c in key_columns], rows.num_rows, shards)
+            rows = rows.filter(pa.array(owners == shard))
+        if rows.num_rows:
+            kept.append(rows)
+    if not kept:
+        return None
+    return kept[0] if len(kept) == 1 else pa.concat_tables(kept)
