@@ -5,18 +5,19 @@ sum. The inputs are stored in a real storage process (on a local directory) as P
 then, in one run on one Spark session:
 
 - **Spark SQL**: Spark recomputing the view from the same rows as Parquet files (median).
-- **by Spark** (the bulk path, ``services/compute/spark/hydration.py``): from creating the
-  dataflow to its output at ``as_of`` committed in storage and read back (its first answered
-  read): ListParts, the Spark jobs that build the resident tasks' state and write the output's
-  parts, the tasks' loads, AppendParts, a snapshot of the output.
+- **by Spark** (the bulk path compute runs, ``SparkEngineDataflow.hydrate_from_parts``):
+  from creating the dataflow to its output at ``as_of`` committed in storage and read back
+  (its first answered read): ListParts; the tasks reading the join's inputs from the parts
+  (``part_shares.py``) while the Spark jobs stage the aggregate's input and write the
+  output's parts; the tasks' load of the staged objects; AppendParts; a snapshot of the
+  output.
 - **through the driver** (the path before it): the inputs' snapshots read by the driver, and
   every row sent through it to the tasks (``SparkDataflow.hydrate``), then the output
   appended.
 
 For both hydrations it prints the driver's CPU seconds per hydrated row: this Python process's
-own CPU time (the Spark JVM and the executors' Python workers are other processes). By
-Spark, it also records the Spark jobs' time and the tasks' fetch and load of the staged
-objects (``tasks_load_seconds``). Both outputs are checked against Spark SQL's answer. Figures go to
+own CPU time (the Spark JVM and the executors' Python workers are other processes). Both
+outputs are checked against Spark SQL's answer. Figures go to
 ``bench/results/hydration.json``.
 
     python bench/hydration.py --orders 10000000
@@ -49,10 +50,11 @@ from bench.compute_view import (
     view_plan,
     view_row,
 )
+from services.compute.engines import SparkEngineDataflow
 from services.compute.spark import ResidentCluster, SparkDataflow, spark_session
-from services.compute.spark.hydration import OutputTarget, stage
+from services.compute.spark.hydration import OutputTarget
+from services.compute.spark.jobs import SparkJobs
 from services.compute.spark.parts_writer import write_parts
-from services.compute.spark.staging import delete_prefix, run_prefix
 from tests.support.storage import FAST_SETTINGS, embedded_backends, start_storage
 from tidemark.clients.storage import Capability, PartsListing, StorageClient
 from tidemark.columnar import RelationSchema, table_from_updates
@@ -116,27 +118,19 @@ def hydrate_by_spark(
     }
     blob_url = next(iter(listings.values())).blob_url
     dataflow = SparkDataflow(plan, as_of=AS_OF, cluster=cluster)
-    prefix = run_prefix(dataflow.dataflow_id)
+    engine = SparkEngineDataflow(dataflow, SparkJobs(spark))
     try:
-        staged = stage(
-            spark,
-            plan,
-            dataflow.graph,
-            dataflow_id=dataflow.dataflow_id,
-            as_of=AS_OF,
-            shards=dataflow.shards,
-            index_key_columns=None,
-            listings=listings,
-            staging_url=blob_url,
-            prefix=prefix,
-            output=OutputTarget(output.write.collection_id, schema, blob_url),
-            count_output=False,
+        # What compute runs: the tasks read the join's inputs from the parts while the Spark
+        # jobs stage the aggregate's input and write the output's parts.
+        done = run(
+            engine.hydrate_from_parts(
+                listings,
+                OutputTarget(output.write.collection_id, schema, blob_url),
+                lambda _: None,
+            )
         )
-        staged_s = time.perf_counter() - wall
-        loaded, _ = dataflow.load_staged(staged.loads)
-        load_s = time.perf_counter() - wall - staged_s
-        run(delete_prefix(blob_url, prefix))
-        run(client.append_parts(output.write, staged.output_parts, AS_OF + 1, times=(AS_OF, AS_OF)))
+        hydrated_s = time.perf_counter() - wall
+        run(client.append_parts(output.write, done.output_parts, AS_OF + 1, times=(AS_OF, AS_OF)))
         answer = run(client.snapshot(output.read, AS_OF)).version()
         seconds = time.perf_counter() - wall
         driver_cpu = time.process_time() - cpu
@@ -145,11 +139,9 @@ def hydrate_by_spark(
     rows = sum(part.rows for listing in listings.values() for part in listing.parts)
     return {
         "seconds": round(seconds, 2),
-        "spark_jobs_seconds": round(staged_s, 2),
-        "staging_job_seconds": round(staged.staging_seconds, 2),
-        "tasks_load_seconds": round(load_s, 2),
+        "hydrate_from_parts_seconds": round(hydrated_s, 2),
         "rows": rows,
-        "loaded": loaded,
+        "loaded": done.loaded,
         "driver_cpu_seconds": round(driver_cpu, 3),
         "driver_cpu_us_per_row": round(driver_cpu / rows * 1e6, 4),
         "contents": _contents(answer.items()),

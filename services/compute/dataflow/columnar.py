@@ -56,10 +56,18 @@ def _mix(z: int) -> int:
 
 
 def _mix_array(z: np.ndarray) -> np.ndarray:
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    result: np.ndarray = z ^ (z >> np.uint64(31))
-    return result
+    """:func:`_mix` of every element, into a new array: in place on it and one scratch
+    array, since each temporary of a hydration's millions of rows costs as much as the
+    arithmetic."""
+    out = z >> np.uint64(30)
+    out ^= z
+    out *= np.uint64(0xBF58476D1CE4E5B9)
+    scratch = out >> np.uint64(27)
+    out ^= scratch
+    out *= np.uint64(0x94D049BB133111EB)
+    np.right_shift(out, np.uint64(31), out=scratch)
+    out ^= scratch
+    return out
 
 
 def value_hash(value: Any) -> int:
@@ -91,10 +99,10 @@ def column_hashes(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
         column = column.combine_chunks()
     kind = column.type
     if pa.types.is_integer(kind) or pa.types.is_boolean(kind):
-        ints = pc.cast(column, pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+        ints = _numbers(pc.cast(column, pa.int64()), 0)
         hashes = _mix_array(ints.view(np.uint64))
     elif pa.types.is_floating(kind):
-        floats = pc.cast(column, pa.float64()).fill_null(0.0).to_numpy(zero_copy_only=False)
+        floats = _numbers(pc.cast(column, pa.float64()), 0.0)
         bits = np.where(np.isnan(floats), np.uint64(_NAN_BITS), (floats + 0.0).view(np.uint64))
         hashes = _mix_array(bits.astype(np.uint64, copy=False))
     else:
@@ -104,6 +112,14 @@ def column_hashes(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     if column.null_count:
         hashes[column.is_null().to_numpy(zero_copy_only=False)] = np.uint64(_NULL_HASH)
     return hashes
+
+
+def _numbers(column: pa.Array, fill: float) -> np.ndarray:
+    """A numeric column's values, NULLs as ``fill`` (hashed over separately)."""
+    if column.null_count:
+        column = column.fill_null(fill)
+    values: np.ndarray = column.to_numpy(zero_copy_only=False)
+    return values
 
 
 def key_hashes(columns: Sequence[pa.Array | pa.ChunkedArray], rows: int) -> np.ndarray:

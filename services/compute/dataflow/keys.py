@@ -213,5 +213,7 @@ def column_hashes(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
 
 def _filled(column: pa.Array, fill: Any) -> np.ndarray:
-    values: np.ndarray = column.fill_null(fill).to_numpy(zero_copy_only=False)
+    if column.null_count:
+        column = column.fill_null(fill)
+    values: np.ndarray = column.to_numpy(zero_copy_only=False)
     return values

@@ -52,7 +52,7 @@ from services.compute.dataflow.graph import Graph
 from services.compute.spark import requests as rq
 from services.compute.spark.lowering import DIFF, lower_with
 from services.compute.spark.lowering.types import diff_sum
-from services.compute.spark.part_shares import share_for
+from services.compute.spark.part_shares import plan_shares
 from services.compute.spark.parts_source import collection_frame, s3_credentials
 from services.compute.spark.parts_writer import write_parts_counted
 from services.compute.spark.staging import encode, object_key, put_all
@@ -152,13 +152,10 @@ def stage(
         for cid, listing in listings.items()
     }
     wanted: list[tuple[int, int, plan_pb2.Relation]] = []
-    shares: dict[int, list[rq.PartsShare | None]] = {}
+    shares = plan_shares(graph, listings)
     for node in graph.stateful_nodes():
         for position, input_id in enumerate(node.inputs):
-            share = share_for(graph, node.id, position, listings)
-            if share is not None:
-                slots = shares.setdefault(node.id, [None] * len(node.inputs))
-                slots[position] = share
+            if shares.get(node.id, (None,) * len(node.inputs))[position] is not None:
                 continue
             relation = graph.nodes[input_id].relation
             if relation is None:
@@ -216,7 +213,7 @@ def stage(
                 as_of,
                 {node_id: tuple(keys) for node_id, keys in nodes.items()},
                 objects.get((INDEX_TAG, shard)) if index_key_columns is not None else None,
-                {node_id: tuple(read) for node_id, read in shares.items()},
+                shares,
             )
         )
     result = Staged(loads, staged_rows=staged_rows, staging_seconds=time.perf_counter() - started)

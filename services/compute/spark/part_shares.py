@@ -22,7 +22,7 @@ import pyarrow as pa
 from services.compute.dataflow.graph import Graph
 from services.compute.dataflow.keys import shards_of
 from services.compute.dataflow.operators.join import JoinOperator
-from services.compute.spark.parts_source import at_time, iter_parts
+from services.compute.spark.parts_source import all_at_or_before, at_time, iter_parts
 from services.compute.spark.requests import PartsShare
 from tidemark.clients.storage import PartsListing
 from tidemark.columnar.schema import DIFF_COLUMN, TIME_COLUMN
@@ -60,7 +60,21 @@ def share_for(
         return None
     listing = listings[found[0]]
     names = tuple(listing.schema.columns[c].name for c in found[1])
-    return PartsShare(listing.blob_url, tuple(part.key for part in listing.parts), names)
+    keys = tuple(part.key for part in listing.parts)
+    return PartsShare(listing.blob_url, keys, names, not all_at_or_before(listing))
+
+
+def plan_shares(
+    graph: Graph, listings: Mapping[str, PartsListing]
+) -> dict[int, tuple[PartsShare | None, ...]]:
+    """Per stateful node with an input the tasks read from parts, that input's
+    :func:`share_for` at its position (``None`` at the others)."""
+    shares: dict[int, tuple[PartsShare | None, ...]] = {}
+    for node in graph.stateful_nodes():
+        slots = tuple(share_for(graph, node.id, p, listings) for p in range(len(node.inputs)))
+        if any(share is not None for share in slots):
+            shares[node.id] = slots
+    return shares
 
 
 def read_share(
@@ -75,14 +89,15 @@ def read_share(
     multiplicities (as a staged table has them); ``None`` when it has none. A part gone
     from the blob store raises ``MissingPart`` (the caller lists again)."""
     unique = list(dict.fromkeys(share.columns))
-    # at_time keeps the data columns in the order read, then the multiplicities.
+    # Read (and at_time) keep the data columns in the order asked, then the multiplicities.
     positions = [unique.index(name) for name in share.columns]
     names = [f"c{i}" for i in range(len(positions))] + [DIFF_COLUMN]
+    read = [*unique, TIME_COLUMN, DIFF_COLUMN] if share.later_times else [*unique, DIFF_COLUMN]
     kept: list[pa.Table] = []
-    for part in iter_parts(
-        share.blob_url, share.keys, [*unique, TIME_COLUMN, DIFF_COLUMN], environment
-    ):
-        current = at_time(part, as_of)
+    for part in iter_parts(share.blob_url, share.keys, read, environment):
+        # Without later times nothing is dropped, and equal rows need not be summed here:
+        # the state sums what it loads.
+        current = at_time(part, as_of) if share.later_times else part
         if current.num_rows == 0:
             continue
         rows = current.select([*positions, len(unique)]).rename_columns(names)
@@ -93,4 +108,7 @@ def read_share(
             kept.append(rows)
     if not kept:
         return None
-    return kept[0] if len(kept) == 1 else pa.concat_tables(kept)
+    if len(kept) == 1:
+        return kept[0]
+    # A part summed over several times comes back with its columns' nullability changed.
+    return pa.concat_tables(kept, promote_options="permissive")

@@ -166,6 +166,9 @@ class PartsShare:
     blob_url: str
     keys: tuple[str, ...]
     columns: tuple[str, ...]
+    later_times: bool = True
+    """Whether a part may hold updates after ``as_of`` (a compacted one): only then are
+    times read and filtered."""
 
 
 @dataclass(frozen=True)
