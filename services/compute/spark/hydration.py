@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import reduce as fold
@@ -50,8 +51,8 @@ from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, Str
 from services.compute.dataflow.batch import KeyFunction
 from services.compute.dataflow.graph import Graph
 from services.compute.spark import requests as rq
-from services.compute.spark.lowering import DIFF, lower_with
-from services.compute.spark.lowering.types import diff_sum
+from services.compute.spark.lowering import DIFF, lower_with, release
+from services.compute.spark.lowering.types import Rel, diff_sum
 from services.compute.spark.part_shares import plan_shares
 from services.compute.spark.parts_source import collection_frame, s3_credentials
 from services.compute.spark.parts_writer import write_parts_counted
@@ -146,7 +147,6 @@ def stage(
     their own when no part write counts them (an index load counts them too).
     ``only_shard``: stage that shard's rows alone, dropped before the shuffle (a task that
     replaces a lost one; the others keep their state)."""
-    credentials = s3_credentials(environment)
     frames = {
         cid: collection_frame(spark, listing, consolidate=False, environment=environment)
         for cid, listing in listings.items()
@@ -161,13 +161,66 @@ def stage(
             if relation is None:
                 raise Internal(f"{node.label}: input {position} has no plan relation")
             wanted.append((node.id, position, relation))
-    root, captured = lower_with(plan, frames, [r for _, _, r in wanted], spark)
+    cached: list[DataFrame] = []
+    replace = _narrowed_once(plan, graph, wanted, cached)
+    root, captured = lower_with(plan, frames, [r for _, _, r in wanted], spark, replace)
     targets = [
-        _Target(tag, node_id, position, _narrowed(graph.nodes[node_id].relation, frame))
-        for tag, ((node_id, position, _), frame) in enumerate(
+        _Target(
+            tag,
+            node_id,
+            position,
+            frame
+            if relation.SerializeToString(deterministic=True) in replace
+            else _narrowed(graph.nodes[node_id].relation, frame),
+        )
+        for tag, ((node_id, position, relation), frame) in enumerate(
             zip(wanted, captured, strict=True), start=1
         )
     ]
+    try:
+        return _run(
+            spark,
+            plan,
+            graph,
+            targets,
+            root,
+            dataflow_id=dataflow_id,
+            as_of=as_of,
+            shards=shards,
+            index_key_columns=index_key_columns,
+            shares=shares,
+            staging_url=staging_url,
+            prefix=prefix,
+            output=output,
+            count_output=count_output,
+            environment=environment,
+            only_shard=only_shard,
+        )
+    finally:
+        release(cached)
+
+
+def _run(
+    spark: SparkSession,
+    plan: plan_pb2.Plan | plan_pb2.Relation,
+    graph: Graph,
+    targets: list[_Target],
+    root: DataFrame,
+    *,
+    dataflow_id: str,
+    as_of: int,
+    shards: int,
+    index_key_columns: Sequence[int] | None,
+    shares: dict[int, tuple[rq.PartsShare | None, ...]],
+    staging_url: str,
+    prefix: str,
+    output: OutputTarget | None,
+    count_output: bool,
+    environment: Mapping[str, str] | None,
+    only_shard: int | None,
+) -> Staged:
+    """:func:`stage`'s jobs, once the plan is lowered and its targets chosen."""
+    credentials = s3_credentials(environment)
     width = len(root.columns) - 1
     positional = root.toDF(*(f"c{i}" for i in range(width)), DIFF)
     if index_key_columns is not None:
@@ -261,6 +314,55 @@ def stage(
         counted = positional.agg(F.sum(DIFF)).collect()[0][0]
         result.output_rows = int(counted or 0)
     return result
+
+
+def _narrowed_once(
+    plan: plan_pb2.Plan | plan_pb2.Relation,
+    graph: Graph,
+    wanted: Sequence[tuple[int, int, plan_pb2.Relation]],
+    cached: list[DataFrame],
+) -> dict[bytes, Callable[[Rel], Rel]]:
+    """Replacements (for ``lower_with``) that narrow a Reduce's input once, cached, for both
+    the staging job and the Reduce in the output's job: the Reduce's answer depends only on
+    the columns it reads, so the output job aggregates the few narrowed rows instead of
+    computing the Reduce's input (a join of every input row, say) a second time. Only for
+    a relation that occurs once in the plan and feeds that Reduce alone: any other reader
+    needs the whole rows. The cached frames are appended to ``cached`` (unpersist them after
+    the jobs)."""
+    root = plan.root if isinstance(plan, plan_pb2.Plan) else plan
+    occurrences = Counter(
+        relation.SerializeToString(deterministic=True) for relation in _relations(root)
+    )
+    replace: dict[bytes, Callable[[Rel], Rel]] = {}
+    for node_id, _, relation in wanted:
+        consumer = graph.nodes[node_id].relation
+        key = relation.SerializeToString(deterministic=True)
+        if consumer is None or not consumer.HasField("reduce") or occurrences[key] != 1:
+            continue
+
+        def narrowed(rel: Rel, consumer: plan_pb2.Relation = consumer) -> Rel:
+            frame = _narrowed(consumer, rel.df).persist()
+            cached.append(frame)
+            # Consolidated on the columns kept; the others are NULL, so no narrower key
+            # the lowered form knew still holds.
+            return Rel(frame, rel.types, True)
+
+        replace[key] = narrowed
+    return replace
+
+
+def _relations(relation: plan_pb2.Relation) -> Iterator[plan_pb2.Relation]:
+    """``relation`` and every relation inside it."""
+    yield relation
+    kind = relation.WhichOneof("kind")
+    if kind is None:
+        return
+    body = getattr(relation, kind)
+    for descriptor, value in body.ListFields():
+        if descriptor.message_type is not plan_pb2.Relation.DESCRIPTOR:
+            continue
+        for child in value if descriptor.is_repeated else [value]:
+            yield from _relations(child)
 
 
 def _narrowed(consumer: plan_pb2.Relation | None, frame: DataFrame) -> DataFrame:

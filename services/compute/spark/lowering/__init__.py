@@ -14,12 +14,12 @@ differ; each module's docstring lists its fallbacks).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 
 from services.compute.spark.lowering.relations import RelationLowering
-from services.compute.spark.lowering.types import DIFF, name, spark_schema, spark_type
+from services.compute.spark.lowering.types import DIFF, Rel, name, spark_schema, spark_type
 from tidemark.errors import InvalidArgument
 from tidemark.plan import derive_schema
 from tidemark.v1 import plan_pb2
@@ -58,14 +58,17 @@ def lower_with(
     inputs: Mapping[str, DataFrame],
     relations: Sequence[plan_pb2.Relation],
     spark: SparkSession,
+    replace: Mapping[bytes, Callable[[Rel], Rel]] | None = None,
 ) -> tuple[DataFrame, list[DataFrame]]:
     """``lower(plan, inputs)``, and a DataFrame of each of ``relations`` (parts of ``plan``,
     met while lowering it) in the positional layout ``c0 .. cN, diff``, not consolidated: a
     row may come several times, and its diffs add up (a reader that sums anyway saves the
-    shuffle). Raises ``InvalidArgument`` when one of them is not part of the plan."""
+    shuffle). ``replace`` (by a relation's deterministic serialization): what both the
+    caller and the rest of the plan get for that relation instead of its lowered form.
+    Raises ``InvalidArgument`` when one of them is not part of the plan."""
     root = plan.root if isinstance(plan, plan_pb2.Plan) else plan
     keys = [r.SerializeToString(deterministic=True) for r in relations]
-    lowering = RelationLowering(spark, inputs, capture=set(keys))
+    lowering = RelationLowering(spark, inputs, capture=set(keys), replace=replace)
     rel = lowering.lower(root).consolidated()
     names = [c.name for c in derive_schema(root).columns]
     if isinstance(plan, plan_pb2.Plan) and plan.output_schema.columns:

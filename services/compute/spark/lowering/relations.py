@@ -73,7 +73,9 @@ def _layout(df: DataFrame, columns: Iterable[Column], diff: Column) -> DataFrame
 class RelationLowering:
     """``capture``: serialized (deterministic) relations of the plan whose lowered form to
     keep in ``captured`` as they are met (bulk hydration reads a dataflow's intermediate
-    relations from one lowering of its plan)."""
+    relations from one lowering of its plan). ``replace``: for some of those, a function
+    giving what the rest of the plan reads instead of the lowered form (an equivalent for
+    its consumer, computed once and cached, say)."""
 
     def __init__(
         self,
@@ -81,11 +83,13 @@ class RelationLowering:
         inputs: Mapping[str, DataFrame],
         kept: list[DataFrame] | None = None,
         capture: Collection[bytes] = (),
+        replace: Mapping[bytes, Callable[[Rel], Rel]] | None = None,
     ) -> None:
         self.spark = spark
         self.inputs = inputs
         self.lets: dict[int, Rel] = {}
         self.capture = capture
+        self.replace = replace or {}
         self.captured: dict[bytes, Rel] = {}
         # Where cached DataFrames go, for the caller to unpersist after its action (None:
         # nothing is cached).
@@ -98,6 +102,9 @@ class RelationLowering:
         if self.capture:
             key = relation.SerializeToString(deterministic=True)
             if key in self.capture:
+                replacement = self.replace.get(key)
+                if replacement is not None:
+                    rel = replacement(rel)
                 self.captured[key] = rel
         return rel
 
