@@ -1,5 +1,6 @@
 """A hydrating task's share of a join's input read straight from the parts
-(``services/compute/spark/part_shares.py``).
+(``services/compute/spark/part_shares.py``), and which Reduce inputs hydration narrows once
+for both its staging and its output (``hydration._narrowed_once``).
 
 Parts are written to a directory as storage writes them (the collection's columns, ``time``,
 ``diff``), with updates at several times, some after ``as_of``, retractions, NULL keys and a
@@ -21,7 +22,13 @@ from hypothesis import strategies as st
 
 from services.compute.dataflow.keys import shard_of
 from services.compute.dataflow.lower import lower
-from services.compute.spark.part_shares import projected_collection, read_share, share_for
+from services.compute.spark.hydration import _narrowed_once
+from services.compute.spark.part_shares import (
+    plan_shares,
+    projected_collection,
+    read_share,
+    share_for,
+)
 from services.compute.spark.parts_source import MissingPart
 from services.compute.spark.requests import PartsShare
 from tidemark.clients.storage import BatchInfo, PartsListing
@@ -157,3 +164,34 @@ def test_only_a_join_on_plain_columns_over_a_projected_collection_is_read_by_the
     # Without a collection's listing, Spark stages it too.
     alone = [share_for(graph, n, p, {"customers": listings["customers"]}) for n, p in inputs]
     assert [s.columns for s in alone if s is not None] == [("id", "region")]
+
+
+def _wanted(graph: Any, listings: dict[str, PartsListing]) -> list[tuple[int, int, Any]]:
+    """The stateful inputs Spark stages (as ``hydration.stage`` chooses them)."""
+    shares = plan_shares(graph, listings)
+    return [
+        (node.id, position, graph.nodes[input_id].relation)
+        for node in graph.stateful_nodes()
+        for position, input_id in enumerate(node.inputs)
+        if shares.get(node.id, (None,) * len(node.inputs))[position] is None
+    ]
+
+
+def test_a_reduce_input_is_narrowed_once_only_where_nothing_else_reads_it() -> None:
+    customers = RelationSchema.of(("id", ColumnType.INT64), ("region", ColumnType.TEXT))
+    joined = pb.join(pb.get("orders", SCHEMA), pb.get("customers", customers), [1], [0])
+    totals = pb.reduce(joined, [4], [pb.aggregate("count")])
+    once = pb.plan(totals, derive_schema(totals))
+    graph = lower(once)
+    wanted = _wanted(graph, {})
+    replace = _narrowed_once(once, graph, wanted, [])
+    # The join's inputs are not Reduce inputs; the join's output is, and occurs once.
+    assert list(replace) == [joined.SerializeToString(deterministic=True)]
+
+    # The same join read by a second Reduce (a union of both): each occurrence must see
+    # whole rows for the other, so neither is replaced.
+    counts = pb.reduce(joined, [4], [pb.aggregate("count")])
+    both = pb.union(totals, counts)
+    twice = pb.plan(both, derive_schema(both))
+    graph = lower(twice)
+    assert _narrowed_once(twice, graph, _wanted(graph, {}), []) == {}
