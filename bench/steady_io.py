@@ -182,7 +182,7 @@ async def run(orders: int, steps: int, warmup: int, small_steps: int) -> dict[st
                 append's wall time is not the step's; the followers' CPU is)."""
                 whole, engine = timers[kind]
                 cpu = _cpu()
-                await appender.append(upper)
+                appender.send()
                 held = await interval_held(upper)
                 windows = {
                     f.collection_id: taken for f in followers if (taken := f.take_parts(upper))
@@ -208,6 +208,7 @@ async def run(orders: int, steps: int, warmup: int, small_steps: int) -> dict[st
                 if timed:
                     whole.cpu.append(_cpu() - cpu)
                     whole.wall.append(time.perf_counter() - held)
+                await appender.confirm(upper)
 
             plan_steps = [(DELTA_UPDATES, DELTA_TIMES, "")] * (2 * (warmup + steps))
             plan_steps += [(1, 1, "-1")] * (2 * small_steps)
@@ -220,11 +221,12 @@ async def run(orders: int, steps: int, warmup: int, small_steps: int) -> dict[st
                 if timed:
                     loads.append(load_average())
                 if number % 2 == 0:
-                    await appender.append(upper)
+                    appender.send()
                     # The followers' part keys of this step are the rows path's to ignore.
                     await interval_held(upper)
                     for follower in followers:
                         follower.take_parts(upper)
+                    await appender.confirm(upper)
                     await rows_step(lower, upper, timed, "rows" + suffix)
                 else:
                     await parts_step(upper, timed, "parts" + suffix)
@@ -266,8 +268,9 @@ async def run(orders: int, steps: int, warmup: int, small_steps: int) -> dict[st
 
 class Appender:
     """The process appending the workload's deltas to the inputs: ``next`` names the next
-    delta's size (the appender draws the same delta from the same seeded workload),
-    ``append`` has it appended and waits until both inputs are at ``upper``."""
+    delta's size (the appender draws the same delta from the same seeded workload), ``send``
+    has it appended, ``confirm`` reads the appender's answer (after the step: reading it
+    costs this process CPU that is not the driver's)."""
 
     def __init__(self, process: asyncio.subprocess.Process) -> None:
         self.process = process
@@ -296,10 +299,14 @@ class Appender:
     def next(self, updates: int, times: int) -> None:
         self.pending = (updates, times)
 
-    async def append(self, upper: int) -> None:
+    def send(self) -> None:
+        """Has the next delta appended (the followers see it arrive)."""
         assert self.pending is not None and self.process.stdin is not None
         self.process.stdin.write(f"{self.pending[0]} {self.pending[1]}\n".encode())
         self.pending = None
+
+    async def confirm(self, upper: int) -> None:
+        """Checks that the appender's last delta ended at ``upper``."""
         if await self._reply() != upper:
             raise SystemExit("the appender's workload went another way")
 
