@@ -10,16 +10,23 @@ ways alternating step by step, so both see the same load:
 - **rows** (before): the driver reads the interval's rows (``SubscribeAt``, decoded to rows
   as ``InputFollower`` does), deals them out (``SparkDataflow.step``), gets the tasks' output
   shares back, consolidates them and appends them (``OutputWriter.write``);
-- **parts** (after): the driver reads the interval's part keys (``SubscribeParts``), deals
-  them out (``SparkDataflow.step_io``: the tasks read the part and write the output's parts),
-  and commits the parts (``OutputWriter.write_parts``). No output row comes back.
+- **parts** (after): as ``RunningDataflow._step_io`` does, ``InputFollower``s of both inputs
+  (``parts=True``) keep a ``SubscribeParts`` stream open and hold the part keys of each
+  interval; the driver takes them, deals them out (``SparkDataflow.step_io``: the tasks read
+  the part and write the output's parts), and commits the parts
+  (``OutputWriter.write_parts``). No output row comes back.
 
-Per step: the wall time and the driver's CPU (``getrusage(RUSAGE_SELF)``: this process, all
-its threads; not the storage process, Spark's JVM or the tasks) from reading the interval to
-the commit, and for the engine call alone (``step`` / ``step_io``, which benchmark (g)
-times). Then as many steps of one changed order each way (the fixed cost of a step). Each
-run records the load average. The output collection must equal the view
-evaluated in-process at the end, or the run stops. Writes ``bench/results/steady_io.json``.
+The inputs' appends come from a process of their own (``--appender``, the same seeded
+workload), so that this process's CPU is the driver's alone. Per step: the wall time and the
+driver's CPU (``getrusage(RUSAGE_SELF)``: this process, all its threads; not the storage
+process, the appender, Spark's JVM or the tasks), for the whole step and for the engine call
+alone (``step`` / ``step_io``, which benchmark (g) times). The rows path's whole step runs
+from reading the interval to the commit. The parts path's runs, in wall time, from the moment
+the followers hold the interval to the commit, and in CPU from before the append (all the
+followers' work on receiving the interval included) to the commit. Then as many steps of one
+changed order each way (the fixed cost of a step). Each run records the load average. The
+output collection must equal the view evaluated in-process at the end, or the run stops.
+Writes ``bench/results/steady_io.json``.
 """
 
 from __future__ import annotations
@@ -50,14 +57,16 @@ from bench.compute_view import (  # noqa: E402
     view_plan,
 )
 from services.compute.dataflow import Dataflow  # noqa: E402
+from services.compute.inputs import InputFollower  # noqa: E402
 from services.compute.output import OutputWriter  # noqa: E402
 from services.compute.spark import ResidentCluster, SparkDataflow, spark_session  # noqa: E402
 from services.compute.spark.parts_source import s3_credentials  # noqa: E402
-from services.compute.spark.spark_dataflow import OutputSink, PartWindow  # noqa: E402
+from services.compute.spark.spark_dataflow import OutputSink  # noqa: E402
 from tests.support.storage import embedded_backends, start_storage  # noqa: E402
 from tidemark.cdc import Progress  # noqa: E402
-from tidemark.clients.storage import StorageClient  # noqa: E402
+from tidemark.clients.storage import Capability, StorageClient  # noqa: E402
 from tidemark.columnar import updates_from_table  # noqa: E402
+from tidemark.frontier import u64_frontier  # noqa: E402
 from tidemark.plan import derive_schema  # noqa: E402
 
 RESULTS = REPO_ROOT / "bench" / "results" / "steady_io.json"
@@ -132,6 +141,21 @@ async def run(orders: int, steps: int, warmup: int, small_steps: int) -> dict[st
             environment = s3_credentials()
             timers = {name: (Timer(), Timer()) for name in ("rows", "parts", "rows-1", "parts-1")}
             loads: list[float] = []
+            appender = await Appender.start(storage.address, orders, pairs)
+            arrived = asyncio.Event()
+            followers = [
+                InputFollower(client, pair.read, 0, arrived.set, snapshot=False, parts=True)
+                for pair in pairs.values()
+            ]
+            for follower in followers:
+                follower.start()
+
+            async def interval_held(upper: int) -> float:
+                """Waits until every follower holds the interval up to ``upper``; when."""
+                while min(f.upper or 0 for f in followers) < upper:
+                    await arrived.wait()
+                    arrived.clear()
+                return time.perf_counter()
 
             async def rows_step(lower: int, upper: int, timed: bool, kind: str = "rows") -> None:
                 whole, engine = timers[kind]
@@ -153,54 +177,62 @@ async def run(orders: int, steps: int, warmup: int, small_steps: int) -> dict[st
 
                 await (whole.timed(work) if timed else work())
 
-            async def parts_step(lower: int, upper: int, timed: bool, kind: str = "parts") -> None:
+            async def parts_step(upper: int, timed: bool, kind: str = "parts") -> None:
+                """Appends the next delta and runs its step as the runner does (the
+                append's wall time is not the step's; the followers' CPU is)."""
                 whole, engine = timers[kind]
+                cpu = _cpu()
+                appender.send()
+                held = await interval_held(upper)
+                windows = {
+                    f.collection_id: taken for f in followers if (taken := f.take_parts(upper))
+                }
 
-                async def work() -> None:
-                    windows = [
-                        PartWindow(part.key, interval.lower, interval.upper or upper, part.bytes)
-                        async for interval in client.subscribe_parts(
-                            pairs["orders"].read, as_of=lower - 1, stop_at=upper
-                        )
-                        for part in interval.parts
-                    ]
+                def step() -> Any:
+                    return dataflow.step_io(
+                        {},
+                        windows,
+                        upper,
+                        blob_url=listing.blob_url,
+                        environment=environment,
+                        sink=sink,
+                        return_rows=False,
+                    )
 
-                    def step() -> Any:
-                        return dataflow.step_io(
-                            {},
-                            {"u101": windows},
-                            upper,
-                            blob_url=listing.blob_url,
-                            environment=environment,
-                            sink=sink,
-                            return_rows=False,
-                        )
+                async def call() -> Any:
+                    return await asyncio.to_thread(step)
 
-                    async def call() -> Any:
-                        return await asyncio.to_thread(step)
-
-                    done = await (engine.timed(call) if timed else call())
-                    times = (done.least or 0, done.greatest or 0)
-                    await writer.write_parts(done.parts, times, upper)
-
-                await (whole.timed(work) if timed else work())
+                done = await (engine.timed(call) if timed else call())
+                times = (done.least or 0, done.greatest or 0)
+                await writer.write_parts(done.parts, times, upper)
+                if timed:
+                    whole.cpu.append(_cpu() - cpu)
+                    whole.wall.append(time.perf_counter() - held)
+                await appender.confirm(upper)
 
             plan_steps = [(DELTA_UPDATES, DELTA_TIMES, "")] * (2 * (warmup + steps))
             plan_steps += [(1, 1, "-1")] * (2 * small_steps)
             for number, (updates, times, suffix) in enumerate(plan_steps):
                 delta, upper = workload.delta(updates, times)
                 lower = upper - times
-                renamed_delta = {"u101": delta}
-                await client.append(pairs["orders"].write, delta, upper, expected_upper=lower)
-                await client.append(pairs["customers"].write, [], upper, expected_upper=lower)
-                apply(local.step(renamed_delta, upper)[0])
+                apply(local.step({"u101": delta}, upper)[0])
+                appender.next(updates, times)
                 timed = number >= 2 * warmup and (suffix or number < 2 * (warmup + steps))
                 if timed:
                     loads.append(load_average())
                 if number % 2 == 0:
+                    appender.send()
+                    # The followers' part keys of this step are the rows path's to ignore.
+                    await interval_held(upper)
+                    for follower in followers:
+                        follower.take_parts(upper)
+                    await appender.confirm(upper)
                     await rows_step(lower, upper, timed, "rows" + suffix)
                 else:
-                    await parts_step(lower, upper, timed, "parts" + suffix)
+                    await parts_step(upper, timed, "parts" + suffix)
+            for follower in followers:
+                await follower.stop()
+            await appender.close()
             final = (await client.snapshot(output.read, upper - 1)).version()
             if final != {row: n for row, n in want.items() if n}:
                 raise SystemExit("the output collection is not the view: the run is worthless")
@@ -234,7 +266,92 @@ async def run(orders: int, steps: int, warmup: int, small_steps: int) -> dict[st
         storage.kill()
 
 
+class Appender:
+    """The process appending the workload's deltas to the inputs: ``next`` names the next
+    delta's size (the appender draws the same delta from the same seeded workload), ``send``
+    has it appended, ``confirm`` reads the appender's answer (after the step: reading it
+    costs this process CPU that is not the driver's)."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+        self.pending: tuple[int, int] | None = None
+
+    @staticmethod
+    async def start(address: str, orders: int, pairs: dict[str, Any]) -> Appender:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            __file__,
+            "--appender",
+            address,
+            "--orders",
+            str(orders),
+            pairs["orders"].write.collection_id,
+            pairs["orders"].write.id,
+            pairs["customers"].write.collection_id,
+            pairs["customers"].write.id,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        appender = Appender(process)
+        await appender._reply()  # its workload is drawn
+        return appender
+
+    def next(self, updates: int, times: int) -> None:
+        self.pending = (updates, times)
+
+    def send(self) -> None:
+        """Has the next delta appended (the followers see it arrive)."""
+        assert self.pending is not None and self.process.stdin is not None
+        self.process.stdin.write(f"{self.pending[0]} {self.pending[1]}\n".encode())
+        self.pending = None
+
+    async def confirm(self, upper: int) -> None:
+        """Checks that the appender's last delta ended at ``upper``."""
+        if await self._reply() != upper:
+            raise SystemExit("the appender's workload went another way")
+
+    async def _reply(self) -> int:
+        assert self.process.stdout is not None
+        while True:
+            line = await self.process.stdout.readline()
+            if not line:
+                raise SystemExit("the appender stopped")
+            if line.startswith(b"upper "):
+                return int(line.split()[1])
+
+    async def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        await self.process.wait()
+
+
+async def append_forever(address: str, orders: int, capabilities: list[str]) -> None:
+    """The appender's side: a delta per line read (``<updates> <times>``), appended to both
+    inputs, answered with ``upper <upper>``."""
+    workload = Workload(orders)
+    client = StorageClient(address, timeout=30.0)
+    orders_write, customers_write = (
+        Capability(cid, cap_id, "write", u64_frontier(1), 0)
+        for cid, cap_id in (capabilities[0:2], capabilities[2:4])
+    )
+    print("upper 0", flush=True)
+    try:
+        for line in sys.stdin:
+            updates, times = (int(word) for word in line.split())
+            delta, upper = workload.delta(updates, times)
+            lower = upper - times
+            await client.append(orders_write, delta, upper, expected_upper=lower)
+            await client.append(customers_write, [], upper, expected_upper=lower)
+            print(f"upper {upper}", flush=True)
+    finally:
+        await client.close()
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--appender"]:
+        address, _, orders, *capabilities = sys.argv[2:]
+        asyncio.run(append_forever(address, int(orders), capabilities))
+        return
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--orders", type=int, default=100_000)
     parser.add_argument("--steps", type=int, default=150)

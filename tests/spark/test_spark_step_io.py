@@ -9,6 +9,9 @@ deals them out, and commits the parts the tasks wrote; it never holds an input r
 - A part gone from the blob store (compacted away past its grace period) fails the step
   before any state changed; the runner reads that step's rows through storage and runs it
   again, and the output stays exact.
+- Without an index, a step's one part read in slices by every task and its output written
+  by the tasks holds each (row, time) once, whether the root keeps rows on one task (a
+  reduce) or not (a projection of one, exchanged by row first).
 """
 
 from __future__ import annotations
@@ -25,13 +28,14 @@ import pytest
 from pyspark.sql import SparkSession
 
 from services.compute.dataflow.dataflow import Batches
+from services.compute.dataflow.keys import shard_of
 from services.compute.engines import SparkEngineDataflow
-from services.compute.output import OutputWriter
+from services.compute.output import OutputWriter, read_back
 from services.compute.running import RunningDataflow, RunSettings
 from services.compute.spark import ResidentCluster, SparkDataflow
 from services.compute.spark.hydration import OutputTarget
 from services.compute.spark.jobs import SparkJobs
-from services.compute.spark.parts_source import MISSING_PART
+from services.compute.spark.parts_source import MISSING_PART, s3_credentials
 from services.compute.spark.spark_dataflow import IoStep, OutputSink, PartWindow
 from services.compute.spec import DataflowInputSpec, DataflowSpec
 from tests.support.reference_eval import canonical, evaluate
@@ -424,6 +428,121 @@ def test_a_part_gone_from_the_blob_store_runs_the_step_from_rows(
             await _check_exact(running, history, client, read)
         finally:
             await running.stop(release=True)
+            await client.close()
+
+    asyncio.run(scenario())
+
+
+def _counts_plan(orders: str, customers: str) -> plan_pb2.Plan:
+    """``SELECT count(*) FROM orders JOIN customers ON customer = id GROUP BY region``: two
+    regions' groups, kept on two tasks, may make the same row."""
+    joined = pb.join(pb.get(orders, ORDERS), pb.get(customers, CUSTOMERS), [1], [0])
+    root = pb.project(pb.reduce(joined, [4], [pb.aggregate("count")]), 1)
+    return pb.plan(root, derive_schema(root))
+
+
+@pytest.mark.parametrize("make_plan", [_totals_plan, _counts_plan], ids=["reduce", "projected"])
+def test_each_step_writes_every_output_row_once_without_an_index(
+    spark: SparkSession,
+    cluster: ResidentCluster,
+    storage: ServiceProcess,
+    make_plan: Callable[[str, str], plan_pb2.Plan],
+) -> None:
+    """Steps of one part each, dealt to every task in slices, written by the tasks without
+    an index: a reduce's output stays on the task that made it, any other root's is
+    exchanged by row first. Either way the step's parts hold each (row, time) once, and the
+    output collection equals an independent evaluation at every time."""
+
+    async def scenario() -> None:
+        client = StorageClient(storage.address, timeout=20.0)
+        base = secrets.randbelow(10**12) * 10
+        orders, customers, view = f"u{base}", f"u{base + 1}", f"u{base + 2}"
+        plan = make_plan(orders, customers)
+        schema = derive_schema(plan.root)
+        rng = random.Random(base)
+        history = _History()
+        live: dict[int, Row] = {}
+        pairs = {
+            cid: await client.create(cid, s)
+            for cid, s in ((orders, ORDERS), (customers, CUSTOMERS))
+        }
+        output = await client.create(view, schema)
+        # Regions whose groups live on every task (by the key hash the exchange uses).
+        names = [f"r{i}" for i in range(100)]
+        regions = [
+            name
+            for shard in range(cluster.shards)
+            for name in [n for n in names if shard_of((n,), cluster.shards) == shard][:3]
+        ]
+        history.updates[customers] = [
+            ((c, regions[c % len(regions)]), 0, 1) for c in range(len(regions))
+        ]
+
+        def alike(t: int) -> list[RowUpdate]:
+            """An order more in every region, and every third time one fewer too: the
+            regions' counts stay equal, so the projected rows of every region change
+            alike, on every task."""
+            batch: list[RowUpdate] = []
+            width = len(regions)
+            for region in range(width):
+                key = t * width + region
+                live[key] = (key, region, Decimal(rng.randrange(999)))
+                batch.append((live[key], t, 1))
+                if t % 3 == 2:
+                    batch.append((live.pop(key - width), t, -1))
+            return batch
+
+        history.updates[orders] = alike(0)
+        for cid, pair in pairs.items():
+            await client.append(pair.write, history.updates[cid], 1, expected_upper=0)
+        writer = OutputWriter(client, output.write, schema, f"view-{base}", 0)
+        dataflow = SparkDataflow(plan, as_of=0, cluster=cluster)
+        try:
+            hydrated, upper = dataflow.hydrate(
+                {cid: [(row, 0, diff) for row, diff in history.at(0)[cid].items()] for cid in pairs}
+            )
+            await writer.write(hydrated, upper)
+            listing = await client.list_parts(pairs[orders].read, 0)
+            sink = OutputSink(view, listing.blob_url, schema)
+            twice = 0
+            for t in range(1, 13):
+                batch = alike(t)
+                history.updates[orders] += batch
+                await client.append(pairs[orders].write, batch, t + 1, expected_upper=t)
+                await client.append(pairs[customers].write, [], t + 1, expected_upper=t)
+                windows = [
+                    PartWindow(part.key, interval.lower, interval.upper or t + 1, part.bytes)
+                    async for interval in client.subscribe_parts(
+                        pairs[orders].read, as_of=t - 1, stop_at=t + 1
+                    )
+                    for part in interval.parts
+                ]
+                assert len(windows) == 1
+                done = await asyncio.to_thread(
+                    dataflow.step_io,
+                    {},
+                    {orders: windows},
+                    t + 1,
+                    blob_url=listing.blob_url,
+                    environment=s3_credentials(),
+                    sink=sink,
+                    return_rows=False,
+                )
+                written = await read_back(listing.blob_url, done.parts)
+                seen = [(row, time_) for row, time_, _ in written]
+                assert len(seen) == len(set(seen)), f"a row written twice at step {t}"
+                await writer.write_parts(
+                    done.parts, (done.least or 0, done.greatest or 0), done.upper
+                )
+                want = canonical(evaluate(plan, history.at(t)))
+                twice += sum(1 for n in want.values() if n > 1)
+                stored = (await client.snapshot(output.read, t)).version()
+                assert canonical(stored) == want, f"output collection at {t}"
+            assert dataflow.io_counters.input_parts == 12
+            if make_plan is _counts_plan:
+                assert twice, "no two groups ever made the same row: nothing was exchanged"
+        finally:
+            dataflow.drop()
             await client.close()
 
     asyncio.run(scenario())

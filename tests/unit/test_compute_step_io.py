@@ -43,20 +43,41 @@ def test_a_step_boundary_cuts_a_parts_window_into_two_sides() -> None:
 
 def test_parts_are_dealt_largest_first_to_the_least_loaded_task() -> None:
     windows = [
-        (7, PartWindow("small", 1, 2, 10)),
-        (7, PartWindow("big", 1, 2, 100)),
+        (7, PartWindow("small", 1, 2, 50)),
+        (7, PartWindow("big", 1, 2, 70)),
         (9, PartWindow("mid", 1, 2, 60)),
         (9, PartWindow("tiny", 2, 3, 1)),
     ]
     dealt = _deal(windows, 2)
-    # big -> 0; mid -> 1 (60); small -> 1 (70); tiny -> 1 (71 < 100).
+    # None over an even share (90.5): big -> 0; mid -> 1 (60); small -> 1 (110); tiny -> 0.
     assert dealt == [
-        {7: [("big", 1, 2)]},
-        {9: [("mid", 1, 2), ("tiny", 2, 3)], 7: [("small", 1, 2)]},
+        {7: [("big", 1, 2, 0, 1)], 9: [("tiny", 2, 3, 0, 1)]},
+        {9: [("mid", 1, 2, 0, 1)], 7: [("small", 1, 2, 0, 1)]},
     ]
     # Equal sizes spread by count.
     same = [(1, PartWindow(f"p{i}", 1, 2, 0)) for i in range(4)]
     assert [len(d.get(1, [])) for d in _deal(same, 2)] == [2, 2]
+
+
+def test_a_part_larger_than_an_even_share_is_sliced_across_every_task() -> None:
+    # One new part per step: every task decodes a slice of it.
+    assert _deal([(3, PartWindow("one", 4, 6, 500))], 3) == [
+        {3: [("one", 4, 6, 0, 3)]},
+        {3: [("one", 4, 6, 1, 3)]},
+        {3: [("one", 4, 6, 2, 3)]},
+    ]
+    # big (120 > 171 / 2) is sliced, 60 to each; mid -> 0 (110); small -> 1 (70).
+    windows = [
+        (7, PartWindow("small", 1, 2, 10)),
+        (7, PartWindow("big", 1, 2, 120)),
+        (9, PartWindow("mid", 1, 2, 50)),
+    ]
+    assert _deal(windows, 2) == [
+        {7: [("big", 1, 2, 0, 2)], 9: [("mid", 1, 2, 0, 1)]},
+        {7: [("big", 1, 2, 1, 2), ("small", 1, 2, 0, 1)]},
+    ]
+    # One task: whole parts.
+    assert _deal([(3, PartWindow("one", 4, 6, 500))], 1) == [{3: [("one", 4, 6, 0, 1)]}]
 
 
 async def test_a_skipped_step_moves_the_feeds_window_past_it() -> None:

@@ -54,8 +54,10 @@ class Step:
 class StepIO:
     """A step's ends in storage, for a task that reads and writes them itself
     (``step_io.py``). ``parts[node_id]``: the parts of that source's collection this task
-    reads, each as ``(key, lower, upper)``: only its updates at times in ``[lower, upper)``
-    count (a part may hold others). ``output_collection``: where the task writes its share
+    reads, each as ``(key, lower, upper, slice, slices)``: only its updates at times in
+    ``[lower, upper)`` count (a part may hold others), and of those only the ``slice``-th of
+    ``slices`` equal runs of rows (a part dealt to several tasks; ``0, 1``: all of them).
+    ``output_collection``: where the task writes its share
     of the output as one Parquet part (``""``: it answers with the updates instead);
     ``output_schema`` is that collection's serialized ``RelationSchema``; ``return_rows``:
     also answer with the updates. Parts live in the blob store at ``blob_url``, opened with
@@ -63,7 +65,7 @@ class StepIO:
 
     blob_url: str
     environment: dict[str, str]
-    parts: dict[int, list[tuple[str, int, int]]]
+    parts: dict[int, list[tuple[str, int, int, int, int]]]
     output_collection: str
     output_schema: bytes
     return_rows: bool

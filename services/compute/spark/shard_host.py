@@ -21,7 +21,9 @@ from services.compute.dataflow.index import Index
 from services.compute.dataflow.keys import shard_of
 from services.compute.dataflow.lower import lower
 from services.compute.dataflow.operators.base import LinearOperator, StatefulOperator
+from services.compute.dataflow.operators.distinct import DistinctOperator
 from services.compute.dataflow.operators.linear import Normalize
+from services.compute.dataflow.operators.reduce import ReduceOperator
 from services.compute.dataflow.spill import StateBudget
 from services.compute.dataflow.worker import ShardWorker
 from services.compute.spark.liveness import Channel, Liveness, heartbeats
@@ -100,6 +102,9 @@ class HostedDataflow:
     graph: Graph
     worker: ShardWorker
     index: Index | None
+    rows_owned: bool = False
+    """Whether a task's output is disjoint by row from the others' as the graph leaves it
+    (``_rows_owned``): it then writes it without exchanging it by row first."""
 
 
 INDEX_EXCHANGE = -2
@@ -230,7 +235,7 @@ class ShardHost:
         if request.index_key_columns is not None:
             index = Index(request.index_key_columns, since=request.index_since)
         self.dataflows[request.dataflow_id] = HostedDataflow(
-            graph, ShardWorker(graph, self.shard, budget=self.budget), index
+            graph, ShardWorker(graph, self.shard, budget=self.budget), index, _rows_owned(graph)
         )
 
     def _step(self, request: Step) -> list[Update] | StepWritten:
@@ -310,6 +315,8 @@ class ShardHost:
             )
             hosted.index.apply(indexed, request.index_upper)
         if request.io is not None and request.io.output_collection:
+            if indexed is None and hosted.rows_owned:
+                indexed = output
             return self._write_output(step, request.io, graph, output, indexed)
         return output
 
@@ -331,8 +338,9 @@ class ShardHost:
         output: list[Update],
         indexed: list[Update] | None,
     ) -> StepWritten:
-        """Writes this task's share of the output as a part: with an index, the updates its
-        index keys own (disjoint by row already); without, those whose row it owns, after
+        """Writes this task's share of the output as a part: ``indexed``, disjoint by row
+        from the other tasks' already (the updates its index keys own, or the output of a
+        root that keeps each row on one task); without it, those whose row it owns, after
         an exchange by the whole row."""
         if indexed is None:
             parts: list[tuple[list[Update], ...]] = [([],) for _ in range(self.shards)]
@@ -419,6 +427,13 @@ class ShardHost:
         if index is None:
             raise FailedPrecondition(f"dataflow {dataflow_id!r} was installed without an index")
         return index
+
+
+def _rows_owned(graph: Graph) -> bool:
+    """Whether every output row is made on one task only: the root is a reduce (its rows
+    start with their group's key, which the exchange before it put on one task) or a
+    distinct (exchanged by the whole row)."""
+    return isinstance(graph.nodes[graph.root].operator, (ReduceOperator, DistinctOperator))
 
 
 def _fault_from(setting: str) -> tuple[str, int] | None:

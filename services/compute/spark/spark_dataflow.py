@@ -262,7 +262,7 @@ class SparkDataflow(Dataflow):
         ``batches`` of rows besides) from the blob store at ``blob_url`` themselves, and,
         with a ``sink``, write the output's parts there (not committed); the output's
         updates come back only with ``return_rows`` or without a sink. The driver deals
-        parts, not rows: each to the task with the fewest bytes so far, largest first."""
+        parts, not rows (``_deal``)."""
         lower = self._upper
         if lower is None:
             raise FailedPrecondition("hydrate the dataflow before stepping it")
@@ -347,13 +347,24 @@ class SparkDataflow(Dataflow):
 
 def _deal(
     windows: Sequence[tuple[int, PartWindow]], shards: int
-) -> list[dict[int, list[tuple[str, int, int]]]]:
+) -> list[dict[int, list[tuple[str, int, int, int, int]]]]:
     """Each part to the shard with the fewest bytes dealt so far (then the fewest parts),
-    largest first: a balanced share of the reading, decoding and linear work."""
-    dealt: list[dict[int, list[tuple[str, int, int]]]] = [{} for _ in range(shards)]
+    largest first: a balanced share of the reading, decoding and linear work. A part larger
+    than a shard's even share of the step (a step's one new part, typically) is dealt to
+    every shard instead, each decoding one slice of its rows: one task alone would decode
+    it and run the linear operators on it while the others waited at the first exchange."""
+    dealt: list[dict[int, list[tuple[str, int, int, int, int]]]] = [{} for _ in range(shards)]
     load = [(0, 0)] * shards
+    even = sum(window.bytes for _, window in windows) / shards
     for node_id, window in sorted(windows, key=lambda item: -item[1].bytes):
+        if shards > 1 and window.bytes > even:
+            for shard in range(shards):
+                dealt[shard].setdefault(node_id, []).append(
+                    (window.key, window.lower, window.upper, shard, shards)
+                )
+                load[shard] = (load[shard][0] + window.bytes // shards, load[shard][1] + 1)
+            continue
         shard = min(range(shards), key=load.__getitem__)
-        dealt[shard].setdefault(node_id, []).append((window.key, window.lower, window.upper))
+        dealt[shard].setdefault(node_id, []).append((window.key, window.lower, window.upper, 0, 1))
         load[shard] = (load[shard][0] + window.bytes, load[shard][1] + 1)
     return dealt

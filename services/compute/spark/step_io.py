@@ -34,17 +34,21 @@ from tidemark.v1 import common_pb2
 
 def read_sources(io: StepIO) -> dict[int, list[Update]]:
     """The updates of the parts dealt to this task, per source node, each part's only at
-    times in its window. A part gone from the blob store raises ``MissingPart`` before any
-    state changed (the driver then runs the step from rows)."""
-    keys = [key for windows in io.parts.values() for key, _, _ in windows]
+    times in its window (and in its slice of them). A part gone from the blob store raises
+    ``MissingPart`` before any state changed (the driver then runs the step from rows)."""
+    keys = [window[0] for windows in io.parts.values() for window in windows]
     if not keys:
         return {}
     tables = _read(io, keys)
     sources: dict[int, list[Update]] = {}
     for node_id, windows in io.parts.items():
         held: list[Update] = []
-        for key, lower, upper in windows:
+        for key, lower, upper, piece, pieces in windows:
             chosen = select_times(tables[key], lower, upper)
+            if pieces > 1:
+                # Every task dealt this part selects the same rows: each takes its run.
+                start = piece * chosen.num_rows // pieces
+                chosen = chosen.slice(start, (piece + 1) * chosen.num_rows // pieces - start)
             if chosen.num_rows:
                 held.extend(updates_from_table(chosen))
         if held:
