@@ -217,7 +217,7 @@ async def run(orders: int, steps: int, warmup: int, small_steps: int) -> dict[st
                 lower = upper - times
                 apply(local.step({"u101": delta}, upper)[0])
                 appender.next(updates, times)
-                timed = number >= 2 * warmup and (suffix or number < 2 * (warmup + steps))
+                timed = number >= 2 * warmup and (bool(suffix) or number < 2 * (warmup + steps))
                 if timed:
                     loads.append(load_average())
                 if number % 2 == 0:
