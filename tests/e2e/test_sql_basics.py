@@ -243,6 +243,38 @@ async def test_order_limit_and_offset_are_applied(a: AdapterClient) -> None:
     assert (await ok(a, "SELECT k FROM ordered ORDER BY k LIMIT 2 OFFSET 1")).rows == [(2,), (3,)]
 
 
+async def test_generate_series_fills_a_table_and_feeds_a_view(
+    a: AdapterClient, b: AdapterClient
+) -> None:
+    await ok(a, "CREATE TABLE filled (g bigint, m bigint)")
+    inserted = await ok(
+        a, "INSERT INTO filled SELECT g, g % 10 FROM generate_series(1, 100000) AS g"
+    )
+    assert inserted.tag == "INSERT 0 100000"
+    assert (await ok(b, "SELECT count(*), sum(g), min(m), max(m) FROM filled")).rows == [
+        (100000, Decimal(5000050000), 0, 9)
+    ]
+    await ok(
+        b,
+        "CREATE MATERIALIZED VIEW filled_mv AS SELECT s.x, count(f.g) AS n "
+        "FROM generate_series(0, 10, 5) AS s(x) LEFT JOIN filled f ON f.m = s.x GROUP BY s.x",
+    )
+    assert sorted((await ok(a, "SELECT * FROM filled_mv")).rows) == [
+        (0, 10000),
+        (5, 10000),
+        (10, 0),
+    ]
+    await ok(a, "INSERT INTO filled VALUES (0, 0), (10, 10)")
+    assert sorted((await ok(b, "SELECT * FROM filled_mv")).rows) == [
+        (0, 10001),
+        (5, 10000),
+        (10, 1),
+    ]
+    assert (await fails(a, "SELECT * FROM generate_series(1, 10, 0)")).code == "22023"
+    assert (await fails(a, "SELECT * FROM generate_series(1, 2000000)")).code == "54000"
+    assert (await fails(a, "SELECT * FROM filled, generate_series(1, g)")).code == "0A000"
+
+
 # -- transactions --------------------------------------------------------------------------
 
 

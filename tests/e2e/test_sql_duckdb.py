@@ -39,6 +39,7 @@ QUERIES = [
     "SELECT k FROM r UNION ALL SELECT k FROM q",
     "SELECT s, count(*) AS n FROM r WHERE k BETWEEN 1 AND 3 GROUP BY s",
     "SELECT CASE WHEN a > 4 THEN 'big' ELSE 'small' END AS size, count(*) AS n FROM r GROUP BY 1",
+    "SELECT r.k, r.a, g.x FROM r JOIN generate_series(0, 4, 2) AS g(x) ON r.k = g.x",
 ]
 
 

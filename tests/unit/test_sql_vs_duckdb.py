@@ -262,6 +262,14 @@ CORPUS = [
     "SELECT k, max(v) - min(v), count(*) * 2 FROM t1 GROUP BY k",
     "SELECT max(s), min(d), count(*) FROM t1 WHERE b",
     "SELECT k, sum(v) AS sv FROM t1 GROUP BY k HAVING sum(v) IS NULL OR avg(v) > 1",
+    "SELECT x FROM generate_series(1, 10, 3) AS g(x)",
+    "SELECT x FROM generate_series(10, -10, -4) AS g(x)",
+    "SELECT x FROM generate_series(5, 1) AS g(x)",
+    "SELECT t1.k, t1.v, g.x FROM t1 JOIN generate_series(0, 2) AS g(x) ON t1.k = g.x",
+    "SELECT g.x, count(t2.w) FROM generate_series(0, 4) AS g(x) LEFT JOIN t2 ON t2.k = g.x "
+    "GROUP BY g.x",
+    "WITH s AS (SELECT x, x % 3 AS r FROM generate_series(1, 20) AS g(x)) "
+    "SELECT r, count(*), sum(x) FROM s GROUP BY r",
 ]
 
 ORDERED_CORPUS = [

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from sqlglot import exp
 
 from services.adapter.sql import relations as r
+from services.adapter.sql import series
 from services.adapter.sql import typed as t
 from services.adapter.sql.errors import (
     SYNTAX_ERROR,
@@ -71,18 +72,28 @@ def _alias(node: exp.Expr) -> tuple[str | None, list[str]]:
 
 
 def from_item(planner: QueryPlanner, node: exp.Expr, outer: Scope | None) -> Frame:
-    """One FROM item (a table, view, CTE, derived table or VALUES) and its names."""
+    """One FROM item (a table, view, CTE, derived table, VALUES or generate_series) and its
+    names."""
     where = position(node)
     alias, renames = _alias(node)
     qualifier: str | None
     if isinstance(node, exp.Table):
-        if not isinstance(node.this, exp.Identifier):
-            raise not_supported("table functions in FROM", where)
         for unsupported in ("laterals", "joins", "pivots", "sample", "version", "when"):
             if node.args.get(unsupported):
                 raise not_supported(f"{unsupported.upper()} in FROM", where)
-        rel, names = planner.table(table_name(node), where)
-        qualifier = alias or table_name(node)[-1]
+        if node.args.get("ordinality"):
+            raise not_supported("WITH ORDINALITY", where)
+        if isinstance(node.this, exp.ExplodingGenerateSeries):
+            rel = series.generate_series(planner, node.this)
+            # As PostgreSQL names a function returning one column: the function's name, or
+            # the table alias when there is one (AS g(x) renames the column below).
+            qualifier = alias or series.NAME
+            names = [qualifier]
+        elif not isinstance(node.this, exp.Identifier):
+            raise not_supported("table functions in FROM other than generate_series", where)
+        else:
+            rel, names = planner.table(table_name(node), where)
+            qualifier = alias or table_name(node)[-1]
     elif isinstance(node, exp.Subquery):
         planned = planner.plan_subquery(node.this, outer)
         rel, names = planned.rel, planned.names[: planned.visible]
