@@ -54,7 +54,7 @@ from tidemark import timelines  # noqa: E402
 from tidemark.clients.adapter import AdapterClient  # noqa: E402
 from tidemark.clients.catalog import CatalogClient  # noqa: E402
 from tidemark.clients.oracle import OracleClient  # noqa: E402
-from tidemark.clients.storage import StorageClient  # noqa: E402
+from tidemark.clients.storage import Capability, StorageClient  # noqa: E402
 from tidemark.columnar import RelationSchema, frontier_bound  # noqa: E402
 from tidemark.columnar.schema import DIFF_COLUMN, DIFF_TYPE, TIME_COLUMN, TIME_TYPE  # noqa: E402
 from tidemark.errors import FailedPrecondition  # noqa: E402
@@ -76,30 +76,43 @@ async def load(
     data = rows.rename_columns([c.name for c in schema.columns])
     pair = await storage.acquire(collection_id, holder="tpch-spark-loader")
     try:
-        for _ in range(200):
-            w = await oracle.write_ts(timelines.DATA)
-            upper = frontier_bound((await storage.describe(collection_id)).upper)
-            if upper is None or upper > w:
-                continue
-            updates = data.append_column(
-                pa.field(TIME_COLUMN, TIME_TYPE, nullable=False),
-                pa.repeat(pa.scalar(w, TIME_TYPE), data.num_rows),
-            ).append_column(
-                pa.field(DIFF_COLUMN, DIFF_TYPE, nullable=False),
-                pa.repeat(pa.scalar(1, DIFF_TYPE), data.num_rows),
-            )
-            try:
-                await storage.append_table(
-                    pair.write, updates.cast(schema.update_schema()), w + 1, expected_upper=upper
-                )
-            except FailedPrecondition:
-                continue  # the table ticker moved the upper: try again
-            await oracle.apply_write(timelines.DATA, w)
-            return
-        raise RuntimeError(f"could not load {collection_id}: lost every race")
+        # lineitem's append can outlast a lease: the capabilities are renewed meanwhile.
+        async with storage.keep_alive([pair.read, pair.write], every=5.0):
+            await _append(storage, oracle, pair.write, collection_id, schema, data)
     finally:
         await storage.drop(pair.read)
         await storage.drop(pair.write)
+
+
+async def _append(
+    storage: StorageClient,
+    oracle: OracleClient,
+    write: Capability,
+    collection_id: str,
+    schema: RelationSchema,
+    data: pa.Table,
+) -> None:
+    for _ in range(200):
+        w = await oracle.write_ts(timelines.DATA)
+        upper = frontier_bound((await storage.describe(collection_id)).upper)
+        if upper is None or upper > w:
+            continue
+        updates = data.append_column(
+            pa.field(TIME_COLUMN, TIME_TYPE, nullable=False),
+            pa.repeat(pa.scalar(w, TIME_TYPE), data.num_rows),
+        ).append_column(
+            pa.field(DIFF_COLUMN, DIFF_TYPE, nullable=False),
+            pa.repeat(pa.scalar(1, DIFF_TYPE), data.num_rows),
+        )
+        try:
+            await storage.append_table(
+                write, updates.cast(schema.update_schema()), w + 1, expected_upper=upper
+            )
+        except FailedPrecondition:
+            continue  # the table ticker moved the upper: try again
+        await oracle.apply_write(timelines.DATA, w)
+        return
+    raise RuntimeError(f"could not load {collection_id}: lost every race")
 
 
 async def _tidemark_runs(
@@ -209,6 +222,9 @@ def main() -> None:
         help="compute's threshold: one-shots over fewer input updates run in-process (-1: all)",
     )
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--compute-log", type=Path, default=None, help="write compute's log lines here"
+    )
     args = parser.parse_args()
     duck = tpch_duckdb(args.scale_factor)
     texts = queries(duck)
@@ -237,7 +253,12 @@ def main() -> None:
                 spark_master=args.spark_master,
                 compute_extra={"default": compute},
             ) as stack:
-                tidemark = asyncio.run(measure_tidemark(args, stack, duck, texts, spark_sql))
+                try:
+                    tidemark = asyncio.run(measure_tidemark(args, stack, duck, texts, spark_sql))
+                finally:
+                    if args.compute_log is not None:
+                        lines = stack.compute.computes["default"].stderr_lines
+                        args.compute_log.write_text("\n".join(lines) + "\n")
         finally:
             stop_spark_session()
     report: dict[str, Any] = {

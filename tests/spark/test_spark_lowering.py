@@ -93,6 +93,25 @@ def test_outer_join_sees_consolidated_inputs(spark: SparkSession) -> None:
     )
 
 
+def test_one_row_left_join_of_a_global_aggregate_pads_or_matches(spark: SparkSession) -> None:
+    # A global aggregate's one row even over no input, as the adapter plans it: a one-row
+    # constant left-joined to the Reduce on nothing.
+    one = RelationSchema([Column("u", T.BOOL, False)])
+    schemas = {"n": NUM}
+    total = pb.reduce(
+        pb.filter(pb.get("n", NUM), pb.call("gt", 1, pb.literal(0, T.INT64))),
+        (),
+        [pb.aggregate("sum", 1), pb.aggregate("count")],
+    )
+    root = pb.join(pb.constant(one, [(True,)]), total, [], [], "left_outer")
+    rows = {(1, 5): 2, (2, -1): 1, (3, 7): 1}
+    check(spark, root, schemas, {"n": rows}, {(True, Decimal(17), 3): 1})
+    check(spark, root, schemas, {"n": {(2, -1): 1}}, {(True, None, None): 1})
+    twice = pb.join(pb.constant(one, [((True,), 2)]), total, [], [], "left_outer")
+    check(spark, twice, schemas, {"n": {}}, {(True, None, None): 2})
+    check(spark, twice, schemas, {"n": rows}, {(True, Decimal(17), 3): 2})
+
+
 def test_numeric_join_keys_are_promoted(spark: SparkSession) -> None:
     schemas = {"n": NUM, "d": DEC}
     inputs = {"n": {(2, 1): 1, (3, 1): 1}, "d": {(0, Decimal("2.00")): 1, (0, Decimal("3.5")): 1}}

@@ -121,7 +121,17 @@ class SparkQueries:
         }
         kept: list[DataFrame] = []
         try:
-            answer = lower(plan, frames, self.spark, kept=kept).toArrow()
+            built = time.monotonic()
+            frame = lower(plan, frames, self.spark, kept=kept)
+            collected = time.monotonic()
+            answer = frame.toArrow()
+            # Where a query's time goes on the driver: building (analysing) the DataFrame,
+            # and Spark's planning plus the job.
+            log.debug(
+                "spark_one_shot_phases",
+                build_seconds=round(collected - built, 3),
+                collect_seconds=round(time.monotonic() - collected, 3),
+            )
         finally:
             release(kept)
         names = [c.name for c in schema.columns]

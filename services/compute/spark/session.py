@@ -48,6 +48,11 @@ _SETTINGS: dict[str, str] = {
     # preferred host ("localhost") matches no executor, and waiting for one cost each stage
     # seconds of a one-shot query's latency.
     "spark.locality.wait": "0",
+    # PySpark otherwise records the Python call site of every DataFrame and Column call in
+    # the JVM (about five py4j round trips each, hundreds per lowered plan: a fifth of a
+    # one-shot query's time on the driver), only to quote it in an error's query context,
+    # which no error here reports.
+    "spark.python.sql.dataFrameDebugging.enabled": "false",
 }
 
 _lock = threading.Lock()

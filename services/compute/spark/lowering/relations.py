@@ -230,6 +230,9 @@ class RelationLowering:
 
     def _join(self, node: plan_pb2.Join) -> Rel:
         left, right = self.lower(node.left), self.lower(node.right)
+        padded = self._one_row_padded(node, left, right)
+        if padded is not None:
+            return padded
         keep_left = node.kind in (_Join.KIND_LEFT_OUTER, _Join.KIND_FULL_OUTER)
         keep_right = node.kind in (_Join.KIND_RIGHT_OUTER, _Join.KIND_FULL_OUTER)
         # A preserved row is padded when no row of non-zero total multiplicity on the other
@@ -294,6 +297,34 @@ class RelationLowering:
         # each side into the same row). Diffs are products of non-zero diffs.
         key = (*left_key, *(left.width + k for k in right_key))
         return Rel(df, left_types + right_types, True, key)
+
+    def _one_row_padded(self, node: plan_pb2.Join, left: Rel, right: Rel) -> Rel | None:
+        """A one-row constant LEFT JOIN a relation of at most one row (a global aggregate's
+        output, ``unique`` on no columns) ON nothing: the row with the other's columns, or
+        NULLs when it has none. Spark would run it as a broadcast nested loop join, a second
+        job collecting the aggregate to the driver; a global aggregate over the other side
+        (already in one partition: no shuffle) always yields the one row instead. None when
+        the join is not of that shape."""
+        if node.kind != _Join.KIND_LEFT_OUTER or node.left_keys or node.right_keys:
+            return None
+        if node.left.WhichOneof("kind") != "constant" or right.key() != ():
+            return None
+        rows = node.left.constant.rows
+        if len(rows) != 1 or (rows[0].diff or 1) == 0:
+            return None
+        values = [from_datum(d) for d in rows[0].values]
+        constant_diff = rows[0].diff or 1
+        matched = right.df.groupBy().agg(
+            *(F.first(F.col(name(i))).alias(f"r{i}") for i in range(right.width)),
+            F.first(F.col(DIFF)).alias("rd"),
+        )
+        columns = [literal(v, t) for v, t in zip(values, left.types, strict=True)]
+        columns += [F.col(f"r{i}") for i in range(right.width)]
+        diff = checked(
+            F.try_multiply(F.lit(constant_diff).cast("long"), F.coalesce(F.col("rd"), F.lit(1)))
+        )
+        types = [*left.types, *(t.with_nullable(True) for t in right.types)]
+        return Rel(_layout(matched, columns, diff), types, True, ())
 
     # -- reduce ----------------------------------------------------------------------------
 
