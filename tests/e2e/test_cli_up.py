@@ -47,11 +47,22 @@ README_SELECT = "SELECT * FROM spend ORDER BY customer;"
 README_SUBSCRIBE = "SUBSCRIBE spend;"
 
 
+def _first_ephemeral_port() -> int:
+    """The lowest port the kernel gives outgoing connections (Linux's default otherwise)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
 def free_port_range(width: int) -> int:
     """A base port such that ``base - 1 .. base + width - 1`` are all free right now (base - 1
-    is the adapter's PostgreSQL wire protocol port), and the metrics ports 100 above them too."""
+    is the adapter's PostgreSQL wire protocol port), and the metrics ports 100 above them too.
+    Chosen below the ephemeral range: a restarted ``up`` binds the same ports again, and a
+    port there could meanwhile be the local end of any process's outgoing connection."""
+    highest = max(10_200, _first_ephemeral_port() - 200)
     for _ in range(200):
-        base = random.randint(20_000, 60_000)
+        base = random.randint(10_000, highest)
         try:
             for port in [*range(base - 1, base + width), *range(base + 100, base + 100 + width)]:
                 with socket.socket() as sock:
