@@ -104,7 +104,8 @@ class CatalogHistory:
                     f"catalog time {time} is not complete yet (the catalog's upper is {self.upper})"
                 )
             try:
-                await asyncio.wait_for(advanced.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await advanced.wait()
             except TimeoutError:
                 continue
 

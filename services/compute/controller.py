@@ -219,7 +219,8 @@ class CatalogController:
                 next_retry = min(f.retry_at for f in self._failures.values())
                 timeout = max(0.0, next_retry - loop.time())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._contents_changed.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._contents_changed.wait()
             self._contents_changed.clear()
             frontier, items = self._contents.frontier, self._contents.items()
             if frontier == 0:

@@ -213,8 +213,11 @@ class DataflowManager:
         ``check_interval_s``, engines that died under dataflows with nothing to do."""
         loop = asyncio.get_running_loop()
         while True:
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancellation
+            # that arrives as the event is set, and this loop would then never stop.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._failed.wait(), check_interval_s)
+                async with asyncio.timeout(check_interval_s):
+                    await self._failed.wait()
             self._failed.clear()
             for dataflow_id, running in list(self._dataflows.items()):
                 running.check_engine()

@@ -529,7 +529,8 @@ class RunningDataflow:
                 )
             moved = self._moved
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(moved.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await moved.wait()
 
     async def peek(self, timestamp: int, deadline: float) -> dict[Row, int]:
         """The output at ``timestamp`` from the index, once complete there."""
@@ -553,7 +554,8 @@ class RunningDataflow:
         if self.state == FAILED:
             return StateSize()
         try:
-            return await asyncio.wait_for(self.engine.state_size(), 5.0)
+            async with asyncio.timeout(5.0):
+                return await self.engine.state_size()
         except (TidemarkError, TimeoutError):
             return StateSize()
 

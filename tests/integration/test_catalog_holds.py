@@ -100,6 +100,21 @@ class Processes:
         self.adapter.kill()
         self.stack.stop()
 
+    def log_tails(self, lines: int = 25) -> str:
+        """The last log lines of every process, for a failure's message: a check that never
+        passes says nothing about which process stopped making progress."""
+        running = {
+            "storage": self.stack.storage,
+            "catalog": self.stack.catalog,
+            "compute": self.stack.compute(),
+            "adapter": self.adapter,
+        }
+        return "\n".join(
+            f"--- {name} ---\n" + "\n".join(process.stderr_lines[-lines:])
+            for name, process in running.items()
+            if process is not None
+        )
+
 
 @pytest.fixture(scope="module")
 def processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Processes]:
@@ -127,27 +142,35 @@ class Writer:
         self.acknowledged: list[int] = []
         self.attempted: set[int] = set()
         self._next = 1
+        self._stopping = False
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
+        self._stopping = False
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
+        """Stops the loop. The flag, not only the cancellation, ends it: Python 3.11's
+        ``asyncio.wait_for`` can swallow a cancellation that arrives as its call completes,
+        and the writer then went on inserting while the checks waited for it forever."""
         assert self._task is not None
+        self._stopping = True
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             row_id = self._next
             self._next += 1
             self.attempted.add(row_id)
             try:
-                async with AdapterClient(self.processes.adapter.address) as client:
-                    result = await asyncio.wait_for(
-                        client.execute(f"INSERT INTO acct VALUES ({row_id}, {row_id % 5}, 1)"),
-                        30,
+                async with (
+                    AdapterClient(self.processes.adapter.address) as client,
+                    asyncio.timeout(30),
+                ):
+                    result = await client.execute(
+                        f"INSERT INTO acct VALUES ({row_id}, {row_id % 5}, 1)"
                     )
                 if result.error is None:
                     self.acknowledged.append(row_id)
@@ -182,7 +205,10 @@ async def check_readable(processes: Processes, writer: Writer, view: str = "acct
             expected[k][1] += 1
         assert {row[0]: [row[1], row[2]] for row in summed.rows} == expected
 
-    await eventually(check, PATIENCE_S)
+    try:
+        await eventually(check, PATIENCE_S)
+    except AssertionError as failure:
+        raise AssertionError(f"{failure}\n{processes.log_tails()}") from failure
 
 
 async def describe(processes: Processes, collection_id: str) -> CollectionInfo:
@@ -243,6 +269,9 @@ async def lose_history(processes: Processes, view_id: str) -> None:
     processes.restart("adapter")
 
 
+# Four outages of LEASE_S + 3 s each, and each check may wait PATIENCE_S: past the default
+# timeout, pytest would stop the test before a failing check could say why.
+@pytest.mark.timeout(1200)
 async def test_objects_stay_readable_through_kills_longer_than_the_lease(
     processes: Processes, writer: Writer
 ) -> None:
@@ -265,7 +294,9 @@ async def test_objects_stay_readable_through_kills_longer_than_the_lease(
         before = len(writer.acknowledged)
         deadline = time.monotonic() + PATIENCE_S
         while len(writer.acknowledged) < before + 5:  # writes go through again
-            assert time.monotonic() < deadline, f"no insert acknowledged after {down}"
+            assert time.monotonic() < deadline, (
+                f"no insert acknowledged after {down}\n{processes.log_tails()}"
+            )
             await asyncio.sleep(0.5)
         await writer.stop()
         await check_readable(processes, writer)

@@ -139,7 +139,8 @@ class Cursor:
                 if timeout_ms is None:
                     first = await self.queue.get()
                 else:
-                    first = await asyncio.wait_for(self.queue.get(), timeout_ms / 1000)
+                    async with asyncio.timeout(timeout_ms / 1000):
+                        first = await self.queue.get()
             except TimeoutError:
                 return out
             self.queue.put_nowait(first) if isinstance(first, SqlError) else out.append(first)
