@@ -150,8 +150,11 @@ class SpillingMap(Generic[V]):
         for bucket in dict.fromkeys(self._directory):
             entries = bucket.entries
             if entries is None:
+                location = self._cold.get(bucket)
+                if location is None:
+                    continue  # spilled empty: never written
                 assert self._budget is not None
-                entries = self._budget.file.read(self._cold[bucket])
+                entries = self._budget.file.read(location)
             assert entries is not None
             yield from entries.items()
 
