@@ -45,7 +45,7 @@ def test_a_map_over_its_budget_holds_what_a_dict_holds(
 ) -> None:
     """Values are lists whose size is their length: entries grow and shrink in place."""
     budget = StateBudget(budget_entries * ENTRY)
-    spilling: SpillingMap[list[int]] = SpillingMap(_size)
+    spilling: SpillingMap[list[int]] = SpillingMap(_size, bucket_bytes=3 * ENTRY)
     spilling.attach(budget)
     model: dict[Any, list[int]] = {}
     try:

@@ -6,10 +6,10 @@ key holds many rows. A group of a GROUP BY, or a row of a DISTINCT, is about as 
 key: keeping the keys in memory would keep most of the state there. So this map spills keys
 with their entries, a bucket at a time, and keeps in memory only a directory from key hashes
 to buckets: extendible hashing, where a bucket holds the keys whose hashes end in the same
-``depth`` bits, and one past ``MAX_BUCKET_KEYS`` keys splits in two on the next bit (the
-directory doubles when the bucket's depth reaches its own). A bucket is thus a few keys, so a
-step touching a spilled key reads a few keys' state back, and the directory costs a few bytes
-per key.
+``depth`` bits, and one whose entries grow past ``BUCKET_BYTES`` splits in two on the next bit
+(the directory doubles when the bucket's depth reaches its own). A bucket is thus a few KiB
+of state (a handful of MIN/MAX groups, or a few dozen DISTINCT rows), so a step touching a
+spilled key reads that much back, and the directory costs a few bytes per key.
 
 Buckets go to disk in the order they came into memory, skipping once those touched since the
 budget last looked (the clock algorithm: a flag set on each touch, cleared when the budget
@@ -33,9 +33,10 @@ from services.compute.dataflow.spill import Location, StateBudget
 
 V = TypeVar("V")
 
-MAX_BUCKET_KEYS = 8
-"""A bucket holding more keys than this splits. Few keys per bucket keep a read of one
-spilled key small; the directory costs one pointer per bucket and a bucket object."""
+BUCKET_BYTES = 4096
+"""A bucket whose entries are estimated past this splits (unless it holds one key). Small
+buckets keep a read of one spilled key small, but each costs a bucket object and its
+directory slots: at this size they are a few per cent of what they hold."""
 
 MAX_DEPTH = 48
 """Hash bits a bucket may split on: past them its keys' hashes are equal, and the bucket just
@@ -61,6 +62,7 @@ class Bucket(Generic[V]):
 class SpillingMap(Generic[V]):
     __slots__ = (
         "__weakref__",
+        "_bucket_bytes",
         "_budget",
         "_cold",
         "_cold_bytes",
@@ -70,11 +72,13 @@ class SpillingMap(Generic[V]):
         "_hot_bytes",
         "_len",
         "_mask",
-        "_max_keys",
         "_member_id",
+        "_split_past",
     )
 
-    def __init__(self, entry_bytes: Callable[[Any, V], int]) -> None:
+    def __init__(
+        self, entry_bytes: Callable[[Any, V], int], *, bucket_bytes: int = BUCKET_BYTES
+    ) -> None:
         self._entry_bytes = entry_bytes
         """The estimated size of an entry (used when a bucket splits)."""
         first: Bucket[V] = Bucket(0, {})
@@ -87,8 +91,9 @@ class SpillingMap(Generic[V]):
         self._hot_bytes = 0
         self._cold_bytes = 0
         self._len = 0
-        self._max_keys = 0
-        """0: buckets never split (no budget)."""
+        self._split_past = bucket_bytes
+        self._bucket_bytes = 0
+        """Past this a bucket splits (0: never, without a budget)."""
         self._budget: StateBudget | None = None
         self._member_id = 0
 
@@ -116,8 +121,6 @@ class SpillingMap(Generic[V]):
         entries[key] = value
         self._len += 1
         self.resize(bucket, size)
-        if self._max_keys and len(entries) > self._max_keys:
-            self._split(bucket)
 
     def discard(self, bucket: Bucket[V], key: Any, size: int) -> None:
         """Removes ``key`` (present, of estimated ``size`` bytes) from ``bucket``."""
@@ -134,6 +137,8 @@ class SpillingMap(Generic[V]):
         budget = self._budget
         if budget is not None:
             budget.held_bytes += change
+            if bucket.bytes > self._bucket_bytes and change > 0:
+                self._split(bucket)
 
     def settle(self) -> None:
         """The owner is done with the entries it touched: the budget may spill now."""
@@ -174,10 +179,9 @@ class SpillingMap(Generic[V]):
         that they can spill a few keys at a time."""
         if self._budget is not None:
             return
-        self._max_keys = MAX_BUCKET_KEYS
+        self._bucket_bytes = self._split_past
         for bucket in list(self._hot):
-            entries = bucket.entries
-            if entries is not None and len(entries) > MAX_BUCKET_KEYS:
+            if bucket.bytes > self._bucket_bytes:
                 self._split(bucket)
         self._budget = budget
         self._member_id = budget.attach(self)
@@ -247,7 +251,7 @@ class SpillingMap(Generic[V]):
         """Splits ``bucket`` (in memory) on its next hash bit until each half fits."""
         entries = bucket.entries
         assert entries is not None
-        while len(entries) > self._max_keys and bucket.depth < MAX_DEPTH:
+        while bucket.bytes > self._bucket_bytes and len(entries) > 1 and bucket.depth < MAX_DEPTH:
             depth = bucket.depth
             if (1 << depth) > self._mask:
                 self._directory = self._directory + self._directory
@@ -270,6 +274,6 @@ class SpillingMap(Generic[V]):
             low = hash(some_key) & (bit - 1)
             for slot in range(low | bit, len(directory), bit << 1):
                 directory[slot] = sibling
-            if len(moved) > len(entries):
+            if sibling.bytes > bucket.bytes:
                 # Go on splitting the fuller half.
                 bucket, entries = sibling, moved
