@@ -160,7 +160,7 @@ def test_spilled_groups_keep_nan_as_the_engine_nan() -> None:
 def test_grouped_state_past_the_disk_limit_is_refused_clearly() -> None:
     events = Events(2_000, 1_500, seed=3)
     for plan in (group_view(), distinct_view()):
-        budget = StateBudget(2_000, disk_limit_bytes=20_000)
+        budget = StateBudget(2_000, disk_limit_bytes=5_000)
         try:
             dataflow = Dataflow(plan, as_of=0, budget=budget)
             with pytest.raises(ResourceExhausted, match=r"does not fit.*memory budget.*disk"):
