@@ -1,6 +1,7 @@
-"""A GROUP BY view and a DISTINCT view whose state is mostly Reduce or Distinct state (many
-groups, many distinct rows), a random history of inserts, retractions and moves over their
-input, and the check that a maintained view equals the reference evaluator at every time."""
+"""A GROUP BY view, a DISTINCT view and a top-k view whose state is mostly Reduce, Distinct or
+TopK state (many groups, many distinct rows), a random history of inserts, retractions and
+moves over their input, and the check that a maintained view equals the reference evaluator
+at every time."""
 
 from __future__ import annotations
 
@@ -43,6 +44,15 @@ def group_view() -> plan_pb2.Plan:
 def distinct_view() -> plan_pb2.Plan:
     """The distinct (group, amount) pairs."""
     root = pb.distinct(pb.project(pb.get("events", EVENTS), 1, 2))
+    return pb.plan(root, derive_schema(root))
+
+
+def top_view() -> plan_pb2.Plan:
+    """Per group, the two events of highest score (NaN highest), then lowest id, past the
+    first one."""
+    root = pb.top_k(
+        pb.get("events", EVENTS), [1], [pb.sort_key(3, descending=True), 0], limit=2, offset=1
+    )
     return pb.plan(root, derive_schema(root))
 
 
