@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.compute.dataflow import Dataflow, Index, spill
+from services.compute.dataflow import Dataflow, Index, spill, spilling_map
 from services.compute.dataflow.operators.distinct import DistinctState
 from services.compute.dataflow.operators.reduce import ReduceState
 from services.compute.dataflow.operators.topk import TopKState
@@ -104,10 +104,12 @@ def _run(
 def test_a_view_of_three_times_the_budget_stays_exact_at_every_time(
     plan: Any, state_type: type, compacting: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With ``compacting``, the spill file is compacted whenever half of it is garbage: the
-    buckets' locations move and every one stays readable."""
+    """With ``compacting``, the spill file is compacted whenever half of it is garbage (the
+    buckets' locations move and every one stays readable), and batches of 16 keys or more are
+    visited bucket after bucket."""
     if compacting:
         monkeypatch.setattr(spill, "COMPACT_MIN_BYTES", 1)
+        monkeypatch.setattr(spilling_map, "BULK_KEYS", 16)
     in_memory, _, _ = _run(plan, Events(900, 400, seed=11), None, 0)
     state_bytes = in_memory.state_size().bytes
     (state,) = in_memory.workers[0].states.values()

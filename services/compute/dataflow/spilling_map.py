@@ -25,13 +25,14 @@ it just changed included).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from itertools import islice
 from typing import Any, Generic, TypeVar
 
 from services.compute.dataflow.spill import Location, StateBudget
 
 V = TypeVar("V")
+K = TypeVar("K")
 
 BUCKET_BYTES = 4096
 """A bucket whose entries are estimated past this splits (unless it holds one key). Small
@@ -44,6 +45,22 @@ grows."""
 
 _SPILL_BATCH = 256
 """Buckets examined per round when choosing what to spill."""
+
+BULK_KEYS = 4096
+"""A batch touching at least this many keys visits them bucket after bucket."""
+
+_REVERSED_16 = [int(f"{n:016b}"[::-1], 2) for n in range(1 << 16)]
+
+
+def _bucket_order(key: Any) -> int:
+    """The low ``MAX_DEPTH`` bits of the key's hash, reversed: sorted by this, the keys of any
+    one bucket are consecutive, at every depth."""
+    hashed = hash(key)
+    return (
+        _REVERSED_16[hashed & 0xFFFF] << 32
+        | _REVERSED_16[(hashed >> 16) & 0xFFFF] << 16
+        | _REVERSED_16[(hashed >> 32) & 0xFFFF]
+    )
 
 
 class Bucket(Generic[V]):
@@ -148,6 +165,16 @@ class SpillingMap(Generic[V]):
 
     def __len__(self) -> int:
         return self._len
+
+    def in_bucket_order(self, keys: Collection[K]) -> Iterable[K]:
+        """``keys`` (of one batch, each to be touched once) in the order to touch them: for
+        many keys (a hydration), bucket after bucket, so that a bucket spilled once the batch
+        has moved past it is not read back by the batch (a new key in a spilled bucket needs
+        the bucket read, to know the key is new). A step's few keys, or keys without a budget,
+        are touched as they are."""
+        if self._budget is None or len(keys) < BULK_KEYS:
+            return keys
+        return sorted(keys, key=_bucket_order)
 
     def items(self) -> Iterator[tuple[Any, V]]:
         """Every entry, spilled ones included (for tests and diagnostics; spilled ones are

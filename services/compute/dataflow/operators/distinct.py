@@ -63,7 +63,9 @@ class DistinctState(OperatorState):
         out: list[Update] = []
         for time, changes in by_time(updates):
             self.work.key_lookups += len(changes)
-            for row, diff in changes.items():
+            rows = counts.in_bucket_order(changes)
+            for row in rows:
+                diff = changes[row]
                 if not diff:
                     continue
                 bucket = counts.bucket(row)

@@ -12,7 +12,7 @@ when a step touches them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from services.compute.dataflow.batch import Key, KeyFunction, Row, Update
@@ -98,6 +98,9 @@ class ReduceState(GroupedState):
 
     def spilled_bytes(self) -> int:
         return self.groups.spilled_bytes
+
+    def _visit_order(self, keys: dict[Key, list[tuple[Row, int]]]) -> Iterable[Key]:
+        return self.groups.in_bucket_order(keys)
 
     def _update_group(
         self, key: Key, changes: list[tuple[Row, int]], time: int, out: list[Update]

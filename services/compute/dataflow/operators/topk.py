@@ -15,6 +15,8 @@ longest go to disk, their ordered rows with them, and come back when a step touc
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from services.compute.dataflow.batch import Key, KeyFunction, Row, Update
 from services.compute.dataflow.guard import rows_bytes
 from services.compute.dataflow.operators.base import GroupedState, StatefulOperator
@@ -78,6 +80,9 @@ class TopKState(GroupedState):
 
     def spilled_bytes(self) -> int:
         return self.groups.spilled_bytes
+
+    def _visit_order(self, keys: dict[Key, list[tuple[Row, int]]]) -> Iterable[Key]:
+        return self.groups.in_bucket_order(keys)
 
     def _update_group(
         self, key: Key, changes: list[tuple[Row, int]], time: int, out: list[Update]
