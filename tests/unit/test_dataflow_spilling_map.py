@@ -207,3 +207,23 @@ def test_a_global_aggregate_and_a_distinct_share_one_budget() -> None:
         assert_exact_at_every_time(plan, events.history, index, upper)
     finally:
         budget.close()
+
+
+def test_a_map_filled_before_its_budget_splits_and_spills_when_attached() -> None:
+    spilling: SpillingMap[list[int]] = SpillingMap(_size, bucket_bytes=4 * ENTRY)
+    model = {(number,): [number] for number in range(500)}
+    bucket = spilling.bucket((0,))
+    for key, value in model.items():
+        spilling.add(bucket, key, value, ENTRY)  # one bucket: no budget, no splits
+    budget = StateBudget(50 * ENTRY)
+    try:
+        spilling.attach(budget)
+        assert budget.held_bytes == 500 * ENTRY
+        spilling.settle()
+        assert budget.held_bytes <= budget.budget_bytes
+        assert spilling.spilled_bytes == 500 * ENTRY - budget.held_bytes
+        assert dict(spilling.items()) == model
+        assert all(spilling.get(key) == value for key, value in model.items())
+    finally:
+        spilling.release()
+        budget.close()

@@ -275,15 +275,22 @@ class SpillingMap(Generic[V]):
         budget.held_bytes += bucket.bytes
 
     def _split(self, bucket: Bucket[V]) -> None:
-        """Splits ``bucket`` (in memory) on its next hash bit until each half fits."""
-        entries = bucket.entries
-        assert entries is not None
-        while bucket.bytes > self._bucket_bytes and len(entries) > 1 and bucket.depth < MAX_DEPTH:
+        """Splits ``bucket`` (in memory) on its next hash bits until every part fits (or
+        holds one key, or its keys' hashes are equal as far as they split)."""
+        pending = [bucket]
+        while pending:
+            bucket = pending.pop()
+            entries = bucket.entries
+            assert entries is not None
+            if bucket.bytes <= self._bucket_bytes or len(entries) < 2 or bucket.depth >= MAX_DEPTH:
+                continue
             depth = bucket.depth
             if (1 << depth) > self._mask:
                 self._directory = self._directory + self._directory
                 self._mask = len(self._directory) - 1
             bit = 1 << depth
+            # The directory slots that point at the bucket: those ending in its bits.
+            low = hash(next(iter(entries))) & (bit - 1)
             moved = {key: value for key, value in entries.items() if hash(key) & bit}
             for key in moved:
                 del entries[key]
@@ -294,13 +301,6 @@ class SpillingMap(Generic[V]):
             bucket.bytes -= sibling.bytes
             self._hot[sibling] = None
             directory = self._directory
-            # The directory slots that pointed at the bucket: those ending in its old bits.
-            some_key = next(iter(moved or entries), None)
-            if some_key is None:
-                return
-            low = hash(some_key) & (bit - 1)
             for slot in range(low | bit, len(directory), bit << 1):
                 directory[slot] = sibling
-            if sibling.bytes > bucket.bytes:
-                # Go on splitting the fuller half.
-                bucket, entries = sibling, moved
+            pending += (bucket, sibling)
