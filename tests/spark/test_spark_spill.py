@@ -1,8 +1,8 @@
 """Resident tasks over a tiny state budget: the join's arrangements spill to the executors'
 local disk, the view stays exact at every time, and state that cannot fit even on disk is
 refused with a clear error while the tasks keep serving. Hydrated by Spark, the join's
-columnar batches go to disk as Arrow files and the state stays exact. A GROUP BY's groups and
-a DISTINCT's rows spill too."""
+columnar batches go to disk as Arrow files and the state stays exact. A GROUP BY's and a
+top-k's groups and a DISTINCT's rows spill too."""
 
 from __future__ import annotations
 
@@ -173,14 +173,21 @@ def test_a_join_hydrated_by_spark_moves_its_batches_to_disk_and_stays_exact(
     assert not [p for p in spill_directory.iterdir() if p.suffix == ".arrow"]
 
 
-@pytest.mark.parametrize("plan", [grouped_views.group_view(), grouped_views.distinct_view()])
+@pytest.mark.parametrize(
+    ("plan", "rows", "groups"),
+    [
+        (grouped_views.group_view(), 60, 25),
+        (grouped_views.distinct_view(), 130, 60),
+        (grouped_views.top_view(), 90, 30),
+    ],
+)
 def test_a_grouped_view_of_three_times_the_budget_spills_and_stays_exact(
-    tight: ResidentCluster, spill_directory: Path, plan: plan_pb2.Plan
+    tight: ResidentCluster, spill_directory: Path, plan: plan_pb2.Plan, rows: int, groups: int
 ) -> None:
-    """A GROUP BY (MIN/MAX, COUNT DISTINCT) and a DISTINCT whose state is all Reduce or
-    Distinct state, about three times the two tasks' budgets: their groups and rows spill."""
-    distinct = plan.root.HasField("distinct")
-    events = grouped_views.Events(130 if distinct else 60, 60 if distinct else 25, seed=13)
+    """A GROUP BY (MIN/MAX, COUNT DISTINCT), a DISTINCT and a top-k whose state is all Reduce,
+    Distinct or TopK state, about three times the two tasks' budgets: their groups and rows
+    spill."""
+    events = grouped_views.Events(rows, groups, seed=13)
     dataflow = SparkDataflow(plan, as_of=0, cluster=tight)
     try:
         index = Index([0], since=0)
