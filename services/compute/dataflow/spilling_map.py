@@ -9,11 +9,13 @@ to buckets: extendible hashing, where a bucket holds the keys whose hashes end i
 ``depth`` bits, and one whose entries grow past ``BUCKET_BYTES`` splits in two on the next bit
 (the directory doubles when the bucket's depth reaches its own). A bucket is thus a few KiB
 of state (a handful of MIN/MAX groups, or a few dozen DISTINCT rows), so a step touching a
-spilled key reads that much back, and the directory costs a few bytes per key.
+spilled key reads that much back, and what stays in memory for a spilled bucket (its
+directory slots, the bucket object, its location in the file: a few hundred bytes) is a few
+per cent of the state it stands for.
 
-Buckets go to disk in the order they came into memory, skipping once those touched since the
-budget last looked (the clock algorithm: a flag set on each touch, cleared when the budget
-passes it by), through the task's one ``SpillFile``, so compaction and the disk limit cover
+Buckets go to disk in the order they came into memory, but one touched since the budget last
+looked is passed over once and goes to the back (the clock algorithm: a flag set on each
+touch, cleared when the budget passes it by), through the task's one ``SpillFile``, so compaction and the disk limit cover
 them with the rest. Without a budget the map is one bucket that never splits: a dict.
 
 Each entry has an estimated size (``entry_bytes``), which the owner keeps the map told of as
