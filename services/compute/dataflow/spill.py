@@ -1,15 +1,19 @@
-"""Operator state past a memory budget: the coldest keys of arrangements move to local disk.
+"""Operator state past a memory budget: the coldest keys of arrangements, and the coldest
+groups and rows of grouped state, move to local disk.
 
 A resident task holds one shard of every dataflow installed on it, and without a bound a
 state that outgrows the executor's memory gets the task killed, and with it every dataflow
 on it; the rehydrated state then runs out of memory again. A :class:`StateBudget` is a
-task's bound. Every arrangement attached to it counts the rows it keeps in memory against
-the budget (costed like every other row in the engine, :func:`guard.row_bytes`). When a
-change takes the total over the budget, the arrangements holding the most move their oldest
-keys' rows to a :class:`SpillFile` until the total is back under three quarters of the
-budget (the keys stay in memory, to know without a read what is on disk). A read of a
-spilled key brings its rows back. A dataflow over the budget keeps working,
-slower: each spilled key it touches costs a read from disk.
+task's bound. Every member attached to it counts the state it keeps in memory against the
+budget (costed like every other row in the engine, :func:`guard.row_bytes`): join
+arrangements (``operators/arrangement.py``) and the ``SpillingMap`` that Reduce, Distinct
+and top-k keep their groups or rows in (``spilling_map.py``). When a change takes the total
+over the budget, the members holding the most move their oldest state to a
+:class:`SpillFile` until the total is back under three quarters of the budget: an
+arrangement its keys' rows (the keys stay in memory, to know without a read what is on
+disk), a ``SpillingMap`` whole buckets of keys with their state. A read of something
+spilled brings it back. A dataflow over the budget keeps working, slower: each spilled key
+it touches costs a read from disk.
 
 The spill file is scratch space, not durable state: an append-only file on the task's local
 disk, never synced, deleted when the task ends. A task that dies loses it with the rest

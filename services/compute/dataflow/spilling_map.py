@@ -15,8 +15,9 @@ per cent of the state it stands for.
 
 Buckets go to disk in the order they came into memory, but one touched since the budget last
 looked is passed over once and goes to the back (the clock algorithm: a flag set on each
-touch, cleared when the budget passes it by), through the task's one ``SpillFile``, so compaction and the disk limit cover
-them with the rest. Without a budget the map is one bucket that never splits: a dict.
+touch, cleared when the budget passes it by), through the task's one ``SpillFile``, so
+compaction and the disk limit cover them with the rest. Without a budget the map is one
+bucket that never splits: a dict.
 
 Each entry has an estimated size (``entry_bytes``), which the owner keeps the map told of as
 entries change (``add``, ``discard``, ``resize``), so that the bytes in memory and on disk are
