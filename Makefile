@@ -93,8 +93,9 @@ bench-pgwire: setup system-deps
 bench-wire: setup
 	$(BIN)/python bench/wire_codec.py
 
-# Benchmark (i): the compute benchmark's view with its state three times its memory budget,
-# spilling to local disk, against the same view in memory; both checked against DuckDB.
+# Benchmark (i): the compute benchmark's join view, and a GROUP BY view whose state is all
+# Reduce state, each with its state three times its memory budget, spilling to local disk,
+# against the same view in memory; all checked against DuckDB.
 bench-spill: setup
 	$(BIN)/python bench/spill.py
 

@@ -40,10 +40,13 @@ import duckdb  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 from bench.common import load_average, percentile  # noqa: E402
-from bench.compute_view import view_plan  # noqa: E402
+from bench.compute_view import ORDERS, view_plan  # noqa: E402
 from services.compute.dataflow import Dataflow, Update  # noqa: E402
 from services.compute.dataflow.batch import consolidate  # noqa: E402
 from services.compute.dataflow.spill import StateBudget  # noqa: E402
+from tidemark.plan import builders as pb  # noqa: E402
+from tidemark.plan import derive_schema  # noqa: E402
+from tidemark.v1 import plan_pb2  # noqa: E402
 
 REGIONS = 10
 MAX_AMOUNT = 10_000
@@ -84,7 +87,39 @@ class Inputs:
         return changed, self.next_time
 
 
-def duckdb_answer(inputs: Inputs) -> dict[tuple[str, int, int], int]:
+def reduce_plan() -> plan_pb2.Plan:
+    """Orders grouped by customer: count, sum, min and max of the amount."""
+    root = pb.reduce(
+        pb.get("orders", ORDERS),
+        [1],
+        [
+            pb.aggregate("count"),
+            pb.aggregate("sum", 2),
+            pb.aggregate("min", 2),
+            pb.aggregate("max", 2),
+        ],
+    )
+    return pb.plan(root, derive_schema(root))
+
+
+CASES = {
+    "join": (
+        view_plan,
+        "SELECT region, count(*), sum(amount) FROM orders JOIN customers USING (cust) "
+        "GROUP BY region",
+    ),
+    "reduce": (
+        reduce_plan,
+        "SELECT cust, count(*), sum(amount), min(amount), max(amount) FROM orders GROUP BY cust",
+    ),
+}
+
+
+def _plain(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(value if isinstance(value, str) else int(value) for value in row)
+
+
+def duckdb_answer(inputs: Inputs, query: str) -> dict[tuple[Any, ...], int]:
     """The view over the final inputs, computed by DuckDB from the raw arrays."""
     con = duckdb.connect()
     con.execute("CREATE TABLE orders (o_id BIGINT, cust BIGINT, amount BIGINT)")
@@ -102,20 +137,24 @@ def duckdb_answer(inputs: Inputs) -> dict[tuple[str, int, int], int]:
     )
     con.register("orders_arrow", table)
     con.execute("INSERT INTO orders SELECT * FROM orders_arrow")
-    rows = con.execute(
-        "SELECT region, count(*), sum(amount) FROM orders JOIN customers USING (cust) "
-        "GROUP BY region"
-    ).fetchall()
-    return {(region, int(count), int(total)): 1 for region, count, total in rows}
+    return {_plain(row): 1 for row in con.execute(query).fetchall()}
 
 
 def run(
-    orders: int, customers: int, steps: int, budget_bytes: int | None, directory: str
+    case: str,
+    orders: int,
+    customers: int,
+    steps: int,
+    budget_bytes: int | None,
+    directory: str,
 ) -> dict[str, Any]:
+    make_plan, query = CASES[case]
     inputs = Inputs(orders, customers, seed=7)
     budget = None if budget_bytes is None else StateBudget(budget_bytes, directory=directory)
-    dataflow = Dataflow(view_plan(), as_of=0, budget=budget)
+    dataflow = Dataflow(make_plan(), as_of=0, budget=budget)
     snapshot = inputs.snapshot()
+    if case == "reduce":
+        del snapshot["customers"]
     gc.collect()
     started = time.perf_counter()
     out, _ = dataflow.hydrate(snapshot)
@@ -141,8 +180,8 @@ def run(
         step_ms.append((time.perf_counter() - started) * 1000)
         outputs.append(consolidate(out))
         apply(out)
-    answer = {(str(r), int(c), int(s)): m for (r, c, s), m in contents.items()}
-    expected = duckdb_answer(inputs)
+    answer = {_plain(row): m for row, m in contents.items()}
+    expected = duckdb_answer(inputs, query)
     if answer != expected:
         raise SystemExit(f"the maintained view differs from DuckDB's answer: {answer} {expected}")
     state_bytes = sum(worker.held_bytes() for worker in dataflow.workers)
@@ -164,25 +203,24 @@ def run(
     return result
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--orders", type=int, default=1_000_000)
-    parser.add_argument("--customers", type=int, default=100_000)
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench/results/spill.json")
-    args = parser.parse_args(argv)
+def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The case in memory, then over a budget of a third of its state; prints and returns
+    both runs' figures."""
     with tempfile.TemporaryDirectory(prefix="tidemark-spill-bench-") as directory:
-        in_memory = run(args.orders, args.customers, args.steps, None, directory)
+        in_memory = run(case, args.orders, args.customers, args.steps, None, directory)
         budget = in_memory["state_bytes"] // 3
-        spilling = run(args.orders, args.customers, args.steps, budget, directory)
+        spilling = run(case, args.orders, args.customers, args.steps, budget, directory)
     if in_memory.pop("_outputs") != spilling.pop("_outputs"):
-        raise SystemExit("the spilling run's output differs from the in-memory run's")
-    print(f"orders={args.orders:,} customers={args.customers:,} steps={args.steps} (1,000 rows)")
-    print(f"{'':24}{'hydrate s':>10}{'step p50 ms':>13}{'step p90 ms':>13}")
+        raise SystemExit(f"{case}: the spilling run's output differs from the in-memory run's")
+    print(
+        f"{case}: orders={args.orders:,} customers={args.customers:,} steps={args.steps} "
+        "(1,000 rows)"
+    )
+    print(f"{'':24}{'hydrate s':>10}{'step p50 ms':>13}{'step p90 ms':>13}{'load':>6}")
     for name, run_result in (("in memory", in_memory), ("budget = state / 3", spilling)):
         print(
             f"{name:24}{run_result['hydrate_s']:>10}{run_result['step_p50_ms']:>13}"
-            f"{run_result['step_p90_ms']:>13}"
+            f"{run_result['step_p90_ms']:>13}{run_result['load_average']:>6.1f}"
         )
     print(
         f"state {in_memory['state_bytes'] / 2**20:.0f} MiB estimated; budget "
@@ -190,23 +228,35 @@ def main(argv: list[str] | None = None) -> None:
         f"{spilling['bytes_on_disk'] / 2**20:.0f} MiB on disk at the end; both outputs equal "
         "DuckDB's answer and each other at every step"
     )
+    return {
+        "orders": args.orders,
+        "customers": args.customers,
+        "steps": args.steps,
+        "in_memory": in_memory,
+        "spilling": spilling,
+        "step_p50_ratio": round(spilling["step_p50_ms"] / in_memory["step_p50_ms"], 2),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--orders", type=int, default=1_000_000)
+    parser.add_argument("--customers", type=int, default=100_000)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--case", choices=["join", "reduce", "both"], default="both")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench/results/spill.json")
+    args = parser.parse_args(argv)
+    results: dict[str, Any] = {}
+    if args.out.exists():
+        results = json.loads(args.out.read_text())
+    results["benchmark"] = "spill (i)"
+    results["machine"] = {"python": platform.python_version(), "cpus": os.cpu_count()}
+    if args.case in ("join", "both"):
+        results.update(run_case("join", args))
+    if args.case in ("reduce", "both"):
+        results["reduce"] = run_case("reduce", args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "benchmark": "spill (i)",
-                "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
-                "orders": args.orders,
-                "customers": args.customers,
-                "steps": args.steps,
-                "in_memory": in_memory,
-                "spilling": spilling,
-                "step_p50_ratio": round(spilling["step_p50_ms"] / in_memory["step_p50_ms"], 2),
-            },
-            indent=2,
-        )
-        + "\n"
-    )
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":

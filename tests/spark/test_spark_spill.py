@@ -1,7 +1,8 @@
 """Resident tasks over a tiny state budget: the join's arrangements spill to the executors'
 local disk, the view stays exact at every time, and state that cannot fit even on disk is
 refused with a clear error while the tasks keep serving. Hydrated by Spark, the join's
-columnar batches go to disk as Arrow files and the state stays exact."""
+columnar batches go to disk as Arrow files and the state stays exact. A GROUP BY's and a
+top-k's groups and a DISTINCT's rows spill too."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from tests.spark.test_spark_hydration import (
     _store,
     _totals_plan,
 )
-from tests.support import reference_eval
+from tests.support import grouped_views, reference_eval
 from tests.support.storage import FAST_SETTINGS, embedded_backends, start_storage
 from tidemark.columnar import ColumnType, RelationSchema
 from tidemark.errors import ResourceExhausted
@@ -170,3 +171,48 @@ def test_a_join_hydrated_by_spark_moves_its_batches_to_disk_and_stays_exact(
         dataflow.drop()
         storage.kill()
     assert not [p for p in spill_directory.iterdir() if p.suffix == ".arrow"]
+
+
+@pytest.mark.parametrize(
+    ("plan", "rows", "groups"),
+    [
+        (grouped_views.group_view(), 60, 25),
+        (grouped_views.distinct_view(), 130, 60),
+        (grouped_views.top_view(), 90, 30),
+    ],
+)
+def test_a_grouped_view_of_three_times_the_budget_spills_and_stays_exact(
+    tight: ResidentCluster, spill_directory: Path, plan: plan_pb2.Plan, rows: int, groups: int
+) -> None:
+    """A GROUP BY (MIN/MAX, COUNT DISTINCT), a DISTINCT and a top-k whose state is all Reduce,
+    Distinct or TopK state, about three times the two tasks' budgets: their groups and rows
+    spill."""
+    events = grouped_views.Events(rows, groups, seed=13)
+    dataflow = SparkDataflow(plan, as_of=0, cluster=tight)
+    try:
+        index = Index([0], since=0)
+        out, upper = dataflow.hydrate({"events": list(events.history)})
+        index.apply(out, upper)
+        budgets = 2 * 4_000
+        for _ in range(6):
+            changes = events.step(upper, 3, 30)
+            out, upper = dataflow.step({"events": changes}, upper + 3)
+            index.apply(out, upper)
+            size = dataflow.state_size()
+            assert 0 < size.spilled_bytes <= size.bytes
+            assert 2 * budgets < size.bytes < 5 * budgets
+        assert any(path.stat().st_size > 0 for path in spill_directory.iterdir())
+        grouped_views.assert_exact_at_every_time(plan, events.history, index, upper)
+    finally:
+        dataflow.drop()
+
+
+def test_grouped_state_that_cannot_fit_on_disk_is_refused(tight: ResidentCluster) -> None:
+    events = grouped_views.Events(3_000, 2_500, seed=17)
+    doomed = SparkDataflow(grouped_views.group_view(), as_of=0, cluster=tight)
+    try:
+        with pytest.raises(ResourceExhausted, match="does not fit"):
+            doomed.hydrate({"events": list(events.history)})
+    finally:
+        doomed.drop()
+    assert tight.failure is None

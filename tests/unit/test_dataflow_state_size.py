@@ -22,7 +22,7 @@ from tests.support import random_plans
 def recount(state: OperatorState) -> tuple[int, int]:
     """Entries and estimated bytes of ``state``, walking all of it."""
     if isinstance(state, ReduceState):
-        groups = state.groups.values()
+        groups = list(state.groups.values())
         values = sum(aggregate.values_held() for g in groups for aggregate in g.aggregates)
         width = state.key_width + len(state.spec.aggregates)
         return len(groups) + values, len(groups) * row_bytes(width) + values * row_bytes(1)
@@ -35,7 +35,8 @@ def recount(state: OperatorState) -> tuple[int, int]:
             rows_bytes += sum(row_bytes(len(row) + extra) for row in rows)
         return len(rows), rows_bytes
     if isinstance(state, DistinctState):
-        return len(state.counts), sum(row_bytes(len(row)) for row in state.counts)
+        rows = [row for row, _ in state.counts.items()]
+        return len(rows), sum(row_bytes(len(row)) for row in rows)
     assert isinstance(state, JoinState)
     left = sum(len(rows) for rows in state.left.rows.values())
     right = sum(len(rows) for rows in state.right.rows.values())

@@ -1,15 +1,19 @@
-"""Operator state past a memory budget: the coldest keys of arrangements move to local disk.
+"""Operator state past a memory budget: the coldest keys of arrangements, and the coldest
+groups and rows of grouped state, move to local disk.
 
 A resident task holds one shard of every dataflow installed on it, and without a bound a
 state that outgrows the executor's memory gets the task killed, and with it every dataflow
 on it; the rehydrated state then runs out of memory again. A :class:`StateBudget` is a
-task's bound. Every arrangement attached to it counts the rows it keeps in memory against
-the budget (costed like every other row in the engine, :func:`guard.row_bytes`). When a
-change takes the total over the budget, the arrangements holding the most move their oldest
-keys' rows to a :class:`SpillFile` until the total is back under three quarters of the
-budget (the keys stay in memory, to know without a read what is on disk). A read of a
-spilled key brings its rows back. A dataflow over the budget keeps working,
-slower: each spilled key it touches costs a read from disk.
+task's bound. Every member attached to it counts the state it keeps in memory against the
+budget (costed like every other row in the engine, :func:`guard.row_bytes`): join
+arrangements (``operators/arrangement.py``) and the ``SpillingMap`` that Reduce, Distinct
+and top-k keep their groups or rows in (``spilling_map.py``). When a change takes the total
+over the budget, the members holding the most move their oldest state to a
+:class:`SpillFile` until the total is back under three quarters of the budget: an
+arrangement its keys' rows (the keys stay in memory, to know without a read what is on
+disk), a ``SpillingMap`` whole buckets of keys with their state. A read of something
+spilled brings it back. A dataflow over the budget keeps working, slower: each spilled key
+it touches costs a read from disk.
 
 The spill file is scratch space, not durable state: an append-only file on the task's local
 disk, never synced, deleted when the task ends. A task that dies loses it with the rest
@@ -29,7 +33,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from services.compute.dataflow.batch import Key, Row
 from services.compute.dataflow.guard import format_bytes
 from services.compute.dataflow.ordering import NAN
 from tidemark.errors import ResourceExhausted
@@ -71,7 +74,7 @@ class TaskStateBudget:
 
 
 class Spillable(Protocol):
-    """An arrangement as its budget sees it."""
+    """State as its budget sees it (an arrangement, or the groups of a ``SpillingMap``)."""
 
     def held_in_memory(self) -> int:
         """Estimated bytes of the rows it keeps in memory."""
@@ -83,8 +86,8 @@ class Spillable(Protocol):
         ...
 
     @property
-    def spilled(self) -> dict[Key, Location]:
-        """Its spilled keys and where their rows are."""
+    def spilled(self) -> dict[Any, Location]:
+        """What it spilled (keys, or buckets of keys) and where each is in the spill file."""
         ...
 
 
@@ -93,9 +96,10 @@ Location = tuple[int, int]
 
 
 class SpillFile:
-    """Spilled rows on local disk: an append-only file of pickled ``{row: multiplicity}``
-    dicts, one per spilled key. The keys themselves stay in memory, in their arrangement's
-    map of spilled keys to locations, so that finding out whether a key was spilled costs no
+    """Spilled state on local disk: an append-only file of pickled payloads, each an
+    arrangement's key's ``{row: multiplicity}`` dict or a bucket of a ``SpillingMap``'s
+    entries. Where each payload is stays in memory, in its owner's map of spilled keys (or
+    buckets) to locations, so that finding out whether something was spilled costs no
     read. Reading a key back leaves its bytes behind as garbage; once the garbage outweighs
     the live bytes, ``compact`` rewrites the file."""
 
@@ -107,8 +111,8 @@ class SpillFile:
         self.live_bytes = 0
         """The bytes of rows still spilled (the file also holds garbage)."""
 
-    def put(self, contents: Sequence[dict[Row, int]]) -> list[Location]:
-        """Appends each key's rows; returns where each went."""
+    def put(self, contents: Sequence[Any]) -> list[Location]:
+        """Appends each payload (a key's rows, a bucket's entries); returns where each went."""
         payloads = [pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL) for rows in contents]
         locations = []
         offset = self.end
@@ -120,12 +124,12 @@ class SpillFile:
         self.end = offset
         return locations
 
-    def read(self, location: Location) -> dict[Row, int]:
+    def read(self, location: Location) -> Any:
         offset, length = location
         return _restored(os.pread(self._fd, length, offset))
 
-    def take(self, location: Location) -> dict[Row, int]:
-        """Reads a key's rows back; their bytes on disk become garbage."""
+    def take(self, location: Location) -> Any:
+        """Reads a payload back; its bytes on disk become garbage."""
         self.live_bytes -= location[1]
         return self.read(location)
 
@@ -135,7 +139,7 @@ class SpillFile:
     def needs_compaction(self) -> bool:
         return self.end > COMPACT_MIN_BYTES and self.end > 2 * self.live_bytes
 
-    def compact(self, spilled: Sequence[dict[Key, Location]]) -> None:
+    def compact(self, spilled: Sequence[dict[Any, Location]]) -> None:
         """Rewrites the live rows of every map in ``spilled`` to a new file, updating their
         locations in place, and deletes the old file."""
         fresh = SpillFile(os.path.dirname(self.path))
@@ -249,21 +253,40 @@ class StateBudget:
             self._file = None
 
 
-def _restored(payload: bytes) -> dict[Row, int]:
-    """Spilled rows as the engine holds them: unpickling makes new NaN objects, and NaN never
+def _restored(payload: bytes) -> Any:
+    """Spilled state as the engine holds it: unpickling makes new NaN objects, and NaN never
     equals itself, so they become the engine's one NaN again."""
-    contents: dict[Row, int] = pickle.loads(payload)
+    contents = pickle.loads(payload)
     if _NAN_PICKLED not in payload:
         return contents
-    return {_canonical(row): count for row, count in contents.items()}
+    return _canonical(contents)
 
 
-def _canonical(row: tuple[Any, ...]) -> tuple[Any, ...]:
-    return tuple(
-        NAN
-        if isinstance(value, float) and value != value
-        else _canonical(value)
-        if isinstance(value, tuple)
-        else value
-        for value in row
-    )
+_ATOMS = (type(None), bool, int, str, bytes)
+
+
+def _canonical(value: Any) -> Any:
+    """``value`` with every NaN in it the engine's one NaN: tuples and dicts are rebuilt,
+    lists and the slotted objects operator state is made of are updated in place. Only
+    payloads holding a NaN come here, so the walk's cost is rare."""
+    kind = value.__class__
+    if kind is float:
+        return NAN if value != value else value
+    if kind in _ATOMS:
+        return value
+    if kind is tuple:
+        return tuple(_canonical(item) for item in value)
+    if kind is list:
+        value[:] = [_canonical(item) for item in value]
+        return value
+    if kind is dict:
+        items = [(_canonical(k), _canonical(v)) for k, v in value.items()]
+        value.clear()
+        value.update(items)
+        return value
+    for owner in kind.__mro__:
+        slots = owner.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if not name.startswith("__") and hasattr(value, name):
+                setattr(value, name, _canonical(getattr(value, name)))
+    return value

@@ -324,7 +324,7 @@ class Arrangement:
     def _unspill(self, key: Key, location: Location) -> dict[Row, int]:
         budget = self._budget
         assert budget is not None
-        rows = budget.file.take(location)
+        rows: dict[Row, int] = budget.file.take(location)
         self.rows[key] = rows
         self._hot_rows += len(rows)
         # Charged without relieving: the caller reads these rows before its next apply.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import pyarrow as pa
 
@@ -102,11 +102,17 @@ class GroupedState(OperatorState):
         keyed = keyed_by_time(updates, self.group_key)
         guard = self.guard
         for time in sorted(keyed):
-            for position, (key, changes) in enumerate(keyed[time].items()):
+            changes_by_key = keyed[time]
+            for position, key in enumerate(self._visit_order(changes_by_key)):
                 if position % CHECK_EVERY == 0:
                     guard.check(len(out) * row_bytes(len(key) + 1))
-                self._update_group(key, changes, time, out)
+                self._update_group(key, changes_by_key[key], time, out)
         return out
+
+    def _visit_order(self, keys: dict[Key, list[tuple[Row, int]]]) -> Iterable[Key]:
+        """The order a time's groups are visited in (state that spills visits a large batch's
+        buckets one after the other)."""
+        return keys
 
     @abstractmethod
     def _update_group(

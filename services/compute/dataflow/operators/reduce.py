@@ -4,17 +4,23 @@ A group holds its total multiplicity, one incremental state per aggregate, and t
 it last emitted. At each time the step touches a group, the group folds in that time's changes,
 computes its row again (None when the total is not positive), and emits the difference from
 the last row at that time: a retraction and an insertion, or nothing if the row is unchanged.
+
+The groups live in a ``SpillingMap``: attached to a task's ``StateBudget``, the groups held
+longest go to disk with their whole state (MIN/MAX's ordered values included) and come back
+when a step touches them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from services.compute.dataflow.batch import Key, KeyFunction, Row, Update
 from services.compute.dataflow.guard import row_bytes, rows_bytes
 from services.compute.dataflow.operators.aggregates import Aggregate
 from services.compute.dataflow.operators.base import GroupedState, StatefulOperator
+from services.compute.dataflow.spill import StateBudget
+from services.compute.dataflow.spilling_map import SpillingMap
 
 Evaluator = Callable[[Row], Any]
 
@@ -63,10 +69,15 @@ class ReduceState(GroupedState):
         super().__init__()
         self.spec = spec
         self.group_key = spec.group_key
-        self.groups: dict[Key, Group] = {}
+        self.groups: SpillingMap[Group] = SpillingMap(self._group_bytes)
         self.key_width = 0
         self.values = 0
         """Distinct values the groups' MIN/MAX and DISTINCT states keep."""
+
+    def _group_bytes(self, key: Key, group: Group) -> int:
+        # A group holds its output row; a kept value costs about a one-column row.
+        values = sum(state.values_held() for state in group.aggregates)
+        return row_bytes(len(key) + len(self.spec.aggregates)) + row_bytes(1) * values
 
     def key_count(self) -> int:
         return len(self.groups)
@@ -75,18 +86,34 @@ class ReduceState(GroupedState):
         return len(self.groups) + self.values
 
     def held_bytes(self) -> int:
-        # A group holds its output row; a kept value costs about a one-column row.
         groups = len(self.groups)
         width = self.key_width + len(self.spec.aggregates)
         return rows_bytes(groups, groups * width) + row_bytes(1) * self.values
+
+    def attach(self, budget: StateBudget) -> None:
+        self.groups.attach(budget)
+
+    def release(self) -> None:
+        self.groups.release()
+
+    def spilled_bytes(self) -> int:
+        return self.groups.spilled_bytes
+
+    def _visit_order(self, keys: dict[Key, list[tuple[Row, int]]]) -> Iterable[Key]:
+        return self.groups.in_bucket_order(keys)
 
     def _update_group(
         self, key: Key, changes: list[tuple[Row, int]], time: int, out: list[Update]
     ) -> None:
         self.work.key_lookups += 1
-        group = self.groups.get(key)
+        groups = self.groups
+        bucket = groups.bucket(key)
+        entries = bucket.entries
+        assert entries is not None
+        group = entries.get(key)
+        fresh = group is None
         if group is None:
-            group = self.groups[key] = Group([a.new_state() for a in self.spec.aggregates])
+            group = Group([a.new_state() for a in self.spec.aggregates])
         self.key_width = len(key)
         states = group.aggregates
         readers = [a.value for a in self.spec.aggregates]
@@ -96,8 +123,8 @@ class ReduceState(GroupedState):
             group.rows += diff
             for state, read in zip(states, readers, strict=True):
                 state.add(read(row) if read is not None else None, diff)
-        if keeps_values:
-            self.values += sum(state.values_held() for state in states) - values_before
+        values_after = sum(state.values_held() for state in states) if keeps_values else 0
+        self.values += values_after - values_before
         output: Row | None = None
         if group.rows > 0:
             output = (*key, *(state.result(group.rows) for state in states))
@@ -107,5 +134,13 @@ class ReduceState(GroupedState):
             if output is not None:
                 out.append((output, time, 1))
             group.output = output
+        base = row_bytes(len(key) + len(states))
+        kept = row_bytes(1)
         if group.is_empty():
-            del self.groups[key]
+            if not fresh:
+                groups.discard(bucket, key, base + kept * values_before)
+        elif fresh:
+            groups.add(bucket, key, group, base + kept * values_after)
+        elif values_after != values_before:
+            groups.resize(bucket, kept * (values_after - values_before))
+        groups.settle()

@@ -8,15 +8,22 @@ and emits the difference from the window it last emitted: only rows entering or 
 window, or changing their count in it. Without a limit, the window is everything past the
 first ``offset`` copies, so the group keeps those copies instead and emits the changed rows'
 own change less theirs. No step costs time in proportion to the group's size.
+
+The groups live in a ``SpillingMap``: attached to a task's ``StateBudget``, the groups held
+longest go to disk, their ordered rows with them, and come back when a step touches them.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from services.compute.dataflow.batch import Key, KeyFunction, Row, Update
 from services.compute.dataflow.guard import rows_bytes
 from services.compute.dataflow.operators.base import GroupedState, StatefulOperator
 from services.compute.dataflow.operators.ordered import OrderedRows
 from services.compute.dataflow.ordering import SortKey
+from services.compute.dataflow.spill import StateBudget
+from services.compute.dataflow.spilling_map import SpillingMap
 
 
 class TopKOperator(StatefulOperator):
@@ -43,12 +50,16 @@ class TopKGroup:
         (the rows not emitted), so that neither holds more than offset + limit copies."""
 
 
+def _group_bytes(key: Key, group: TopKGroup) -> int:
+    return rows_bytes(len(group.rows.counts), group.rows.values)
+
+
 class TopKState(GroupedState):
     def __init__(self, spec: TopKOperator) -> None:
         super().__init__()
         self.spec = spec
         self.group_key = spec.group_key
-        self.groups: dict[Key, TopKGroup] = {}
+        self.groups: SpillingMap[TopKGroup] = SpillingMap(_group_bytes)
         self.rows_held = 0
         self.values_held = 0
 
@@ -61,13 +72,31 @@ class TopKState(GroupedState):
     def held_bytes(self) -> int:
         return rows_bytes(self.rows_held, self.values_held)
 
+    def attach(self, budget: StateBudget) -> None:
+        self.groups.attach(budget)
+
+    def release(self) -> None:
+        self.groups.release()
+
+    def spilled_bytes(self) -> int:
+        return self.groups.spilled_bytes
+
+    def _visit_order(self, keys: dict[Key, list[tuple[Row, int]]]) -> Iterable[Key]:
+        return self.groups.in_bucket_order(keys)
+
     def _update_group(
         self, key: Key, changes: list[tuple[Row, int]], time: int, out: list[Update]
     ) -> None:
         self.work.key_lookups += 1
-        group = self.groups.get(key)
+        groups = self.groups
+        bucket = groups.bucket(key)
+        entries = bucket.entries
+        assert entries is not None
+        group = entries.get(key)
+        fresh = group is None
         if group is None:
-            group = self.groups[key] = TopKGroup()
+            group = TopKGroup()
+        size_before = _group_bytes(key, group)
         sort_key = self.spec.sort_key
         rows = group.rows
         counts = rows.counts
@@ -81,8 +110,15 @@ class TopKState(GroupedState):
             self._emit_past_offset(group, present_before, time, out)
         else:
             self._emit_window(group, time, out)
+        size_after = _group_bytes(key, group)
         if not rows:
-            del self.groups[key]
+            if not fresh:
+                groups.discard(bucket, key, size_before)
+        elif fresh:
+            groups.add(bucket, key, group, size_after)
+        elif size_after != size_before:
+            groups.resize(bucket, size_after - size_before)
+        groups.settle()
 
     def _emit_window(self, group: TopKGroup, time: int, out: list[Update]) -> None:
         """The difference between the window now and the one last emitted: O(log n) to find
