@@ -148,9 +148,14 @@ def _hydrate(
             output=output,
             count_output=True,
         )
-        named = {key for load in staged.loads for keys in load.nodes.values() for key in keys}
-        named |= {load.index for load in staged.loads}
-        named.discard(None)
+        named = {
+            key
+            for load in staged.loads
+            for inputs in load.nodes.values()
+            for keys in inputs
+            for key in keys
+        }
+        named |= {key for load in staged.loads for key in load.index}
         # Every object a task is told to load is there, and nothing else was staged.
         assert set(asyncio.run(_staged_keys(url))) == named
         assert bool(named) == (staged.staged_rows > 0)

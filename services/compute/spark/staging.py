@@ -35,6 +35,11 @@ def object_key(prefix: str, tag: int, shard: int) -> str:
     return f"{prefix}t{tag}/s{shard}.arrows"
 
 
+def piece_key(prefix: str, tag: int, piece: int) -> str:
+    """The object holding one Spark partition's rows of input ``tag``, every shard's."""
+    return f"{prefix}t{tag}/p{piece}.arrows"
+
+
 def encode(tables: Sequence[pa.Table]) -> bytes:
     """One IPC stream holding ``tables`` (of one schema) in order. Not compressed: the
     staged rows are read once, soon, and Spark's shuffle compresses what it moves."""
