@@ -1,13 +1,19 @@
-"""Where benchmark (f)'s hydration spends its time: the Spark jobs' stages (from Spark's
-status store) and one task's load (read, hash and filter, arrangement build), timed apart.
+"""Where benchmark (f)'s hydration spends its time, piece by piece: the Spark jobs' stages
+(wall and executor time, from Spark's status store) and one task's load (``ShardHost``'s
+``Hydrate`` run in this process under a profiler, so that reading the parts, hashing, the
+arrangement build and the Reduce's load show apart).
 
     python bench/hydration_profile.py --orders 3000000
+
+It prints; figures worth keeping go to ``services/compute/spark/README.md``.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import sys
 import tempfile
 import time
@@ -16,39 +22,47 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from pyspark.sql import SparkSession
+
 from bench.common import load_average
 from bench.compute_view import Workload, time_recompute, view_plan
 from bench.hydration import AS_OF, run, store_inputs
 from services.compute.dataflow.lower import lower
-from services.compute.dataflow.operators.join import JoinOperator
 from services.compute.spark import spark_session
 from services.compute.spark.hydration import OutputTarget, stage
-from services.compute.spark.part_shares import read_share
-from services.compute.spark.staging import run_prefix
+from services.compute.spark.requests import Install
+from services.compute.spark.shard_host import ShardHost
+from services.compute.spark.staging import delete_prefix, run_prefix
 from tests.support.storage import FAST_SETTINGS, embedded_backends, start_storage
 from tidemark.clients.storage import StorageClient
 from tidemark.plan import check_plan
 
 
-def stage_times(spark: Any, since_stage: int) -> list[dict[str, Any]]:
-    """Every stage after ``since_stage``: its name, wall time and executors' run time."""
-    store = spark.sparkContext._jsc.sc().statusStore()
+def _stage_ids(spark: SparkSession) -> list[int]:
+    tracker = spark.sparkContext.statusTracker()
+    ids = [*tracker.getActiveStageIds()]
+    for job in tracker.getJobIdsForGroup(None):
+        info = tracker.getJobInfo(job)
+        if info is not None:
+            ids.extend(info.stageIds)
+    return ids
+
+
+def stage_times(spark: SparkSession, since: int) -> list[dict[str, Any]]:
+    """The stages after stage ``since``: wall time, executors' run time and rows."""
+    store = spark.sparkContext._jsc.sc().statusStore()  # type: ignore[union-attr]
     found = []
-    for stage_id in range(since_stage + 1, last_stage(spark) + 1):
-        try:
-            data = store.lastStageAttempt(stage_id)
-        except Exception:
+    for stage_id in sorted(set(_stage_ids(spark))):
+        if stage_id <= since:
             continue
+        data = store.lastStageAttempt(stage_id)
         submitted, completed = data.submissionTime(), data.completionTime()
-        wall = (
-            (completed.get().getTime() - submitted.get().getTime()) / 1000
-            if submitted.isDefined() and completed.isDefined()
-            else None
-        )
+        wall = None
+        if submitted.isDefined() and completed.isDefined():
+            wall = (completed.get().getTime() - submitted.get().getTime()) / 1000
         found.append(
             {
-                "stage": data.stageId(),
-                "name": data.name()[:60],
+                "stage": stage_id,
                 "tasks": data.numTasks(),
                 "wall_s": wall,
                 "executor_run_s": data.executorRunTime() / 1000,
@@ -56,28 +70,18 @@ def stage_times(spark: Any, since_stage: int) -> list[dict[str, Any]]:
                 "shuffle_write_rows": data.shuffleWriteRecords(),
             }
         )
-    return sorted(found, key=lambda s: s["stage"])
-
-
-def last_stage(spark: Any) -> int:
-    tracker = spark.sparkContext.statusTracker()
-    ids = [*tracker.getActiveStageIds()]
-    for job in tracker.getJobIdsForGroup(None):
-        info = tracker.getJobInfo(job)
-        if info is not None:
-            ids.extend(info.stageIds)
-    return max(ids, default=-1)
+    return found
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--orders", type=int, default=3_000_000)
     parser.add_argument("--spark-master", default="local[6]")
-    parser.add_argument("--variants", action="store_true", help="time variants of the job")
+    parser.add_argument("--runs", type=int, default=2, help="hydrations profiled")
     args = parser.parse_args()
-    print("load", load_average())
+    print("load average", load_average())
     spark = spark_session(args.spark_master, min_slots=6)
-    with tempfile.TemporaryDirectory(prefix="tidemark-hprof-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="tidemark-hydration-profile-") as scratch:
         root = Path(scratch)
         backends = embedded_backends(root / "storage")
         storage = start_storage(
@@ -85,102 +89,52 @@ def main() -> None:
         )
         client = StorageClient(storage.address, timeout=600.0)
         try:
-            work = Workload(args.orders)
             reads, orders_path, customers_path = store_inputs(
-                spark, client, backends.blob_url, work, root / "parquet"
+                spark, client, backends.blob_url, Workload(args.orders), root / "parquet"
             )
             recomputed = time_recompute(spark, orders_path, customers_path, runs=3)
             print(f"Spark SQL recompute p50 {recomputed.p50_ms / 1000:.2f} s")
-            orders, customers = reads
-            plan = view_plan(orders, customers)
+            plan = view_plan(*reads)
             schema = check_plan(plan)
             graph = lower(plan)
             listings = {cid: run(client.list_parts(read, AS_OF)) for cid, read in reads.items()}
             blob_url = next(iter(listings.values())).blob_url
-            out = run(client.create("u999", schema, holder="bench"))
-            for attempt in range(2):
-                before = last_stage(spark)
+            for attempt in range(args.runs):
+                dataflow_id = f"profile-{attempt}"
+                out = run(client.create(f"u{900 + attempt}", schema, holder="bench"))
+                prefix = run_prefix(dataflow_id)
+                since = max(_stage_ids(spark), default=-1)
                 started = time.perf_counter()
                 staged = stage(
                     spark,
                     plan,
                     graph,
-                    dataflow_id=f"profile{attempt}",
+                    dataflow_id=dataflow_id,
                     as_of=AS_OF,
                     shards=2,
                     index_key_columns=None,
                     listings=listings,
                     staging_url=blob_url,
-                    prefix=run_prefix(f"profile{attempt}"),
+                    prefix=prefix,
                     output=OutputTarget(out.write.collection_id, schema, blob_url),
                     count_output=False,
                 )
                 print(
-                    f"stage() {time.perf_counter() - started:.2f} s "
+                    f"Spark jobs {time.perf_counter() - started:.2f} s "
                     f"(staging {staged.staging_seconds:.2f} s)"
                 )
-                for row in stage_times(spark, before):
-                    print(" ", json.dumps(row))
-            if args.variants:
-                from services.compute.spark.hydration import _narrowed_once, _narrowed
-                from services.compute.spark.lowering import lower_with, release
-                from services.compute.spark.parts_source import collection_frame
-
-                frames = {
-                    cid: collection_frame(spark, listing, consolidate=False)
-                    for cid, listing in listings.items()
-                }
-                reduce_node = [
-                    n for n in graph.stateful_nodes() if not isinstance(n.operator, JoinOperator)
-                ][0]
-                relation = graph.nodes[reduce_node.inputs[0]].relation
-                _, captured = lower_with(plan, frames, [relation], spark, {})
-                narrowed = _narrowed(reduce_node.relation, captured[0])
-                narrowed.explain()
-                from pyspark.sql import functions as F
-
-                joined = captured[0]
-                variants = {
-                    "joined": joined,
-                    "by region sum": joined.groupBy("c4").agg(F.count(F.lit(1)), F.sum("c2")),
-                    "by amount,region sum(diff)": joined.groupBy("c2", "c4").agg(F.sum("diff")),
-                    "by amount,region try_sum(diff)": joined.groupBy("c2", "c4").agg(
-                        F.try_sum("diff")
-                    ),
-                    "narrowed": narrowed,
-                }
-                for name, frame in variants.items():
-                    for attempt in range(2):
-                        t0 = time.perf_counter()
-                        frame.write.format("noop").mode("overwrite").save()
-                        print(f"{name} noop write {time.perf_counter() - t0:.2f} s")
-            load = staged.loads[0]
-            for node_id, shares in load.shares.items():
-                node = graph.nodes[node_id]
-                assert isinstance(node.operator, JoinOperator)
-                for position, share in enumerate(shares):
-                    if share is None:
-                        continue
-                    t0 = time.perf_counter()
-                    table = read_share(share, AS_OF, {}, node.operator.key_columns[position], 0, 2)
-                    if table is not None:
-                        from services.compute.dataflow.columnar import build_keyed
-                        import numpy as np
-
-                        t0 = time.perf_counter()
-                        w = table.num_columns - 1
-                        build_keyed(
-                            table.select(list(range(w))),
-                            table.column(w).to_numpy(),
-                            node.operator.routes[position],
-                            node.operator.key_columns[position],
-                            True,
-                        )
-                        print(f"  build_keyed {time.perf_counter() - t0:.2f} s")
-                    print(
-                        f"  read_share input {position}: {time.perf_counter() - t0:.2f} s, "
-                        f"{0 if table is None else table.num_rows} rows"
-                    )
+                for row in stage_times(spark, since):
+                    print("  stage", json.dumps(row))
+                host = ShardHost(0, 2)
+                host.handle(Install(dataflow_id, plan.SerializeToString(), False, None, AS_OF))
+                profile = cProfile.Profile()
+                started = time.perf_counter()
+                profile.enable()
+                loaded = host.handle(staged.loads[0])
+                profile.disable()
+                print(f"shard 0's load {time.perf_counter() - started:.2f} s: {loaded}")
+                pstats.Stats(profile).sort_stats("cumulative").print_stats(18)
+                run(delete_prefix(blob_url, prefix))
         finally:
             run(client.close())
             storage.kill()

@@ -350,7 +350,7 @@ def test_join_and_aggregate_output_written_by_executors_is_the_views_contents(
                 ("id", "customer", "amount"),
                 ("id", "region"),
             ]
-            assert load.nodes.get(join_id, (None, None)) == (None, None)
+            assert load.nodes.get(join_id, ((), ())) == ((), ())
             assert all(share.keys for share in load.shares[join_id])
         assert staged.output_rows == sum(expected.values())
         assert staged.output_parts, "the executors wrote no part"
