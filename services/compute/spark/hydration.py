@@ -14,20 +14,23 @@ in one process; here Spark does the bulk of it:
    consolidated on them, which its per-group state cannot tell apart (:func:`_narrowed`).
    A join's input that is a stored collection, or a projection of one, is not computed
    here at all: each task reads it from the parts itself (:mod:`.part_shares`).
-2. One job routes those rows by the operator's key with the resident tasks' own hash, shuffles
-   them with Spark's shuffle so that each shard's rows meet in one partition, and has the
-   executor of that partition stage them in the blob store (:mod:`.staging`). Where the key
-   is plain columns (every operator but a join on expressions), the executors hash each
-   Arrow batch's key columns whole (``keys.shards_of``, which gives each row the shard
-   ``keys.shard_of`` gives its key in the tasks) and split the batch with one take; a
-   computed key is evaluated and hashed row by row in Python.
-3. Each resident task loads its shard's objects and feeds every stateful operator its
+2. One job stages those rows in the blob store for the tasks (:mod:`.staging`). Where the
+   operator's key is plain columns (every operator but a join on expressions), each Spark
+   partition's rows are stored as they are, one object per partition, and every task reads
+   all of them and keeps the rows its shard owns (``part_shares.owned_rows``: the key
+   columns hashed whole with ``keys.shards_of``, which gives each row the shard
+   ``keys.shard_of`` gives its key in the tasks), as it does with a join's input read from
+   the parts: one pass of the rows through Python and no shuffle. A computed key is
+   evaluated and hashed row by row in Python by the executors, which route the rows with
+   Spark's shuffle so that each shard's rows meet in one partition, staged as that shard's
+   object: evaluating it in every task would cost a Python call per row in each.
+3. Each resident task loads its objects and feeds every stateful operator its
    input at ``as_of`` in topological order (``ShardHost``). An operator's own output is not
    passed on: Spark computed what the next operator reads from the same plan.
 4. The output at ``as_of`` is computed by Spark too, and written by the executors as Parquet
    parts of the output collection (:mod:`.parts_writer`); the caller commits them with
-   ``Storage.AppendParts``. With an index, the output is also routed to the tasks by the
-   index key, as in step 2.
+   ``Storage.AppendParts``. With an index, the output is also staged for the tasks, each
+   keeping the rows of its index keys, as in step 2.
 
 Only part lists, object keys and counts pass through the driver.
 """
