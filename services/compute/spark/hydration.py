@@ -116,7 +116,9 @@ class Staged:
     """The output's rows at ``as_of`` with multiplicity (``None``: the index load counts)."""
     staged_rows: int = 0
     staging_seconds: float = 0.0
-    """The routing and staging job's wall time (step 2)."""
+    """The staging job's wall time (steps 1 and 2: one Spark job)."""
+    output_seconds: float = 0.0
+    """The output's jobs' wall time (step 4)."""
 
 
 @dataclass(frozen=True)
@@ -339,6 +341,7 @@ def _run(
     if result.output_rows is None and count_output:
         counted = positional.agg(F.sum(DIFF)).collect()[0][0]
         result.output_rows = int(counted or 0)
+    result.output_seconds = time.perf_counter() - started
     return result
 
 
