@@ -469,8 +469,15 @@ class SparkEngineDataflow:
             staged = await self._guarded_any(
                 self._jobs.run(action, f"hydrate {dataflow.dataflow_id}", group=group)
             )
+            started = time.perf_counter()
             loaded, index_rows = await self._guarded_any(
                 asyncio.to_thread(dataflow.load_staged, staged.loads)
+            )
+            log.info(
+                "hydration_loaded",
+                dataflow=dataflow.dataflow_id,
+                rows=loaded,
+                seconds=round(time.perf_counter() - started, 3),
             )
         except Exception as exc:
             raise translated_job_error(exc) from exc

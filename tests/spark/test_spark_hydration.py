@@ -148,9 +148,14 @@ def _hydrate(
             output=output,
             count_output=True,
         )
-        named = {key for load in staged.loads for keys in load.nodes.values() for key in keys}
-        named |= {load.index for load in staged.loads}
-        named.discard(None)
+        named = {
+            key
+            for load in staged.loads
+            for inputs in load.nodes.values()
+            for keys in inputs
+            for key in keys
+        }
+        named |= {key for load in staged.loads for key in load.index}
         # Every object a task is told to load is there, and nothing else was staged.
         assert set(asyncio.run(_staged_keys(url))) == named
         assert bool(named) == (staged.staged_rows > 0)
@@ -345,7 +350,7 @@ def test_join_and_aggregate_output_written_by_executors_is_the_views_contents(
                 ("id", "customer", "amount"),
                 ("id", "region"),
             ]
-            assert load.nodes.get(join_id, (None, None)) == (None, None)
+            assert load.nodes.get(join_id, ((), ())) == ((), ())
             assert all(share.keys for share in load.shares[join_id])
         assert staged.output_rows == sum(expected.values())
         assert staged.output_parts, "the executors wrote no part"

@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -24,9 +25,11 @@ from services.compute.dataflow.keys import shard_of
 from services.compute.dataflow.lower import lower
 from services.compute.spark.hydration import _narrowed_once
 from services.compute.spark.part_shares import (
+    owned_rows,
     plan_shares,
     projected_collection,
     read_share,
+    route_columns,
     share_for,
 )
 from services.compute.spark.parts_source import MissingPart
@@ -195,3 +198,47 @@ def test_a_reduce_input_is_narrowed_once_only_where_nothing_else_reads_it() -> N
     twice = pb.plan(both, derive_schema(both))
     graph = lower(twice)
     assert _narrowed_once(twice, graph, _wanted(graph, {}), []) == {}
+
+
+def test_route_columns_are_what_each_route_projects_and_owned_rows_split_by_them() -> None:
+    """Staged inputs keyed by plain columns go unrouted, each task keeping its rows
+    (``owned_rows`` over ``route_columns``): that must give each row the shard its route's
+    key gives it in the tasks. A join on an expression has a computed key: routed."""
+    customers = RelationSchema.of(("id", ColumnType.INT64), ("region", ColumnType.TEXT))
+    orders = pb.get("orders", SCHEMA)
+    by_columns = pb.join(orders, pb.get("customers", customers), [1], [0])
+    plus_one = pb.call("add", 1, pb.literal(1, ColumnType.INT64))
+    by_expression = pb.join(orders, pb.get("customers", customers), [plus_one], [0])
+    grouped = pb.reduce(by_columns, [4, 1], [pb.aggregate("count")])
+    root = pb.union(pb.distinct(pb.project(by_expression, 2, 1)), pb.project(grouped, 0, 1))
+    graph = lower(pb.plan(root, derive_schema(root)))
+    # Rows of (id, customer, note, id, region), NULLs and repeats among them.
+    rows = [(i, i % 4 - 1 if i % 5 else None, "abç"[i % 3], i % 3, "xy"[i % 2]) for i in range(40)]
+    routes: dict[str, list[tuple[int, ...] | None]] = {}
+    for node in graph.stateful_nodes():
+        for position, input_id in enumerate(node.inputs):
+            columns = route_columns(graph, node.id, position)
+            routes.setdefault(type(node.operator).__name__, []).append(columns)
+            if columns is None:
+                continue
+            width = len(graph.nodes[input_id].types)
+            sample = [row[:width] for row in rows]
+            table = pa.table(
+                [*(pa.array([row[c] for row in sample]) for c in range(width)), [1] * len(sample)],
+                names=[*(f"c{c}" for c in range(width)), "diff"],
+            )
+            route = node.operator.routes[position]  # type: ignore[union-attr]
+            for shards in (1, 2, 3):
+                together = []
+                for shard in range(shards):
+                    kept = owned_rows(table, columns, shard, shards)
+                    mine = list(
+                        zip(*(kept.column(c).to_pylist() for c in range(width)), strict=True)
+                    )
+                    assert all(shard_of(route(row), shards) == shard for row in mine)
+                    together.extend(mine)
+                assert sorted(together, key=repr) == sorted(sample, key=repr)
+    assert routes["ReduceOperator"] == [(4, 1)]
+    assert routes["DistinctOperator"] == [(0, 1)]
+    # One join on plain columns, one whose left key is computed.
+    assert sorted(routes["JoinOperator"], key=repr) == [(0,), (0,), (1,), None]

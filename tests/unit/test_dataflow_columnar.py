@@ -15,7 +15,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.compute.dataflow.columnar import build_keyed, key_hash, key_hashes
+from services.compute.dataflow.columnar import (
+    RADIX_KEYS,
+    build_keyed,
+    key_hash,
+    key_hashes,
+    stable_order,
+)
 from services.compute.dataflow.guard import row_bytes
 from services.compute.dataflow.operators import arrangement as arrangement_module
 from services.compute.dataflow.operators.arrangement import Arrangement
@@ -327,3 +333,18 @@ def test_nan_rows_read_from_a_batch_are_the_engine_nan() -> None:
     ((row, count),) = rows.items()
     assert row[0] is NAN and row[1] is NAN and count == 1
     assert math.isnan(row[1])
+
+
+@pytest.mark.parametrize("distinct", [1, 7, 1_000, RADIX_KEYS, RADIX_KEYS + 1])
+@pytest.mark.parametrize("rows", [10, RADIX_KEYS + 5, 3 * RADIX_KEYS])
+def test_stable_order_is_a_stable_argsort(distinct: int, rows: int) -> None:
+    """The ranks sorted by radix put equal values in their first order, as a stable sort of
+    the 64-bit values does, whatever the number of distinct values (past 2^16 the values
+    are sorted as they are)."""
+    rng = np.random.default_rng(distinct * 31 + rows)
+    # Values spread over the whole 64-bit range, the top bit too (key hashes are uint64).
+    values = rng.integers(0, 2**64 - 1, distinct, dtype=np.uint64, endpoint=True)
+    drawn = values[rng.integers(0, distinct, rows)]
+    drawn[: min(rows, distinct)] = values[: min(rows, distinct)]
+    expected = np.argsort(drawn, kind="stable")
+    assert np.array_equal(stable_order(drawn), expected)

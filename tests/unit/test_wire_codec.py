@@ -115,8 +115,8 @@ def messages(draw: st.DrawFn) -> object:
             st.text(),
             st.dictionaries(st.text(), st.text(), max_size=4),
             INT64,
-            st.dictionaries(INT64, st.lists(st.one_of(st.none(), st.text())).map(tuple)),
-            st.one_of(st.none(), st.text()),
+            st.dictionaries(INT64, st.lists(st.lists(st.text(), max_size=3).map(tuple)).map(tuple)),
+            st.lists(st.text(), max_size=3).map(tuple),
             st.dictionaries(
                 INT64,
                 st.lists(

@@ -14,20 +14,23 @@ in one process; here Spark does the bulk of it:
    consolidated on them, which its per-group state cannot tell apart (:func:`_narrowed`).
    A join's input that is a stored collection, or a projection of one, is not computed
    here at all: each task reads it from the parts itself (:mod:`.part_shares`).
-2. One job routes those rows by the operator's key with the resident tasks' own hash, shuffles
-   them with Spark's shuffle so that each shard's rows meet in one partition, and has the
-   executor of that partition stage them in the blob store (:mod:`.staging`). Where the key
-   is plain columns (every operator but a join on expressions), the executors hash each
-   Arrow batch's key columns whole (``keys.shards_of``, which gives each row the shard
-   ``keys.shard_of`` gives its key in the tasks) and split the batch with one take; a
-   computed key is evaluated and hashed row by row in Python.
-3. Each resident task loads its shard's objects and feeds every stateful operator its
+2. One job stages those rows in the blob store for the tasks (:mod:`.staging`). Where the
+   operator's key is plain columns (every operator but a join on expressions), each Spark
+   partition's rows are stored as they are, one object per partition, and every task reads
+   all of them and keeps the rows its shard owns (``part_shares.owned_rows``: the key
+   columns hashed whole with ``keys.shards_of``, which gives each row the shard
+   ``keys.shard_of`` gives its key in the tasks), as it does with a join's input read from
+   the parts: one pass of the rows through Python and no shuffle. A computed key is
+   evaluated and hashed row by row in Python by the executors, which route the rows with
+   Spark's shuffle so that each shard's rows meet in one partition, staged as that shard's
+   object: evaluating it in every task would cost a Python call per row in each.
+3. Each resident task loads its objects and feeds every stateful operator its
    input at ``as_of`` in topological order (``ShardHost``). An operator's own output is not
    passed on: Spark computed what the next operator reads from the same plan.
 4. The output at ``as_of`` is computed by Spark too, and written by the executors as Parquet
    parts of the output collection (:mod:`.parts_writer`); the caller commits them with
-   ``Storage.AppendParts``. With an index, the output is also routed to the tasks by the
-   index key, as in step 2.
+   ``Storage.AppendParts``. With an index, the output is also staged for the tasks, each
+   keeping the rows of its index keys, as in step 2.
 
 Only part lists, object keys and counts pass through the driver.
 """
@@ -48,15 +51,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
-from services.compute.dataflow.batch import KeyFunction
 from services.compute.dataflow.graph import Graph
 from services.compute.spark import requests as rq
 from services.compute.spark.lowering import DIFF, lower_with, release
 from services.compute.spark.lowering.types import Rel, diff_sum
-from services.compute.spark.part_shares import plan_shares
+from services.compute.spark.part_shares import plan_shares, route_columns
 from services.compute.spark.parts_source import collection_frame, s3_credentials
 from services.compute.spark.parts_writer import write_parts_counted
-from services.compute.spark.staging import encode, object_key, put_all
+from services.compute.spark.staging import concatenated, encode, object_key, piece_key, put_all
 from tidemark.clients.storage import PartsListing, WrittenPart
 from tidemark.columnar import RelationSchema
 from tidemark.errors import Internal
@@ -114,7 +116,9 @@ class Staged:
     """The output's rows at ``as_of`` with multiplicity (``None``: the index load counts)."""
     staged_rows: int = 0
     staging_seconds: float = 0.0
-    """The routing and staging job's wall time (step 2)."""
+    """The staging job's wall time (steps 1 and 2: one Spark job)."""
+    output_seconds: float = 0.0
+    """The output's jobs' wall time (step 4)."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,9 @@ class _Target:
     node_id: int | None  # None: the output, for the index
     input_index: int
     frame: DataFrame
+    columns: tuple[int, ...] | None
+    """The key's columns when the route is a plain projection (every task then keeps its
+    own rows of the objects staged unrouted); ``None``: routed by Spark's shuffle."""
 
 
 def stage(
@@ -172,6 +179,7 @@ def stage(
             frame
             if relation.SerializeToString(deterministic=True) in replace
             else _narrowed(graph.nodes[node_id].relation, frame),
+            route_columns(graph, node_id, position),
         )
         for tag, ((node_id, position, relation), frame) in enumerate(
             zip(wanted, captured, strict=True), start=1
@@ -224,16 +232,29 @@ def _run(
     width = len(root.columns) - 1
     positional = root.toDF(*(f"c{i}" for i in range(width)), DIFF)
     if index_key_columns is not None:
-        targets.append(_Target(INDEX_TAG, None, 0, positional))
+        targets.append(_Target(INDEX_TAG, None, 0, positional, tuple(index_key_columns)))
 
     plan_bytes = plan.SerializeToString()
     is_relation = isinstance(plan, plan_pb2.Relation)
+    # A key of plain columns: each partition's rows are staged as they are, one object per
+    # partition, and every task keeps its own rows of them (``part_shares.owned_rows``), as
+    # it does with a join's input read from the parts: one Python pass over the rows and no
+    # shuffle. A computed key is routed by Spark's shuffle instead (each task gets its own
+    # object), since evaluating it in every task would cost a Python call per row each.
     routed = [
         target.frame.mapInArrow(
-            _router(plan_bytes, is_relation, target, index_key_columns, shards),
+            _router(plan_bytes, is_relation, target, shards),
             _ROUTED,
         )
         for target in targets
+        if target.columns is None
+    ]
+    whole = [
+        target.frame.mapInArrow(
+            _piece_stager(staging_url, prefix, credentials, target.tag), _STAGED
+        )
+        for target in targets
+        if target.columns is not None
     ]
     started = time.perf_counter()
     staged: list[Any] = []
@@ -242,22 +263,29 @@ def _run(
     if routed:
         union = fold(lambda a, b: a.unionByName(b), routed)
         shuffled = union.repartition(shards, F.col("shard"))
-        staged = shuffled.mapInArrow(_stager(staging_url, prefix, credentials), _STAGED).collect()
+        whole.append(shuffled.mapInArrow(_stager(staging_url, prefix, credentials), _STAGED))
+    if whole:
+        staged = fold(lambda a, b: a.unionByName(b), whole).collect()
 
-    objects: dict[tuple[int, int], str] = {}
+    # (tag, shard) -> objects; shard -1: every shard's rows, each task keeping its own.
+    objects: dict[tuple[int, int], list[str]] = {}
     staged_rows = 0
-    for row in staged:
-        objects[(row["tag"], row["shard"])] = row["key"]
+    for row in sorted(staged, key=lambda r: r["key"]):
+        objects.setdefault((row["tag"], row["shard"]), []).append(row["key"])
         staged_rows += row["rows"]
+
+    def staged_for(tag: int, shard: int) -> tuple[str, ...]:
+        return (*objects.get((tag, -1), ()), *objects.get((tag, shard), ()))
+
     loads = []
     for shard in range(shards):
-        nodes: dict[int, list[str | None]] = {}
+        nodes: dict[int, list[tuple[str, ...]]] = {}
         for target in targets:
             if target.node_id is None:
                 continue
             arity = len(graph.nodes[target.node_id].inputs)
-            staged_keys = nodes.setdefault(target.node_id, [None] * arity)
-            staged_keys[target.input_index] = objects.get((target.tag, shard))
+            staged_keys = nodes.setdefault(target.node_id, [()] * arity)
+            staged_keys[target.input_index] = staged_for(target.tag, shard)
         loads.append(
             rq.Hydrate(
                 dataflow_id,
@@ -265,7 +293,7 @@ def _run(
                 credentials,
                 as_of,
                 {node_id: tuple(keys) for node_id, keys in nodes.items()},
-                objects.get((INDEX_TAG, shard)) if index_key_columns is not None else None,
+                staged_for(INDEX_TAG, shard),
                 shares,
             )
         )
@@ -313,6 +341,7 @@ def _run(
     if result.output_rows is None and count_output:
         counted = positional.agg(F.sum(DIFF)).collect()[0][0]
         result.output_rows = int(counted or 0)
+    result.output_seconds = time.perf_counter() - started
     return result
 
 
@@ -430,31 +459,21 @@ def _graph(plan_bytes: bytes, is_relation: bool) -> Graph:
 
 
 def _router(
-    plan_bytes: bytes,
-    is_relation: bool,
-    target: _Target,
-    index_key_columns: Sequence[int] | None,
-    shards: int,
+    plan_bytes: bytes, is_relation: bool, target: _Target, shards: int
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The executor function sorting a relation's rows by the shard owning their key."""
+    """The executor function sorting a relation's rows by the shard owning their key, a
+    computed one (a join on expressions: a key of plain columns is staged unrouted)."""
     tag, node_id, position = target.tag, target.node_id, target.input_index
-    index_columns = None if index_key_columns is None else tuple(index_key_columns)
+    assert node_id is not None and target.columns is None
 
     def route(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from services.compute.dataflow.keys import shard_of, shards_of
-        from services.compute.dataflow.lower import columns_key
+        from services.compute.dataflow.keys import shard_of
         from services.compute.spark.transport import normalizer
 
         graph = _graph(plan_bytes, is_relation)
-        if node_id is None:
-            assert index_columns is not None
-            key = columns_key(index_columns)
-            types = graph.output_types
-        else:
-            node = graph.nodes[node_id]
-            key = node.operator.routes[position]  # type: ignore[union-attr]
-            types = graph.nodes[node.inputs[position]].types
-        columns = _route_columns(graph, node_id, position, key, len(types))
+        node = graph.nodes[node_id]
+        key = node.operator.routes[position]  # type: ignore[union-attr]
+        types = graph.nodes[node.inputs[position]].types
         normalize = normalizer(types)
         known: dict[tuple[Any, ...], int] = {}
 
@@ -489,11 +508,7 @@ def _router(
             if shards == 1:
                 buffered.setdefault(0, []).append(batch)
             else:
-                if columns is None:
-                    owners = owners_by_row(batch)
-                else:
-                    owners = shards_of([batch.column(c) for c in columns], batch.num_rows, shards)
-                for shard, part in _split(batch, owners, shards):
+                for shard, part in _split(batch, owners_by_row(batch), shards):
                     buffered.setdefault(shard, []).append(part)
             held += batch.num_rows
             if held >= FLUSH_ROWS:
@@ -502,35 +517,6 @@ def _router(
         yield from _flush(tag, buffered)
 
     return route
-
-
-def _route_columns(
-    graph: Graph, node_id: int | None, position: int, key: KeyFunction, width: int
-) -> tuple[int, ...] | None:
-    """The columns a route projects, in order, when it is a plain projection of the row (the
-    index key, a join on plain columns, a reduce's, top-k's or window's groups, a distinct's
-    whole row): their Arrow columns are then hashed whole (``keys.shards_of``), which gives
-    each row the shard ``keys.shard_of`` gives its key. ``None``: a computed key."""
-    from services.compute.dataflow.operators.distinct import DistinctOperator
-    from services.compute.dataflow.operators.join import JoinOperator
-    from services.compute.dataflow.operators.reduce import ReduceOperator
-    from services.compute.dataflow.operators.topk import TopKOperator
-    from services.compute.dataflow.operators.window import WindowOperator
-
-    operator = None if node_id is None else graph.nodes[node_id].operator
-    if isinstance(operator, JoinOperator):
-        return operator.key_columns[position]
-    if operator is not None and not isinstance(
-        operator, DistinctOperator | ReduceOperator | TopKOperator | WindowOperator
-    ):
-        return None
-    # These routes are column projections (``lower.columns_key`` or the whole row): applied
-    # to the row of column numbers, one gives back the numbers it projects.
-    probe = tuple(range(width))
-    projected = tuple(key(probe))
-    if all(isinstance(c, int) and 0 <= c < width for c in projected):
-        return projected
-    return None
 
 
 def _split(
@@ -571,8 +557,6 @@ def _stager(
     its partition, as one object."""
 
     def store(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from services.compute.spark.staging import concatenated
-
         pieces: dict[tuple[int, int], list[bytes]] = {}
         counts: dict[tuple[int, int], int] = {}
         for batch in batches:
@@ -598,6 +582,36 @@ def _stager(
                 pa.array([shard for _, shard in slots], pa.int32()),
                 pa.array([object_key(prefix, tag, shard) for tag, shard in slots]),
                 pa.array([counts[slot] for slot in slots], pa.int64()),
+            ],
+            names=["tag", "shard", "key", "rows"],
+        )
+
+    return store
+
+
+def _piece_stager(
+    staging_url: str, prefix: str, credentials: Mapping[str, str], tag: int
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The executor function storing a partition's rows of input ``tag`` as they are, as one
+    object that every task reads (shard -1: each keeps the rows its shard owns)."""
+
+    def store(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        kept = [batch for batch in batches if batch.num_rows]
+        if not kept:
+            return
+        context = TaskContext.get()
+        piece = 0 if context is None else context.partitionId()
+        key = piece_key(prefix, tag, piece)
+        data = concatenated([encode([pa.Table.from_batches(kept)])])
+        put_all(staging_url, {key: data}, credentials)
+        yield pa.record_batch(
+            [
+                pa.array([tag], pa.int32()),
+                pa.array([-1], pa.int32()),
+                pa.array([key]),
+                pa.array([sum(batch.num_rows for batch in kept)], pa.int64()),
             ],
             names=["tag", "shard", "key", "rows"],
         )

@@ -21,12 +21,46 @@ import pyarrow as pa
 
 from services.compute.dataflow.graph import Graph
 from services.compute.dataflow.keys import shards_of
+from services.compute.dataflow.operators.distinct import DistinctOperator
 from services.compute.dataflow.operators.join import JoinOperator
+from services.compute.dataflow.operators.reduce import ReduceOperator
+from services.compute.dataflow.operators.topk import TopKOperator
+from services.compute.dataflow.operators.window import WindowOperator
 from services.compute.spark.parts_source import all_at_or_before, at_time, iter_parts
 from services.compute.spark.requests import PartsShare
 from tidemark.clients.storage import PartsListing
 from tidemark.columnar.schema import DIFF_COLUMN, TIME_COLUMN
 from tidemark.v1 import plan_pb2
+
+
+def route_columns(graph: Graph, node_id: int, position: int) -> tuple[int, ...] | None:
+    """The columns the route of input ``position`` of stateful node ``node_id`` projects, in
+    order, when it is a plain projection of the row (a join on plain columns, a reduce's,
+    top-k's or window's groups, a distinct's whole row): their Arrow columns are then hashed
+    whole (``keys.shards_of``), which gives each row the shard ``keys.shard_of`` gives its
+    key. ``None``: a computed key (a join on expressions), hashed row by row."""
+    node = graph.nodes[node_id]
+    operator = node.operator
+    if isinstance(operator, JoinOperator):
+        return operator.key_columns[position]
+    if not isinstance(operator, DistinctOperator | ReduceOperator | TopKOperator | WindowOperator):
+        return None
+    # These routes are column projections (``lower.columns_key`` or the whole row): applied
+    # to the row of column numbers, one gives back the numbers it projects.
+    width = len(graph.nodes[node.inputs[position]].types)
+    probe = tuple(range(width))
+    projected = tuple(operator.routes[position](probe))
+    if all(isinstance(c, int) and 0 <= c < width for c in projected):
+        return projected
+    return None
+
+
+def owned_rows(table: pa.Table, key_columns: Sequence[int], shard: int, shards: int) -> pa.Table:
+    """The rows of ``table`` whose key (its ``key_columns``) shard ``shard`` owns."""
+    if shards == 1 or table.num_rows == 0:
+        return table
+    owners = shards_of([table.column(c) for c in key_columns], table.num_rows, shards)
+    return table.filter(pa.array(owners == shard))
 
 
 def projected_collection(relation: plan_pb2.Relation) -> tuple[str, tuple[int, ...]] | None:
@@ -100,10 +134,12 @@ def read_share(
         current = at_time(part, as_of) if share.later_times else part
         if current.num_rows == 0:
             continue
-        rows = current.select([*positions, len(unique)]).rename_columns(names)
-        if shards > 1:
-            owners = shards_of([rows.column(c) for c in key_columns], rows.num_rows, shards)
-            rows = rows.filter(pa.array(owners == shard))
+        rows = owned_rows(
+            current.select([*positions, len(unique)]).rename_columns(names),
+            key_columns,
+            shard,
+            shards,
+        )
         if rows.num_rows:
             kept.append(rows)
     if not kept:

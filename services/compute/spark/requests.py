@@ -187,10 +187,12 @@ class PartsShare:
 class Hydrate:
     """Build this shard's state of a hydrating dataflow from what a Spark job staged in the
     blob store at ``blob_url`` (``hydration.py``): ``nodes[node_id]`` names, per input of
-    that stateful node, the object holding this shard's share of the input at ``as_of``
-    (``None``: nothing); ``index`` the object of this shard's share of the output, for the
-    index. ``shares[node_id]``: per input of that node, the parts the task reads that input
-    from itself instead (``None``: the staged object, if any, holds it). ``environment``:
+    that stateful node, the objects holding its rows at ``as_of`` (none: no rows);
+    ``index`` the objects of the output, for the index. Where the input's key is plain
+    columns (``part_shares.route_columns``; always for the index) the objects hold every
+    shard's rows and the task keeps its own; otherwise they hold this shard's alone.
+    ``shares[node_id]``: per input of that node, the parts the task reads that input from
+    itself instead (``None``: the staged objects, if any, hold it). ``environment``:
     the S3 credentials to open the stores with. The task answers ``(updates loaded, sum of
     the diffs loaded into the index)``."""
 
@@ -198,8 +200,8 @@ class Hydrate:
     blob_url: str
     environment: dict[str, str]
     as_of: int
-    nodes: dict[int, tuple[str | None, ...]]
-    index: str | None
+    nodes: dict[int, tuple[tuple[str, ...], ...]]
+    index: tuple[str, ...]
     shares: dict[int, tuple[PartsShare | None, ...]] = field(default_factory=dict)
 
 

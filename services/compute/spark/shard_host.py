@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -22,13 +23,12 @@ from services.compute.dataflow.keys import shard_of
 from services.compute.dataflow.lower import lower
 from services.compute.dataflow.operators.base import LinearOperator, StatefulOperator
 from services.compute.dataflow.operators.distinct import DistinctOperator
-from services.compute.dataflow.operators.linear import Normalize
 from services.compute.dataflow.operators.reduce import ReduceOperator
 from services.compute.dataflow.spill import StateBudget
 from services.compute.dataflow.worker import ShardWorker
 from services.compute.spark.liveness import Channel, Liveness, heartbeats
 from services.compute.spark.mesh import MESH_LOST, PEER_FAILED, Mesh, MeshLost, PeerFailed
-from services.compute.spark.part_shares import read_share
+from services.compute.spark.part_shares import owned_rows, read_share, route_columns
 from services.compute.spark.requests import (
     ApplyIndex,
     CompactIndex,
@@ -378,32 +378,33 @@ class ShardHost:
         """Feeds each stateful node its staged input at ``as_of``, in topological order; the
         nodes' outputs are dropped (Spark staged what every later node reads)."""
         hosted = self._hosted(request.dataflow_id)
-        keys = [key for keys in request.nodes.values() for key in keys if key is not None]
-        if request.index is not None:
-            keys.append(request.index)
+        keys = [key for inputs in request.nodes.values() for keys in inputs for key in keys]
+        keys.extend(request.index)
         fetched = dict(zip(keys, get_all(request.blob_url, keys, request.environment), strict=True))
         graph, as_of = hosted.graph, request.as_of
-        loaded = 0
 
-        def staged(key: str | None, normalize: Normalize) -> list[Update]:
-            nonlocal loaded
-            if key is None:
-                return []
-            rows, diffs = rows_and_diffs(decode(fetched.pop(key)), normalize)
-            loaded += len(rows)
-            return [(row, as_of, diff) for row, diff in zip(rows, diffs, strict=True)]
+        def staged(keys: Sequence[str], columns: Sequence[int] | None) -> pa.Table | None:
+            """The rows of the objects ``keys`` this shard owns: with ``columns`` (a key of
+            plain columns) the objects hold every shard's rows; otherwise only this one's."""
+            if not keys:
+                return None
+            tables = [decode(fetched.pop(key)) for key in keys]
+            table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+            if columns is not None:
+                table = owned_rows(table, columns, self.shard, self.shards)
+            return table if table.num_rows else None
 
         # Every input is read before any state changes: a part gone from the blob store
         # fails the load with this shard's state still empty.
         inputs: dict[int, list[pa.Table | None]] = {}
         for node_id in sorted(request.nodes.keys() | request.shares.keys()):
             node = graph.nodes[node_id]
-            staged_keys = request.nodes.get(node_id) or (None,) * len(node.inputs)
+            staged_keys = request.nodes.get(node_id) or ((),) * len(node.inputs)
             shares = request.shares.get(node_id) or (None,) * len(node.inputs)
             tables = inputs[node_id] = []
-            for position, (key, share) in enumerate(zip(staged_keys, shares, strict=True)):
+            for position, (objects, share) in enumerate(zip(staged_keys, shares, strict=True)):
                 if share is None:
-                    tables.append(None if key is None else decode(fetched.pop(key)))
+                    tables.append(staged(objects, route_columns(graph, node_id, position)))
                     continue
                 key_columns = node.operator.key_columns[position]  # type: ignore[union-attr]
                 tables.append(
@@ -411,16 +412,20 @@ class ShardHost:
                         share, as_of, request.environment, key_columns, self.shard, self.shards
                     )
                 )
+        loaded = 0
         for node_id, tables in inputs.items():
             hosted.worker.load_columnar(node_id, tables, as_of)
             loaded += sum(table.num_rows for table in tables if table is not None)
         index_rows = 0
-        if request.index is not None:
-            updates = staged(request.index, normalizer(graph.output_types))
-            index_rows = sum(diff for _, _, diff in updates)
-            self._index(request.dataflow_id).apply(updates, as_of + 1)
-        elif hosted.index is not None:
-            hosted.index.apply([], as_of + 1)
+        if hosted.index is not None:
+            updates: list[Update] = []
+            table = staged(request.index, hosted.index.key_columns)
+            if table is not None:
+                rows, diffs = rows_and_diffs(table, normalizer(graph.output_types))
+                loaded += len(rows)
+                index_rows = sum(diffs)
+                updates = [(row, as_of, diff) for row, diff in zip(rows, diffs, strict=True)]
+            hosted.index.apply(updates, as_of + 1)
         return loaded, index_rows
 
     def _hosted(self, dataflow_id: str) -> HostedDataflow:

@@ -1,8 +1,10 @@
 """Key-partitioned updates staged in the blob store, from a Spark job to the resident tasks.
 
-Bulk hydration computes each stateful operator's input with Spark and shuffles it by the
-operator's key; the executors store each shard's share as one Arrow IPC object here, and the
-resident task of that shard reads it back. Only the objects' keys pass through the driver.
+Bulk hydration computes each stateful operator's input with Spark; the executors store it
+here as Arrow IPC objects: each Spark partition's rows as one object that every task reads,
+keeping the rows its shard owns (:func:`piece_key`), or, for a computed key, each shard's
+share, routed by Spark's shuffle, as one object that the resident task of that shard reads
+(:func:`object_key`). Only the objects' keys pass through the driver.
 
 Objects live under ``hydration/<dataflow digest>/<run>/``, a prefix no part of any collection
 uses; the driver deletes a run's prefix once its tasks have loaded it (or the run failed).
@@ -33,6 +35,11 @@ def run_prefix(dataflow_id: str) -> str:
 
 def object_key(prefix: str, tag: int, shard: int) -> str:
     return f"{prefix}t{tag}/s{shard}.arrows"
+
+
+def piece_key(prefix: str, tag: int, piece: int) -> str:
+    """The object holding one Spark partition's rows of input ``tag``, every shard's."""
+    return f"{prefix}t{tag}/p{piece}.arrows"
 
 
 def encode(tables: Sequence[pa.Table]) -> bytes:
