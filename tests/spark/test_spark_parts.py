@@ -321,3 +321,41 @@ async def test_a_large_part_is_read_in_slices_of_its_row_groups(
         for r in frame.collect()
     }
     assert found == rows
+
+
+async def test_parts_of_the_former_layout_read_beside_new_ones(
+    spark: SparkSession, client: StorageClient
+) -> None:
+    """Parts written before decimals were stored as integers (fixed-length bytes) stay
+    readable, by storage and by Spark, in the same listing as parts written since."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tidemark.columnar import table_from_updates
+
+    rng = random.Random(13)
+    cid = "u990020"
+    pair = await client.create(cid, SCHEMA, initial_frontier=1, holder="test")
+    former_rows = {random_row(rng): rng.choice([1, 2]) for _ in range(200)}
+    table = table_from_updates(SCHEMA, [(r, 1, d) for r, d in former_rows.items()])
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd", row_group_size=1 << 20)
+    data = sink.getvalue().to_pybytes()
+    group = pq.ParquetFile(pa.BufferReader(data)).metadata.row_group(0)
+    amount = SCHEMA.columns.index(next(c for c in SCHEMA.columns if c.name == "amount"))
+    assert group.column(amount).physical_type == "FIXED_LEN_BYTE_ARRAY"
+    key = new_part_key(cid, int(time.time() * 1000))
+    async with await open_blob(await _blob_url(client)) as blob:
+        await blob.put(key, data)
+    written = WrittenPart(key, table.num_rows, len(data))
+    await client.append_parts(pair.write, [written], 2, times=(1, 1), expected_upper=1)
+    later = {random_row(rng): 1 for _ in range(50)}
+    retracted = next(iter(former_rows))
+    updates = [(r, 2, d) for r, d in later.items() if r not in former_rows]
+    updates.append((retracted, 2, -former_rows[retracted]))
+    await client.append(pair.write, updates, 3, expected_upper=2)
+    listing = await client.list_parts(pair.read, 2)
+    assert key in {p.key for p in listing.parts} and len(listing.parts) >= 2
+    expected = (await client.snapshot(pair.read, 2)).version()
+    assert retracted not in expected and len(expected) == len(former_rows) - 1 + len(updates) - 1
+    assert spark_version(spark, listing) == expected
