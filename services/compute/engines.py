@@ -121,11 +121,6 @@ class EngineDataflow(Protocol):
         ``hydrates_from_parts``."""
         ...
 
-    async def index_changes(self, lower: int, upper: int) -> list[Update]:
-        """The output's updates at times in ``[lower, upper)`` from the index: a
-        ``step_io`` step whose rows stayed on the tasks, read back."""
-        ...
-
     async def peek(self, time: int) -> dict[Row, int]:
         """The output at ``time`` from the index (``FailedPrecondition`` without one)."""
         ...
@@ -228,9 +223,6 @@ class LocalDataflow:
         return_rows: bool,
     ) -> IoStep:
         raise FailedPrecondition("the in-process engine steps on rows")
-
-    async def index_changes(self, lower: int, upper: int) -> list[Update]:
-        raise FailedPrecondition("the in-process engine's steps return their rows")
 
     def _apply(self, output: list[Update], upper: int) -> None:
         if self._index is not None:
@@ -525,9 +517,6 @@ class SparkEngineDataflow:
             return_rows=return_rows,
         )
         return await self._guarded_any(asyncio.to_thread(work))
-
-    async def index_changes(self, lower: int, upper: int) -> list[Update]:
-        return await asyncio.to_thread(self._dataflow.index_changes, lower, upper)
 
     @property
     def io_counters(self) -> IoCounters:

@@ -409,8 +409,7 @@ class RunningDataflow:
         to them and write the output's parts, which this commits as one batch. The output's
         rows come back only while the change feed has listeners. A part gone from the blob
         store (compacted away and past its grace period) runs the step again from rows read
-        through storage. Without an output collection (an index only) the rows stay in the
-        tasks' index; a listener that comes mid-step gets them read back from it."""
+        through storage."""
         assert self.upper is not None
         lower = self.upper
         parts = {f.collection_id: f.take_parts(target) for f in self.followers}
@@ -420,8 +419,7 @@ class RunningDataflow:
         sink = None
         if writer is not None and blob_url:
             sink = OutputSink(writer.collection_id, blob_url, self.schema)
-        # Rows the driver writes itself (no blob store to write parts to) must come back too.
-        return_rows = self.feed.has_listeners or (writer is not None and sink is None)
+        return_rows = self.feed.has_listeners
         started = time.perf_counter()
         try:
             done = await self.engine.step_io(
@@ -454,13 +452,8 @@ class RunningDataflow:
         if done.updates is not None:
             self.feed.publish(Step(lower, upper, done.updates))
         elif self.feed.has_listeners:
-            # A listener came while the step ran without rows: read them back (before
-            # ``_advance``, so the index's since is still before ``lower``).
-            if writer is None:
-                back = await self.engine.index_changes(lower, upper)
-            else:
-                back = await read_back(blob_url, done.parts)
-            self.feed.publish(Step(lower, upper, back))
+            # A listener came while the step ran without rows: read them back.
+            self.feed.publish(Step(lower, upper, await read_back(blob_url, done.parts)))
         else:
             self.feed.skip(upper)
         self._advance(upper)

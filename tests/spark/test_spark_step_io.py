@@ -27,7 +27,6 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from services.compute.changes import Listener
 from services.compute.dataflow.dataflow import Batches
 from services.compute.dataflow.keys import shard_of
 from services.compute.engines import SparkEngineDataflow
@@ -147,13 +146,10 @@ async def _run_view(
     more: Callable[[], bool] = lambda: False,
     on_hydrated: Callable[[Capability, StorageClient], None] | None = None,
     hydrate_from_parts: bool = True,
-    index_only: bool = False,
-    on_started: Callable[[RunningDataflow], None] | None = None,
 ) -> tuple[RunningDataflow, SparkEngineDataflow, _History, Capability, str, StorageClient]:
     """A view over fresh inputs, maintained by a ``RunningDataflow`` on the Spark engine
     while ``steps`` appends land (and more while ``more()``, up to 400); returns once its
-    output is complete through them. ``index_only``: the view keeps an index and writes no
-    output collection."""
+    output is complete through them."""
     client = StorageClient(address, timeout=20.0)
     base = secrets.randbelow(10**12) * 10
     orders, customers, view = f"u{base}", f"u{base + 1}", f"u{base + 2}"
@@ -172,14 +168,14 @@ async def _run_view(
     for cid, pair in pairs.items():
         await client.append(pair.write, history.updates[cid], 1, expected_upper=0)
     as_of = 0
-    writer = None if index_only else OutputWriter(client, output.write, schema, f"view-{base}", 0)
+    writer = OutputWriter(client, output.write, schema, f"view-{base}", 0)
     dataflow = SparkDataflow(plan, as_of=as_of, cluster=cluster, index_key_columns=[0])
     engine = SparkEngineDataflow(dataflow, SparkJobs(spark))
     spec = DataflowSpec(
         f"view-{base}",
         plan,
         (DataflowInputSpec(orders), DataflowInputSpec(customers)),
-        output_collection_id=None if index_only else view,
+        output_collection_id=view,
         index_key_columns=(0,),
     )
     running = RunningDataflow(
@@ -195,8 +191,6 @@ async def _run_view(
         RunSettings("test", renew_interval_s=2.0, hold_interval_s=0.5),
         hydrate_from_parts=hydrate_from_parts,
     )
-    if on_started is not None:
-        on_started(running)
     running.start()
     await running.wait_past(as_of, time.monotonic() + 120)
     if on_hydrated is not None:
@@ -432,110 +426,6 @@ def test_a_part_gone_from_the_blob_store_runs_the_step_from_rows(
             assert sum(f.fallback_rows for f in running.followers) > 0
             assert engine.io_counters.input_rows > 0
             await _check_exact(running, history, client, read)
-        finally:
-            await running.stop(release=True)
-            await client.close()
-
-    asyncio.run(scenario())
-
-
-class _ListeningMidStep:
-    """The engine, where a change-feed listener arrives while step number ``at`` runs
-    without returning its rows (the race ``RunningDataflow._step_io`` reads back)."""
-
-    def __init__(self, engine: SparkEngineDataflow, at: int) -> None:
-        self.engine = engine
-        self.at = at
-        self.steps = 0
-        self.running: RunningDataflow | None = None
-        self.listener: Listener | None = None
-        self.listened_at = -1
-        self.rows_back_before = -1
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.engine, name)
-
-    async def step_io(
-        self,
-        batches: Batches,
-        parts: Mapping[str, Sequence[PartWindow]],
-        input_upper: int,
-        *,
-        blob_url: str,
-        sink: OutputSink | None,
-        return_rows: bool,
-    ) -> IoStep:
-        self.steps += 1
-        if self.steps == self.at and self.running is not None:
-            assert not return_rows and self.running.upper is not None
-            self.rows_back_before = self.engine.io_counters.output_rows
-            self.listened_at = self.running.upper - 1
-            self.listener = self.running.feed.listen(self.listened_at)
-        return await self.engine.step_io(
-            batches, parts, input_upper, blob_url=blob_url, sink=sink, return_rows=return_rows
-        )
-
-
-def test_an_index_only_view_keeps_its_rows_on_the_tasks(
-    spark: SparkSession, cluster: ResidentCluster, storage: ServiceProcess
-) -> None:
-    """Without an output collection the steps' rows stay in the tasks' index; a listener
-    that arrives mid-step gets that step's changes read back from the index, and every
-    later step's as they pass, exact at every time."""
-
-    async def scenario() -> None:
-        wrapped: list[_ListeningMidStep] = []
-
-        def wrap(engine: SparkEngineDataflow, client: StorageClient, orders: Any) -> Any:
-            wrapped.append(_ListeningMidStep(engine, at=6))
-            return wrapped[0]
-
-        def started(running: RunningDataflow) -> None:
-            wrapped[0].running = running
-
-        running, _engine, history, _read, _view, client = await _run_view(
-            spark,
-            cluster,
-            storage.address,
-            steps=14,
-            wrap=wrap,
-            more=lambda: not wrapped or wrapped[0].listener is None,
-            index_only=True,
-            on_started=started,
-        )
-        try:
-            assert running.state == "running", running.error
-            assert running.writer is None and running.steps_from_parts
-            probe = wrapped[0]
-            assert probe.listener is not None, "no listener arrived mid-step"
-            assert probe.rows_back_before == 0, "rows came back before anyone listened"
-            assert running.upper is not None
-            orders, customers = (f.collection_id for f in running.followers)
-            for t in range(running.as_of, running.upper):
-                want = _expected(history.at(t), orders, customers)
-                assert canonical(await running.peek(t, time.monotonic() + 30)) == want, t
-            # The listener's changes, from the step it arrived in to the end, are exactly the
-            # differences between the view's versions.
-            steps = probe.listener.steps()
-            changes: list[RowUpdate] = []
-            start = running.upper
-            while True:
-                step = await asyncio.wait_for(anext(steps), 30)
-                start = min(start, step.lower)
-                changes.extend(step.updates)
-                if step.upper >= running.upper:
-                    break
-            await steps.aclose()
-            assert start <= probe.listened_at + 1
-            for t in range(probe.listened_at + 1, running.upper):
-                before = _expected(history.at(t - 1), orders, customers)
-                after = _expected(history.at(t), orders, customers)
-                want = {r: after.get(r, 0) - before.get(r, 0) for r in before.keys() | after.keys()}
-                got: dict[Row, int] = {}
-                for row, time_, diff in changes:
-                    if time_ == t:
-                        got[row] = got.get(row, 0) + diff
-                assert canonical(got) == canonical(want), f"changes at {t}"
         finally:
             await running.stop(release=True)
             await client.close()

@@ -109,32 +109,3 @@ def test_an_index_over_a_dataflow_answers_every_time_in_range() -> None:
     for time in range(5, 14):
         assert index.contents_at(time) == accumulate(history, time)
     assert list(index.lookup(("a",), 13)) == [("a", 3)]
-
-
-def test_changes_between_are_the_updates_applied_in_that_window() -> None:
-    index = filled_index()
-    assert sorted(index.changes_between(11, 14)) == [
-        (("a", 1), 12, -1),
-        (("a", 5), 12, 1),
-        (("c", 3), 13, 1),
-    ]
-    assert index.changes_between(15, 17) == [(("b", 2), 15, -2)]
-    assert index.changes_between(14, 15) == []
-    # Each window's changes carry one version to the next.
-    for lower in range(11, 17):
-        moved = dict(index.contents_at(lower - 1))
-        for row, _, diff in index.changes_between(lower, lower + 1):
-            moved[row] = moved.get(row, 0) + diff
-        assert {r: n for r, n in moved.items() if n} == index.contents_at(lower)
-
-
-def test_changes_between_refuses_folded_and_incomplete_times() -> None:
-    index = filled_index()
-    with pytest.raises(FailedPrecondition, match="folded into the index's base"):
-        index.changes_between(10, 12)
-    with pytest.raises(FailedPrecondition, match="upper is 17"):
-        index.changes_between(15, 18)
-    index.compact(12)
-    with pytest.raises(FailedPrecondition, match="since is 12"):
-        index.changes_between(12, 14)
-    assert index.changes_between(13, 14) == [(("c", 3), 13, 1)]

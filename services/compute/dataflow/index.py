@@ -92,29 +92,6 @@ class Index:
         self._collect(wanted, time, contents)
         return contents
 
-    def changes_between(self, lower: int, upper: int) -> list[Update]:
-        """The updates at times in ``[lower, upper)``, as applied (a step's output read back
-        when nobody took it as it passed). ``lower`` must be after ``since``: older changes
-        are folded into the base."""
-        if lower <= self._since:
-            raise FailedPrecondition(
-                f"changes from {lower} are folded into the index's base (its since is "
-                f"{self._since})"
-            )
-        if upper > self._upper:
-            raise FailedPrecondition(
-                f"time {upper - 1} is not complete yet: the index's upper is {self._upper}"
-            )
-        changes: list[Update] = []
-        for key, times in self._times.items():
-            start = bisect.bisect_left(times, lower)
-            end = bisect.bisect_left(times, upper, lo=start)
-            held = self._changes[key]
-            for position in range(start, end):
-                row, diff = held[position]
-                changes.append((row, times[position], diff))
-        return changes
-
     def history_size(self) -> int:
         """Updates held beyond the base (what compaction would shrink)."""
         return sum(len(times) for times in self._times.values())

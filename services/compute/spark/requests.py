@@ -151,16 +151,6 @@ class Peek:
 
 
 @dataclass(frozen=True)
-class IndexChanges:
-    """This shard's index updates at times in ``[lower, upper)``: a step's output read back
-    when it did not come to the driver (``Index.changes_between``)."""
-
-    dataflow_id: str
-    lower: int
-    upper: int
-
-
-@dataclass(frozen=True)
 class Stats:
     """Keys held, work done, entries held and their estimated bytes, by this shard of a
     dataflow (the reply is ``(keys, Work, rows, bytes)``)."""
@@ -232,7 +222,6 @@ Request = (
     | ApplyIndex
     | CompactIndex
     | Peek
-    | IndexChanges
     | Stats
     | Stop
 )

@@ -371,13 +371,6 @@ class ResidentCluster:
             contents.update(part)  # shards own disjoint keys
         return contents
 
-    def index_changes(self, dataflow_id: str, lower: int, upper: int) -> list[Update]:
-        """The indexed output's updates at times in ``[lower, upper)``, from every shard."""
-        changes: list[Update] = []
-        for part in self.broadcast(rq.IndexChanges(dataflow_id, lower, upper)):
-            changes.extend(_updates(part))  # shards own disjoint keys
-        return changes
-
     def stats(self, dataflow_id: str) -> tuple[int, Work, StateSize]:
         """Keys held, work done and the state's size, summed over the shards."""
         keys, total, size = 0, Work(), StateSize()

@@ -34,7 +34,6 @@ from services.compute.spark.requests import (
     CompactIndex,
     Drop,
     Hydrate,
-    IndexChanges,
     Install,
     JoinMesh,
     MeshAddress,
@@ -218,8 +217,6 @@ class ShardHost:
             return None
         if isinstance(request, Peek):
             return self._index(request.dataflow_id).contents_at(request.time)
-        if isinstance(request, IndexChanges):
-            return self._index(request.dataflow_id).changes_between(request.lower, request.upper)
         if isinstance(request, Stats):
             worker = self._hosted(request.dataflow_id).worker
             size = worker.state_size()
@@ -321,10 +318,6 @@ class ShardHost:
             if indexed is None and hosted.rows_owned:
                 indexed = output
             return self._write_output(step, request.io, graph, output, indexed)
-        if request.io is not None and not request.io.return_rows:
-            # Nothing to write and nobody wants the rows (an index-only dataflow without
-            # change-feed listeners): the index keeps the output, the driver only its count.
-            return StepWritten(None, 0, 0, sum(diff for _, _, diff in output), None)
         return output
 
     def _step_sources(self, request: Step) -> dict[int, list[Update]]:

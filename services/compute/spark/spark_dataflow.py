@@ -261,9 +261,8 @@ class SparkDataflow(Dataflow):
         """``step`` where the tasks read the inputs' ``parts`` (per collection; with any
         ``batches`` of rows besides) from the blob store at ``blob_url`` themselves, and,
         with a ``sink``, write the output's parts there (not committed); the output's
-        updates come back only with ``return_rows`` (without a sink, the index on the tasks
-        keeps them: ``index_changes`` reads a step's back). The driver deals parts, not
-        rows (``_deal``)."""
+        updates come back only with ``return_rows`` or without a sink. The driver deals
+        parts, not rows (``_deal``)."""
         lower = self._upper
         if lower is None:
             raise FailedPrecondition("hydrate the dataflow before stepping it")
@@ -287,7 +286,7 @@ class SparkDataflow(Dataflow):
                 self.cluster.apply_index(
                     self.dataflow_id, [[] for _ in range(self.shards)], input_upper
                 )
-            return IoStep(input_upper, [] if return_rows else None)
+            return IoStep(input_upper, [] if sink is None or return_rows else None)
         dealt = _deal(windows, self.shards)
         shares: list[dict[int, list[Update]]] = [{} for _ in range(self.shards)]
         for node_id, updates in rows.items():
@@ -319,7 +318,7 @@ class SparkDataflow(Dataflow):
         self._upper = input_upper
         self.io_counters.input_rows += sum(len(updates) for updates in rows.values())
         self.io_counters.input_parts += len(windows)
-        if sink is None and return_rows:
+        if sink is None:
             output = self._consolidated(
                 [update for result in results for update in result]  # type: ignore[attr-defined]
             )
@@ -341,16 +340,6 @@ class SparkDataflow(Dataflow):
             )
             self.io_counters.output_rows += len(done.updates)
         return done
-
-    def index_changes(self, lower: int, upper: int) -> list[Update]:
-        """The output's updates at times in ``[lower, upper)`` from the tasks' index: a step
-        that kept its rows on the tasks, read back (the index's since must be before
-        ``lower``)."""
-        if self.index_key_columns is None:
-            raise FailedPrecondition(f"dataflow {self.dataflow_id!r} keeps no index")
-        changes = self.cluster.index_changes(self.dataflow_id, lower, upper)
-        self.io_counters.output_rows += len(changes)
-        return normalizer(self.graph.output_types).apply([changes])
 
     def _consolidated(self, updates: list[Update]) -> list[Update]:
         return consolidate(normalizer(self.graph.output_types).apply([updates]))

@@ -56,7 +56,6 @@ CODEC.register(18, rq.MeshPeer)
 CODEC.register(40, rq.StepIO)
 CODEC.register(41, rq.StepWritten)
 CODEC.register(42, rq.PartsShare)
-CODEC.register(43, rq.IndexChanges)
 
 
 class ConnectionLost(Exception):
