@@ -343,9 +343,11 @@ def test_join_and_aggregate_output_written_by_executors_is_the_views_contents(
         staged, loaded, _ = _hydrate(spark, dataflow, listings, target)
         assert loaded > 0
         # Both of the join's inputs are collections: each task read them from the parts
-        # itself, and Spark staged only the aggregate's input (the join's output).
+        # itself, and Spark staged only the aggregate's state: its groups' COUNT and SUM.
         for load in staged.loads:
             (join_id,) = load.shares
+            (reduce_id,) = load.states
+            assert len(load.nodes[reduce_id]) == 1
             assert [share.columns for share in load.shares[join_id]] == [
                 ("id", "customer", "amount"),
                 ("id", "region"),
@@ -414,3 +416,87 @@ async def _read_parts(blob_url: str, parts: Any) -> dict[tuple[Any, ...], int]:
             for row, n in version_from_table(table).items():
                 version[row] = version.get(row, 0) + n
     return version
+
+
+# -- a Reduce hydrated from its groups' partial aggregates ------------------------------------
+
+ITEMS = RelationSchema(
+    [
+        Column("g", ColumnType.INT64, nullable=True),
+        Column("label", ColumnType.TEXT, nullable=True),
+        Column("x", ColumnType.INT64, nullable=True),
+        Column("d", ColumnType.DECIMAL, precision=12, scale=2),
+    ]
+)
+
+
+def _items(rng: random.Random, count: int, time: int) -> list[RowUpdate]:
+    return [
+        (
+            (
+                None if i % 11 == 0 else rng.randrange(6),
+                None if i % 7 == 0 else f"l{rng.randrange(3)}",
+                None if i % 5 == 0 else rng.choice([rng.randrange(-50, 50), 2**62, -(2**63)]),
+                None if i % 3 == 0 else Decimal(rng.randrange(-99999, 99999)) / 100,
+            ),
+            time,
+            rng.choice([1, 1, 2]),
+        )
+        for i in range(count)
+    ]
+
+
+def test_a_reduce_of_sums_hydrates_from_its_groups_and_steps_exactly(
+    spark: SparkSession, cluster: ResidentCluster, storage: ServiceProcess
+) -> None:
+    """COUNT, SUM and AVG of BIGINT and DECIMAL, grouped by a key with NULLs: Spark stages
+    each group's partial aggregates (not the input rows), the tasks load them as the groups'
+    state, and the index equals the reference evaluator at every time while later steps
+    retract and insert rows of those groups."""
+    rng = random.Random(5)
+    collection = f"u{secrets.randbelow(10**12) * 10}"
+    as_of = 1
+    inserted = _items(rng, 400, 0) + _items(rng, 200, 1)
+    later = [(row, time, diff) for time in (2, 3) for row, _, diff in _items(rng, 60, time)]
+    retracted = [(row, 2 + i % 2, -diff) for i, (row, _, diff) in enumerate(inserted[:150])]
+    updates = {collection: inserted + later + retracted}
+    listings = asyncio.run(_store(storage.address, {collection: ITEMS}, updates, as_of))
+    aggregates = [
+        pb.aggregate("count"),
+        pb.aggregate("count", 2),
+        pb.aggregate("sum", 2),
+        pb.aggregate("avg", 2),
+        pb.aggregate("sum", 3),
+        pb.aggregate("avg", 3),
+    ]
+    root = pb.reduce(pb.get(collection, ITEMS), [0, 1], aggregates)
+    plan = pb.plan(root, derive_schema(root))
+    history = {collection: updates[collection]}
+    expected = {
+        time: reference_eval.evaluate(plan, {collection: _contents_at(history[collection], time)})
+        for time in range(as_of, 4)
+    }
+    dataflow = SparkDataflow(plan, as_of=as_of, cluster=cluster, index_key_columns=[0, 1])
+    try:
+        staged, loaded, index_rows = _hydrate(spark, dataflow, listings)
+        groups = len(expected[as_of])
+        assert all(load.states for load in staged.loads)
+        # One row per group for the Reduce, and the output's rows for the index; not the
+        # 600 input rows.
+        assert staged.staged_rows == 2 * groups
+        assert loaded >= groups and index_rows == groups
+        for time in (2, 3):
+            batch = [u for u in updates[collection] if u[1] == time]
+            dataflow.step({collection: batch}, time + 1)
+        for time in range(as_of, 4):
+            assert reference_eval.canonical(dataflow.peek(time)) == expected[time], time
+    finally:
+        dataflow.drop()
+
+
+def _contents_at(updates: list[RowUpdate], time: int) -> dict[tuple[Any, ...], int]:
+    contents: dict[tuple[Any, ...], int] = {}
+    for row, at, diff in updates:
+        if at <= time:
+            contents[row] = contents.get(row, 0) + diff
+    return {row: diff for row, diff in contents.items() if diff}

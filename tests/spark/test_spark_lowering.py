@@ -226,6 +226,54 @@ def test_integer_sums_are_exact_and_averages_correctly_rounded(spark: SparkSessi
     )
 
 
+def test_integer_sums_by_pieces_are_exact_at_the_extremes(spark: SparkSession, ansi: str) -> None:
+    """BIGINT sums add three 21-bit pieces of each value as longs: the extremes of 64 bits,
+    negative values (whose high piece is negative), NULLs, large diffs, and a group of NULLs
+    alone all come out exact."""
+    low = -(2**63)
+    schemas = {"n": NUM}
+    inputs = {
+        "n": {
+            (1, INT64_MAX): 2**40,
+            (1, low): 3,
+            (1, -1): 5,
+            (1, None): 2,
+            (2, -(2**42) - 7): 1,
+            (2, 2**21 - 1): 3,
+            (2, 2**42 + 2**21): 4,
+            (3, None): 2,
+        }
+    }
+    aggregates = [
+        pb.aggregate("sum", 1),
+        pb.aggregate("count", 1),
+        pb.aggregate("avg", 1),
+        pb.aggregate("count"),
+    ]
+    first = INT64_MAX * 2**40 + 3 * low - 5
+    second = -(2**42) - 7 + 3 * (2**21 - 1) + 4 * (2**42 + 2**21)
+    check(
+        spark,
+        pb.reduce(pb.get("n", NUM), [0], aggregates),
+        schemas,
+        inputs,
+        {
+            (1, Decimal(first), 2**40 + 8, first / (2**40 + 8), 2**40 + 10): 1,
+            (2, Decimal(second), 8, second / 8, 8): 1,
+            (3, None, 0, None, 2): 1,
+        },
+    )
+
+
+def test_a_bigint_sum_past_its_exact_range_fails_the_query(spark: SparkSession, ansi: str) -> None:
+    """A group whose multiplicities pass 2^42 loses its BIGINT sum's exact total: an error,
+    not a wrong answer."""
+    frame = spark_lowering.input_frame(spark, NUM, {(1, INT64_MAX): 2**43})
+    plan = pb.plan(pb.reduce(pb.get("n", NUM), [0], [pb.aggregate("sum", 1)]))
+    with pytest.raises(Internal, match="2\\^42"):
+        collect(lower(plan, {"n": frame}, spark))
+
+
 def test_float_sums_are_exact(spark: SparkSession) -> None:
     schemas = {"f": FLT}
     inputs = {

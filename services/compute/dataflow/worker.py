@@ -15,8 +15,10 @@ from services.compute.dataflow.batch import Update
 from services.compute.dataflow.graph import Graph
 from services.compute.dataflow.guard import UNGUARDED, Guard
 from services.compute.dataflow.operators.base import OperatorState, StatefulOperator
+from services.compute.dataflow.operators.reduce import ReduceState
 from services.compute.dataflow.spill import StateBudget
 from services.compute.dataflow.work import StateSize, Work
+from tidemark.errors import Internal
 
 
 class ShardWorker:
@@ -56,6 +58,14 @@ class ShardWorker:
     def load_columnar(self, node_id: int, inputs: Sequence[pa.Table | None], time: int) -> None:
         """``load`` of inputs given as Arrow tables (``OperatorState.load_columnar``)."""
         self.states[node_id].load_columnar(inputs, time)
+
+    def load_group_states(self, node_id: int, table: pa.Table, key_width: int) -> None:
+        """Loads Reduce ``node_id``'s groups as Spark aggregated them
+        (``ReduceState.load_group_states``)."""
+        state = self.states[node_id]
+        if not isinstance(state, ReduceState):
+            raise Internal(f"node {node_id} is not a reduce: it has no group states to load")
+        state.load_group_states(table, key_width)
 
     def work(self) -> Work:
         total = Work()

@@ -54,6 +54,7 @@ from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, Str
 from services.compute.dataflow.graph import Graph
 from services.compute.spark import requests as rq
 from services.compute.spark.lowering import DIFF, lower_with, release
+from services.compute.spark.lowering.aggregates import summed_state
 from services.compute.spark.lowering.types import Rel, diff_sum
 from services.compute.spark.part_shares import plan_shares, route_columns
 from services.compute.spark.parts_source import collection_frame, s3_credentials
@@ -130,6 +131,8 @@ class _Target:
     columns: tuple[int, ...] | None
     """The key's columns when the route is a plain projection (every task then keeps its
     own rows of the objects staged unrouted); ``None``: routed by Spark's shuffle."""
+    states: bool = False
+    """The frame holds a Reduce's groups' partial aggregates, not its input rows."""
 
 
 def stage(
@@ -160,7 +163,10 @@ def stage(
     }
     wanted: list[tuple[int, int, plan_pb2.Relation]] = []
     shares = plan_shares(graph, listings)
+    summed = _summed_reduces(graph, spark)
     for node in graph.stateful_nodes():
+        if node.id in summed:
+            continue
         for position, input_id in enumerate(node.inputs):
             if shares.get(node.id, (None,) * len(node.inputs))[position] is not None:
                 continue
@@ -170,7 +176,15 @@ def stage(
             wanted.append((node.id, position, relation))
     cached: list[DataFrame] = []
     replace = _narrowed_once(plan, graph, wanted, cached)
-    root, captured = lower_with(plan, frames, [r for _, _, r in wanted], spark, replace)
+    root, captured, aggregated = lower_with(
+        plan,
+        frames,
+        [r for _, _, r in wanted],
+        spark,
+        replace,
+        states=list(summed.values()),
+        kept=cached,
+    )
     targets = [
         _Target(
             tag,
@@ -185,6 +199,11 @@ def stage(
             zip(wanted, captured, strict=True), start=1
         )
     ]
+    for node_id, frame in zip(summed, aggregated, strict=True):
+        key_width = len(graph.nodes[node_id].relation.reduce.group_key)  # type: ignore[union-attr]
+        targets.append(
+            _Target(len(targets) + 1, node_id, 0, frame, tuple(range(key_width)), states=True)
+        )
     try:
         return _run(
             spark,
@@ -295,6 +314,7 @@ def _run(
                 {node_id: tuple(keys) for node_id, keys in nodes.items()},
                 staged_for(INDEX_TAG, shard),
                 shares,
+                tuple(sorted(t.node_id for t in targets if t.states and t.node_id is not None)),
             )
         )
     result = Staged(loads, staged_rows=staged_rows, staging_seconds=time.perf_counter() - started)
@@ -343,6 +363,24 @@ def _run(
         result.output_rows = int(counted or 0)
     result.output_seconds = time.perf_counter() - started
     return result
+
+
+def _summed_reduces(graph: Graph, spark: SparkSession) -> dict[int, plan_pb2.Relation]:
+    """The Reduce nodes every aggregate of which keeps a summed state
+    (``lowering.aggregates.summed_state``: COUNT, and SUM or AVG computed exactly), by node
+    id, with their relations. Spark stages such a Reduce's state itself, its groups' partial
+    aggregates, instead of its input: one aggregation by the group key, as a recompute of
+    the view runs, where consolidating the input on the columns the aggregates read
+    (:func:`_narrowed`) hashes every input row by more columns into many more groups."""
+    found: dict[int, plan_pb2.Relation] = {}
+    for node in graph.stateful_nodes():
+        relation = node.relation
+        if relation is None or not relation.HasField("reduce"):
+            continue
+        types = graph.nodes[node.inputs[0]].types
+        if all(summed_state(a, types, spark) for a in relation.reduce.aggregates):
+            found[node.id] = relation
+    return found
 
 
 def _narrowed_once(

@@ -182,9 +182,11 @@ class Hydrate:
     columns (``part_shares.route_columns``; always for the index) the objects hold every
     shard's rows and the task keeps its own; otherwise they hold this shard's alone.
     ``shares[node_id]``: per input of that node, the parts the task reads that input from
-    itself instead (``None``: the staged objects, if any, hold it). ``environment``:
-    the S3 credentials to open the stores with. The task answers ``(updates loaded, sum of
-    the diffs loaded into the index)``."""
+    itself instead (``None``: the staged objects, if any, hold it). ``states``: the
+    Reduce nodes whose staged objects hold their groups' partial aggregates
+    (``ReduceState.load_group_states``), keyed by their first columns, rather than their
+    input rows. ``environment``: the S3 credentials to open the stores with. The task
+    answers ``(updates loaded, sum of the diffs loaded into the index)``."""
 
     dataflow_id: str
     blob_url: str
@@ -193,6 +195,7 @@ class Hydrate:
     nodes: dict[int, tuple[tuple[str, ...], ...]]
     index: tuple[str, ...]
     shares: dict[int, tuple[PartsShare | None, ...]] = field(default_factory=dict)
+    states: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

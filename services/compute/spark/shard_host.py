@@ -390,8 +390,16 @@ class ShardHost:
         # Every input is read before any state changes: a part gone from the blob store
         # fails the load with this shard's state still empty.
         inputs: dict[int, list[pa.Table | None]] = {}
+        group_states: dict[int, tuple[pa.Table, int]] = {}
         for node_id in sorted(request.nodes.keys() | request.shares.keys()):
             node = graph.nodes[node_id]
+            if node_id in request.states:
+                (objects,) = request.nodes[node_id]
+                key_width = len(route_columns(graph, node_id, 0) or ())
+                table = staged(objects, tuple(range(key_width)))
+                if table is not None:
+                    group_states[node_id] = (table, key_width)
+                continue
             staged_keys = request.nodes.get(node_id) or ((),) * len(node.inputs)
             shares = request.shares.get(node_id) or (None,) * len(node.inputs)
             tables = inputs[node_id] = []
@@ -409,6 +417,9 @@ class ShardHost:
         for node_id, tables in inputs.items():
             hosted.worker.load_columnar(node_id, tables, as_of)
             loaded += sum(table.num_rows for table in tables if table is not None)
+        for node_id, (table, key_width) in group_states.items():
+            hosted.worker.load_group_states(node_id, table, key_width)
+            loaded += table.num_rows
         index_rows = 0
         if hosted.index is not None:
             updates: list[Update] = []

@@ -11,11 +11,13 @@ correctly rounded exact sum, which is what ``math.fsum`` returns.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from typing import Any
 
 from services.compute.dataflow.functions import decimals
 from services.compute.dataflow.operators.sorted_weights import SortedWeights
 from services.compute.dataflow.ordering import NAN, canonical_float, float_key
+from tidemark.errors import FailedPrecondition, Internal
 
 _FLOAT_UNIT_BITS = 1074
 _FLOAT_ONE = 1 << _FLOAT_UNIT_BITS
@@ -269,3 +271,33 @@ class Distinct(Aggregate):
 
     def values_held(self) -> int:
         return len(self.counts) + self.inner.values_held()
+
+
+def add_summed_parts(state: Aggregate, parts: Iterator[Any]) -> None:
+    """Adds to ``state`` a group's partial aggregates as the Spark lowering computes them for
+    an aggregate whose state is sums of diffs (``spark/lowering/aggregates.py``
+    ``summed_state``), taking from ``parts`` the ones that aggregate has, in order:
+
+    - COUNT(*): the group's sum of diffs (the group keeps it itself: skipped);
+    - COUNT(value): the diffs of non-NULL values;
+    - SUM or AVG of an INT64 or DECIMAL: the exact total (a decimal at the value's scale,
+      NULL when no value is), the diffs of non-NULL values, and a flag set when a product
+      did not fit Spark's decimals.
+
+    Hydration by Spark loads such groups without their rows. Adding (not setting) lets two
+    rows of one group sum up."""
+    if isinstance(state, CountRows):
+        next(parts)
+    elif isinstance(state, CountValues):
+        state.count += next(parts)
+    elif isinstance(state, SumExact):
+        total, count, overflowed = next(parts), next(parts), next(parts)
+        if overflowed is not None or (total is None and count):
+            raise FailedPrecondition(
+                "a SUM's total passes 38 digits: its exact state cannot be built by Spark"
+            )
+        if total is not None:
+            state.total += int(total.scaleb(state.scale, decimals.EXACT))
+        state.count += count
+    else:
+        raise Internal(f"{type(state).__name__} keeps more than sums of diffs")

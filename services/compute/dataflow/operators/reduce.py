@@ -15,9 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import pyarrow as pa
+
 from services.compute.dataflow.batch import Key, KeyFunction, Row, Update
-from services.compute.dataflow.guard import row_bytes, rows_bytes
-from services.compute.dataflow.operators.aggregates import Aggregate
+from services.compute.dataflow.columnar import float_columns_of, python_rows
+from services.compute.dataflow.guard import CHECK_EVERY, row_bytes, rows_bytes
+from services.compute.dataflow.operators.aggregates import Aggregate, add_summed_parts
 from services.compute.dataflow.operators.base import GroupedState, StatefulOperator
 from services.compute.dataflow.spill import StateBudget
 from services.compute.dataflow.spilling_map import SpillingMap
@@ -101,6 +104,42 @@ class ReduceState(GroupedState):
 
     def _visit_order(self, keys: dict[Key, list[tuple[Row, int]]]) -> Iterable[Key]:
         return self.groups.in_bucket_order(keys)
+
+    def load_group_states(self, table: pa.Table, key_width: int) -> None:
+        """Loads, into the empty state, groups that Spark aggregated (hydration by Spark of a
+        Reduce whose aggregates are sums of diffs): each row of ``table`` holds a group's key
+        (its first ``key_width`` columns), its sum of diffs, and each aggregate's partial
+        aggregates in order (``aggregates.add_summed_parts``). The groups get the output
+        row they would have emitted, so later steps retract it as usual."""
+        width = table.num_columns
+        keys = python_rows(table.select(list(range(key_width))), float_columns_of(table.schema))
+        columns = [table.column(i).to_pylist() for i in range(key_width, width)]
+        spec = self.spec
+        loaded: dict[Key, Group] = {}
+        for key, values in zip(keys, zip(*columns, strict=True), strict=True):
+            rows, *parts = values
+            if rows is None:  # a global aggregate over no rows: no group
+                continue
+            group = loaded.get(key)
+            if group is None:
+                group = loaded[key] = Group([a.new_state() for a in spec.aggregates])
+            group.rows += rows
+            remaining = iter(parts)
+            for state in group.aggregates:
+                add_summed_parts(state, remaining)
+        groups = self.groups
+        base = row_bytes(key_width + len(spec.aggregates))
+        for position, key in enumerate(groups.in_bucket_order(loaded)):
+            if position % CHECK_EVERY == 0:
+                self.guard.check(0)
+            group = loaded[key]
+            if group.rows > 0:
+                group.output = (*key, *(state.result(group.rows) for state in group.aggregates))
+            if group.is_empty():
+                continue
+            groups.add(groups.bucket(key), key, group, base)
+            groups.settle()
+        self.key_width = key_width
 
     def _update_group(
         self, key: Key, changes: list[tuple[Row, int]], time: int, out: list[Update]

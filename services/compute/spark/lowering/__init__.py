@@ -59,16 +59,24 @@ def lower_with(
     relations: Sequence[plan_pb2.Relation],
     spark: SparkSession,
     replace: Mapping[bytes, Callable[[Rel], Rel]] | None = None,
-) -> tuple[DataFrame, list[DataFrame]]:
+    states: Sequence[plan_pb2.Relation] = (),
+    kept: list[DataFrame] | None = None,
+) -> tuple[DataFrame, list[DataFrame], list[DataFrame]]:
     """``lower(plan, inputs)``, and a DataFrame of each of ``relations`` (parts of ``plan``,
     met while lowering it) in the positional layout ``c0 .. cN, diff``, not consolidated: a
     row may come several times, and its diffs add up (a reader that sums anyway saves the
     shuffle). ``replace`` (by a relation's deterministic serialization): what both the
     caller and the rest of the plan get for that relation instead of its lowered form.
+    ``states``: Reduces of ``plan`` whose aggregates all have summed states; the third
+    result holds each one's groups' partial aggregates (``RelationLowering``), cached, the
+    cache listed in ``kept`` (unpersist them after the actions: :func:`release`).
     Raises ``InvalidArgument`` when one of them is not part of the plan."""
     root = plan.root if isinstance(plan, plan_pb2.Plan) else plan
     keys = [r.SerializeToString(deterministic=True) for r in relations]
-    lowering = RelationLowering(spark, inputs, capture=set(keys), replace=replace)
+    state_keys = [r.SerializeToString(deterministic=True) for r in states]
+    lowering = RelationLowering(
+        spark, inputs, kept, capture=set(keys), replace=replace, states=set(state_keys)
+    )
     rel = lowering.lower(root).consolidated()
     names = [c.name for c in derive_schema(root).columns]
     if isinstance(plan, plan_pb2.Plan) and plan.output_schema.columns:
@@ -80,7 +88,13 @@ def lower_with(
         if captured is None:
             raise InvalidArgument("a relation to capture is not part of the plan")
         parts.append(captured.df)
-    return output, parts
+    aggregated = []
+    for key in state_keys:
+        frame = lowering.captured_states.get(key)
+        if frame is None:
+            raise InvalidArgument("a Reduce whose states to capture is not part of the plan")
+        aggregated.append(frame)
+    return output, parts, aggregated
 
 
 def release(kept: list[DataFrame]) -> None:

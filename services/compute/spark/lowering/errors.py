@@ -2,8 +2,8 @@
 
 Values never fail (the lowering makes overflow, division by zero and bad casts NULL, as the
 contract says), so what Spark can still raise is about the query itself: a multiplicity past
-64 bits (checked explicitly, whatever the session's ANSI mode), a cancelled job, memory, or a
-bug in a fallback UDF.
+64 bits, or multiplicities past 2^42 in one group's BIGINT sum (both checked explicitly,
+whatever the session's ANSI mode), a cancelled job, memory, or a bug in a fallback UDF.
 """
 
 from __future__ import annotations
@@ -11,15 +11,16 @@ from __future__ import annotations
 from pyspark.errors import PySparkException, PythonException
 from pyspark.sql import DataFrame, Row
 
-from services.compute.spark.lowering.types import MULTIPLICITY_OVERFLOW
+from services.compute.spark.lowering.types import INT64_SUM_OVERFLOW, MULTIPLICITY_OVERFLOW
 from tidemark.errors import Cancelled, Internal, ResourceExhausted, TidemarkError
 
 
 def translate(error: Exception) -> TidemarkError | None:
     """The Tidemark error for an exception Spark raised, or None if it is not Spark's."""
     text = str(error)
-    if MULTIPLICITY_OVERFLOW in text:
-        return Internal(MULTIPLICITY_OVERFLOW.removeprefix("tidemark: "))
+    for overflow in (MULTIPLICITY_OVERFLOW, INT64_SUM_OVERFLOW):
+        if overflow in text:
+            return Internal(overflow.removeprefix("tidemark: "))
     if isinstance(error, PythonException):
         return Internal(f"a Python fallback failed in Spark: {text.splitlines()[0]}")
     if not isinstance(error, PySparkException) and "Py4J" not in type(error).__name__:

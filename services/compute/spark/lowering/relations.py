@@ -75,7 +75,11 @@ class RelationLowering:
     keep in ``captured`` as they are met (bulk hydration reads a dataflow's intermediate
     relations from one lowering of its plan). ``replace``: for some of those, a function
     giving what the rest of the plan reads instead of the lowered form (an equivalent for
-    its consumer, computed once and cached, say)."""
+    its consumer, computed once and cached, say). ``states``: serialized Reduce relations
+    of the plan, every aggregate of which has a summed state (``aggregates.summed_state``),
+    whose groups' partial aggregates to cache and keep in ``captured_states`` (the group key
+    ``g0 ..``, the group's sum of diffs ``total``, then each aggregate's parts in order):
+    the Reduce's output is computed from them, and hydration stages them as its state."""
 
     def __init__(
         self,
@@ -84,6 +88,7 @@ class RelationLowering:
         kept: list[DataFrame] | None = None,
         capture: Collection[bytes] = (),
         replace: Mapping[bytes, Callable[[Rel], Rel]] | None = None,
+        states: Collection[bytes] = (),
     ) -> None:
         self.spark = spark
         self.inputs = inputs
@@ -91,12 +96,21 @@ class RelationLowering:
         self.capture = capture
         self.replace = replace or {}
         self.captured: dict[bytes, Rel] = {}
+        self.states = states
+        self.captured_states: dict[bytes, DataFrame] = {}
         # Where cached DataFrames go, for the caller to unpersist after its action (None:
         # nothing is cached).
         self.kept = kept
 
     def lower(self, relation: plan_pb2.Relation) -> Rel:
         kind = relation.WhichOneof("kind")
+        if kind == "reduce" and self.states:
+            key = relation.SerializeToString(deterministic=True)
+            if key in self.states:
+                rel = self._reduce(relation.reduce, states_key=key)
+                if key in self.capture:
+                    self.captured[key] = rel
+                return rel
         method: Callable[[Any], Rel] = getattr(self, f"_{kind}")
         rel = method(getattr(relation, str(kind)))
         if self.capture:
@@ -328,7 +342,7 @@ class RelationLowering:
 
     # -- reduce ----------------------------------------------------------------------------
 
-    def _reduce(self, node: plan_pb2.Reduce) -> Rel:
+    def _reduce(self, node: plan_pb2.Reduce, states_key: bytes | None = None) -> Rel:
         rel = self.lower(node.input)
         # COUNT, SUM and AVG are sums of diffs and need no consolidated input (rows that
         # cancel add nothing), nor do DISTINCT aggregates (their values are consolidated on
@@ -349,6 +363,7 @@ class RelationLowering:
         )
         diff = F.col(DIFF)
         parts: list[Column] = [diff_sum(diff).alias("total")]
+        states: list[Column] = []
         finals: dict[int, Callable[[list[Column]], Column]] = {}
         part_names: dict[int, list[str]] = {}
         distinct_frames: list[tuple[int, DataFrame]] = []
@@ -366,10 +381,21 @@ class RelationLowering:
                 rel.types,
                 base,
             )
-            part_names[i] = [f"p{i}_{j}" for j in range(len(plan.parts))]
-            parts += [p.alias(n) for p, n in zip(plan.parts, part_names[i], strict=True)]
+            raw = [f"r{i}_{j}" for j in range(len(plan.parts))]
+            parts += [p.alias(n) for p, n in zip(plan.parts, raw, strict=True)]
+            made = plan.state_of([F.col(n) for n in raw])
+            part_names[i] = [f"p{i}_{j}" for j in range(len(made))]
+            states += [c.alias(n) for c, n in zip(made, part_names[i], strict=True)]
             finals[i] = plan.final
-        grouped = base.groupBy(*key_names).agg(*parts).where(F.col("total") > 0)
+        aggregated = base.groupBy(*key_names).agg(*parts).select(*key_names, "total", *states)
+        if states_key is not None:
+            if distinct_frames:
+                raise InvalidArgument("a Reduce with DISTINCT aggregates has no summed state")
+            aggregated = aggregated.persist()
+            if self.kept is not None:
+                self.kept.append(aggregated)
+            self.captured_states[states_key] = aggregated
+        grouped = aggregated.where(F.col("total") > 0)
         for _, frame in distinct_frames:
             grouped = _join_on_keys(grouped, frame, key_names)
         outputs = [F.col(k) for k in key_names]
@@ -415,7 +441,7 @@ class RelationLowering:
             plain, F.col("v"), value.type, F.lit(1).cast("long"), rel.types, values
         )
         parts = [p.alias(f"q{j}") for j, p in enumerate(plan.parts)]
-        result = plan.final([F.col(f"q{j}") for j in range(len(parts))])
+        result = plan.final(plan.state_of([F.col(f"q{j}") for j in range(len(parts))]))
         if aggregate.func == plan_pb2.Aggregate.FUNC_COUNT:
             result = F.coalesce(result, F.lit(0).cast("long"))
         grouped = values.groupBy(*key_names).agg(*parts)

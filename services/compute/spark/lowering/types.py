@@ -22,6 +22,8 @@ from tidemark.plan.scalar_types import ScalarType
 DIFF = "diff"
 # The text of the error a multiplicity past 64 bits raises (see :mod:`.errors`).
 MULTIPLICITY_OVERFLOW = "tidemark: a multiplicity does not fit in 64 bits"
+INT64_SUM_OVERFLOW = "tidemark: a SUM of BIGINT in one group passes multiplicities of 2^42"
+"""Raised where a BIGINT sum's exact total is lost (``aggregates._int64_sum``)."""
 
 _SIMPLE: dict[ColumnType, S.DataType] = {
     ColumnType.BOOL: S.BooleanType(),
