@@ -26,7 +26,7 @@ from services.compute.dataflow.spill import TaskStateBudget
 from services.compute.dataflow.work import StateSize
 from services.compute.spark import ResidentCluster, SparkDataflow, spark_session
 from services.compute.spark import requests as rq
-from services.compute.spark.hydration import OutputTarget, Staged, stage
+from services.compute.spark.hydration import OutputTarget, Staged, early_loads, stage
 from services.compute.spark.jobs import SparkJobs
 from services.compute.spark.liveness import ClusterStart
 from services.compute.spark.parts_source import LISTING_ATTEMPTS, missing_part, s3_credentials
@@ -428,6 +428,15 @@ class SparkEngineDataflow:
         staging_url = urls[0]
         prefix = run_prefix(dataflow.dataflow_id)
         group = self._jobs.new_group()
+        # The nodes the tasks read from the parts alone (a join of stored collections) load
+        # while Spark's jobs run: the tasks' reading and the jobs overlap.
+        early, preloaded = early_loads(
+            dataflow.graph,
+            listings,
+            dataflow_id=dataflow.dataflow_id,
+            as_of=dataflow.as_of,
+            shards=dataflow.shards,
+        )
         action = functools.partial(
             stage,
             self._jobs.spark,
@@ -442,6 +451,7 @@ class SparkEngineDataflow:
             prefix=prefix,
             output=output,
             count_output=False,
+            preloaded=preloaded,
         )
 
         # The Spark jobs read every input about twice (the operators' inputs, then the
@@ -457,14 +467,23 @@ class SparkEngineDataflow:
                     on_progress(min(0.95, progress.read_fraction(rows_total)))
 
         watcher = asyncio.create_task(watch())
+        preloading = (
+            asyncio.ensure_future(asyncio.to_thread(dataflow.load_staged, early)) if early else None
+        )
         try:
-            staged = await self._guarded_any(
-                self._jobs.run(action, f"hydrate {dataflow.dataflow_id}", group=group)
-            )
+            try:
+                staged = await self._guarded_any(
+                    self._jobs.run(action, f"hydrate {dataflow.dataflow_id}", group=group)
+                )
+            finally:
+                # Never left running into the next load (or a failure's restart).
+                early_done = await asyncio.shield(preloading) if preloading is not None else None
             started = time.perf_counter()
             loaded, index_rows = await self._guarded_any(
                 asyncio.to_thread(dataflow.load_staged, staged.loads)
             )
+            if early_done is not None:
+                loaded += early_done[0]
             log.info(
                 "hydration_loaded",
                 dataflow=dataflow.dataflow_id,

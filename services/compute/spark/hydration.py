@@ -40,7 +40,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import reduce as fold
 from typing import Any
@@ -151,12 +151,14 @@ def stage(
     count_output: bool,
     environment: Mapping[str, str] | None = None,
     only_shard: int | None = None,
+    preloaded: Collection[int] = (),
 ) -> Staged:
     """Runs steps 1, 2 and 4 of the module docstring (Spark jobs on this thread) and returns
     the per-shard requests for step 3. ``count_output``: count the output's rows by a job of
     their own when no part write counts them (an index load counts them too).
     ``only_shard``: stage that shard's rows alone, dropped before the shuffle (a task that
-    replaces a lost one; the others keep their state)."""
+    replaces a lost one; the others keep their state). ``preloaded``: the nodes the tasks
+    loaded already (:func:`early_loads`), left out of the requests."""
     frames = {
         cid: collection_frame(spark, listing, consolidate=False, environment=environment)
         for cid, listing in listings.items()
@@ -165,7 +167,7 @@ def stage(
     shares = plan_shares(graph, listings)
     summed = _summed_reduces(graph, spark)
     for node in graph.stateful_nodes():
-        if node.id in summed:
+        if node.id in summed or node.id in preloaded:
             continue
         for position, input_id in enumerate(node.inputs):
             if shares.get(node.id, (None,) * len(node.inputs))[position] is not None:
@@ -215,7 +217,7 @@ def stage(
             as_of=as_of,
             shards=shards,
             index_key_columns=index_key_columns,
-            shares=shares,
+            shares={n: slots for n, slots in shares.items() if n not in preloaded},
             staging_url=staging_url,
             prefix=prefix,
             output=output,
@@ -225,6 +227,33 @@ def stage(
         )
     finally:
         release(cached)
+
+
+def early_loads(
+    graph: Graph,
+    listings: Mapping[str, PartsListing],
+    *,
+    dataflow_id: str,
+    as_of: int,
+    shards: int,
+    environment: Mapping[str, str] | None = None,
+) -> tuple[list[rq.Hydrate], frozenset[int]]:
+    """The requests (one per shard) loading the stateful nodes every input of which the
+    tasks read from the parts themselves (``part_shares``: a join of stored collections),
+    and those nodes. They wait for no Spark job, so the tasks load them while the jobs run
+    (pass the nodes to :func:`stage` as ``preloaded``); the index waits for the rest
+    (``Hydrate.complete``)."""
+    shares = {
+        node_id: slots
+        for node_id, slots in plan_shares(graph, listings).items()
+        if all(slot is not None for slot in slots)
+    }
+    if not shares:
+        return [], frozenset()
+    credentials = s3_credentials(environment)
+    blob_url = next(iter(listings.values())).blob_url
+    load = rq.Hydrate(dataflow_id, blob_url, credentials, as_of, {}, (), shares, (), False)
+    return [load] * shards, frozenset(shares)
 
 
 def _run(

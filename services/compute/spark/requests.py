@@ -185,8 +185,10 @@ class Hydrate:
     itself instead (``None``: the staged objects, if any, hold it). ``states``: the
     Reduce nodes whose staged objects hold their groups' partial aggregates
     (``ReduceState.load_group_states``), keyed by their first columns, rather than their
-    input rows. ``environment``: the S3 credentials to open the stores with. The task
-    answers ``(updates loaded, sum of the diffs loaded into the index)``."""
+    input rows. ``environment``: the S3 credentials to open the stores with.
+    ``complete``: false when a later ``Hydrate`` brings the rest of the state (the nodes
+    read from parts alone load while Spark's jobs run); the index is loaded with the last.
+    The task answers ``(updates loaded, sum of the diffs loaded into the index)``."""
 
     dataflow_id: str
     blob_url: str
@@ -196,6 +198,7 @@ class Hydrate:
     index: tuple[str, ...]
     shares: dict[int, tuple[PartsShare | None, ...]] = field(default_factory=dict)
     states: tuple[int, ...] = ()
+    complete: bool = True
 
 
 @dataclass(frozen=True)

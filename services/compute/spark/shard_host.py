@@ -421,7 +421,7 @@ class ShardHost:
             hosted.worker.load_group_states(node_id, table, key_width)
             loaded += table.num_rows
         index_rows = 0
-        if hosted.index is not None:
+        if hosted.index is not None and request.complete:
             updates: list[Update] = []
             table = staged(request.index, hosted.index.key_columns)
             if table is not None:

@@ -168,7 +168,9 @@ class SparkDataflow(Dataflow):
     def load_staged(self, loads: Sequence[Hydrate]) -> tuple[int, int]:
         """Ends a hydration by Spark (``hydration.py``): every task loads its shard's staged
         inputs (``loads[p]`` is shard ``p``'s request), and the dataflow is hydrated at
-        ``as_of`` from then on. Returns the updates loaded and the index's rows."""
+        ``as_of`` from then on (unless ``loads`` are not ``complete``: the nodes the tasks
+        read from parts alone, loaded while Spark's jobs run). Returns the updates loaded
+        and the index's rows."""
         if self.upper is not None:
             raise FailedPrecondition("the dataflow is already hydrated")
         if self._dropped:
@@ -186,7 +188,8 @@ class SparkDataflow(Dataflow):
                 f"dataflow {self.dataflow_id!r}: an input's part was compacted away while "
                 "the tasks loaded it; the dataflow restarts"
             ) from exc
-        self._upper = self.as_of + 1
+        if all(load.complete for load in loads):
+            self._upper = self.as_of + 1
         loaded = index_rows = 0
         for result in results:
             assert isinstance(result, tuple)
