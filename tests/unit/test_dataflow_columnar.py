@@ -384,6 +384,8 @@ def build_inputs(draw: st.DrawFn) -> dict[str, Any]:
         "drop_null_keys": draw(st.booleans()),
         # Chunks of a row or a few: hashing crosses chunk boundaries in small tables too.
         "hash_chunk": draw(st.sampled_from([1, 3, 32_768])),
+        # Where the table is cut into two chunks (a table gathered from parts).
+        "cut": draw(st.one_of(st.none(), st.integers(0, rows))),
         # 64: no room for packed ranks, the rows are ordered by the two sorts instead.
         "prefix_bits": draw(st.sampled_from([16, 64])),
     }
@@ -420,6 +422,9 @@ def test_a_built_batch_is_the_row_by_row_model(inputs: dict[str, Any]) -> None:
         for kind, values in zip(inputs["kinds"], inputs["columns"], strict=True)
     ]
     table = pa.Table.from_arrays(arrays, names=[f"c{i}" for i in range(len(arrays))])
+    if inputs["cut"] is not None:
+        cut = inputs["cut"]
+        table = pa.concat_tables([table.slice(0, cut), table.slice(cut)])
     key_columns = inputs["key_columns"]
 
     def key_of(row: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -472,10 +477,11 @@ def test_a_built_batch_is_the_row_by_row_model(inputs: dict[str, Any]) -> None:
     keys=st.integers(1, 50),
     shape=st.sampled_from(["random", "shared_high_bits", "duplicates", "top_bit"]),
     prefix_bits=st.sampled_from([16, 64]),
+    chunk=st.sampled_from([1, 7, 32_768]),
     seed=st.integers(0, 2**32 - 1),
 )
 def test_arranged_order_sorts_by_key_hash_then_row_hash(
-    rows: int, keys: int, shape: str, prefix_bits: int, seed: int
+    rows: int, keys: int, shape: str, prefix_bits: int, chunk: int, seed: int
 ) -> None:
     """Whatever the row hashes (agreeing in their leading bits, where the packed sort keeps
     only those and must sort ties again; repeated; the top bit set), the order is that of a
@@ -492,7 +498,10 @@ def test_arranged_order_sorts_by_key_hash_then_row_hash(
         row_hashes = row_hashes[rng.integers(0, max(1, rows // 4), rows)]
     elif shape == "top_bit":
         row_hashes |= np.uint64(1 << 63)
-    with mock.patch.object(columnar, "_PREFIX_BITS", prefix_bits):
+    with (
+        mock.patch.object(columnar, "_PREFIX_BITS", prefix_bits),
+        mock.patch.object(columnar, "_HASH_CHUNK", chunk),
+    ):
         order, sorted_keys, sorted_rows = columnar.arranged_order(hashes, row_hashes)
     assert sorted(order.tolist()) == list(range(rows))
     assert np.array_equal(hashes[order], sorted_keys)
@@ -503,13 +512,16 @@ def test_arranged_order_sorts_by_key_hash_then_row_hash(
 
 
 def test_a_large_build_is_the_row_by_row_model() -> None:
-    """Past one hashing chunk, with 1,000 keys, repeated rows and rows that cancel."""
-    count = 50_000
+    """Past one hashing chunk, in two large chunks as parts read by a task (hashed where
+    they lie), with 1,000 keys, repeated rows and rows that cancel."""
+    count = 100_000
     rng = np.random.default_rng(5)
     cust = rng.integers(0, 1_000, count)
-    amount = rng.integers(0, 20, count)
-    o_id = rng.integers(0, count // 2, count)  # about a third of the rows repeat another
-    table = pa.table({"o_id": o_id, "cust": cust, "amount": amount})
+    amount = rng.integers(0, 2, count)
+    o_id = rng.integers(0, 40, count)  # 80,000 distinct rows: many repeat
+    whole = pa.table({"o_id": o_id, "cust": cust, "amount": amount})
+    table = pa.concat_tables([whole.slice(0, 40_000), whole.slice(40_000)])
+    assert table.column(0).num_chunks == 2
     diffs = rng.choice(np.array([-1, 1, 1, 2], dtype=np.int64), count)
     batch = build_keyed(table, diffs, lambda row: (row[1],), (1,), True)
     assert batch is not None
@@ -517,6 +529,7 @@ def test_a_large_build_is_the_row_by_row_model() -> None:
     pairs = sorted((pair for pair, rows in expected.items() for _ in rows))
     assert batch.hashes.tolist() == [key for key, _ in pairs]
     assert batch.row_hashes.tolist() == [row for _, row in pairs]
+    assert len(pairs) < count - 10_000  # rows were summed and cancelled
     held: dict[tuple[int, int], dict[tuple[Any, ...], int]] = {}
     for position, row in enumerate(python_rows(batch.table, ())):
         pair = (int(batch.hashes[position]), int(batch.row_hashes[position]))

@@ -128,13 +128,18 @@ def value_hashes(source: HashInput) -> np.ndarray:
 
 
 def combined_hashes(
-    sources: Sequence[HashInput], rows: int, combinations: Sequence[Sequence[int]]
-) -> list[np.ndarray]:
+    sources: Sequence[HashInput],
+    rows: int,
+    combinations: Sequence[Sequence[int]],
+    outputs: Sequence[np.ndarray] | None = None,
+) -> Sequence[np.ndarray]:
     """Per combination (positions in ``sources``), each row's hash of those columns'
-    values in that order, as :func:`key_hash` combines a key's values. A column in several
-    combinations (a join key is also a column of the row) has its value hashes computed
-    once, chunk by chunk."""
-    outputs = [np.empty(rows, dtype=np.uint64) for _ in combinations]
+    values in that order, as :func:`key_hash` combines a key's values (into ``outputs``
+    when given, one array of ``rows`` per combination). A column in several combinations
+    (a join key is also a column of the row) has its value hashes computed once, chunk by
+    chunk."""
+    if outputs is None:
+        outputs = [np.empty(rows, dtype=np.uint64) for _ in combinations]
     needed = sorted({column for combination in combinations for column in combination})
     width = min(rows, _HASH_CHUNK)
     buffers = {column: np.empty(width, dtype=np.uint64) for column in needed}
@@ -186,10 +191,17 @@ def key_hash(key: Key) -> int:
     return h
 
 
+def one_array(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """``column`` as one array: its only chunk as it is (``combine_chunks`` would copy it,
+    and each first use of fresh memory costs about as much as the hashing itself)."""
+    if isinstance(column, pa.ChunkedArray):
+        return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    return column
+
+
 def hash_input(column: pa.Array | pa.ChunkedArray) -> HashInput:
     """``column`` made ready for :func:`value_hash` of each of its values."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
+    column = one_array(column)
     kind = column.type
     nulls = column.is_null().to_numpy(zero_copy_only=False) if column.null_count else None
     if pa.types.is_uint64(kind):  # its values' bits are the Python ints' & MASK
@@ -240,6 +252,22 @@ def _numbers(column: pa.Array, fill: float) -> np.ndarray:
         column = column.fill_null(fill)
     values: np.ndarray = column.to_numpy(zero_copy_only=False)
     return values
+
+
+def table_hashes(table: pa.Table, combinations: Sequence[Sequence[int]]) -> list[np.ndarray]:
+    """:func:`combined_hashes` of ``table``'s columns, record batch by record batch: a table
+    gathered from many parts is hashed where it lies rather than copied into one array per
+    column first."""
+    outputs = [np.empty(table.num_rows, dtype=np.uint64) for _ in combinations]
+    start = 0
+    for batch in table.to_batches():
+        stop = start + batch.num_rows
+        sources = [hash_input(column) for column in batch.columns]
+        combined_hashes(
+            sources, batch.num_rows, combinations, [output[start:stop] for output in outputs]
+        )
+        start = stop
+    return outputs
 
 
 def key_hashes(columns: Sequence[pa.Array | pa.ChunkedArray], rows: int) -> np.ndarray:
@@ -335,11 +363,7 @@ def arranged_order(
         return order, hashes[order], row_hashes[order]
     distinct, ranks = ranked
     rank_bits = (len(distinct) - 1).bit_length()
-    packed = row_hashes >> np.uint64(rank_bits + index_bits)
-    packed <<= np.uint64(index_bits)
-    packed |= np.arange(rows, dtype=np.uint64)
-    if rank_bits:
-        packed |= ranks.astype(np.uint64) << np.uint64(64 - rank_bits)
+    packed = _packed(row_hashes, ranks, rank_bits, index_bits)
     packed.sort()
     order = (packed & np.uint64((1 << index_bits) - 1)).view(np.int64)
     sorted_keys = np.repeat(distinct, np.bincount(ranks, minlength=len(distinct)))
@@ -358,6 +382,34 @@ def arranged_order(
         order[positions] = order[resorted]
         sorted_rows[positions] = sorted_rows[resorted]
     return order, sorted_keys, sorted_rows
+
+
+def _packed(
+    row_hashes: np.ndarray, ranks: np.ndarray, rank_bits: int, index_bits: int
+) -> np.ndarray:
+    """Per row: its rank in the top ``rank_bits``, its position in the low ``index_bits``,
+    the leading bits of its row hash between. Built chunk by chunk into the one array, so
+    that no whole-column temporaries are made (each first use of fresh memory costs about
+    as much as the arithmetic)."""
+    rows = len(row_hashes)
+    packed = np.empty(rows, dtype=np.uint64)
+    width = min(rows, _HASH_CHUNK)
+    offsets = np.arange(width, dtype=np.uint64)
+    scratch_full = np.empty(width, dtype=np.uint64)
+    hash_shift, index_shift = np.uint64(rank_bits + index_bits), np.uint64(index_bits)
+    rank_shift = np.uint64(64 - rank_bits)
+    for start in range(0, rows, _HASH_CHUNK):
+        stop = min(rows, start + _HASH_CHUNK)
+        out, scratch = packed[start:stop], scratch_full[: stop - start]
+        np.right_shift(row_hashes[start:stop], hash_shift, out=out)
+        out <<= index_shift
+        np.add(offsets[: stop - start], np.uint64(start), out=scratch)
+        out |= scratch
+        if rank_bits:
+            scratch[:] = ranks[start:stop]
+            scratch <<= rank_shift
+            out |= scratch
+    return packed
 
 
 def _in_order(diffs: np.ndarray, order: np.ndarray) -> np.ndarray:
@@ -619,9 +671,12 @@ def build_keyed(
     each row's key is computed in Python. ``drop_null_keys`` leaves out rows whose key holds a
     NULL (a join never matches them). None when no row is left."""
     diffs = np.asarray(diffs, dtype=np.int64)
-    # A staged table comes in thousands of record batches: one contiguous array per column
-    # makes hashing and taking cheaper than chunk by chunk.
-    table = table.combine_chunks()
+    chunks = table.column(0).num_chunks if table.num_columns else 0
+    if chunks > 1 and table.num_rows < chunks * _HASH_CHUNK:
+        # A staged table comes in thousands of small record batches: one array per column
+        # makes hashing and taking cheaper than batch by batch. Parts read by a task come
+        # in a few large chunks, which are not worth copying.
+        table = table.combine_chunks()
     if key_columns is not None:
         if drop_null_keys and key_columns:
             nulls = np.zeros(table.num_rows, dtype=bool)
@@ -631,11 +686,10 @@ def build_keyed(
             if nulls.any():
                 table = table.filter(pa.array(~nulls))
                 diffs = diffs[~nulls]
-        # The key's columns are columns of the row too: each hashed once for both.
-        sources = [hash_input(column) for column in table.columns]
-        hashes, row_hashes = combined_hashes(
-            sources, table.num_rows, [key_columns, range(table.num_columns)]
-        )
+        # The key's columns are columns of the row too: each hashed once for both. The
+        # table stays in its chunks (one per part read): hashing goes batch by batch and
+        # the build's take gathers from the chunks into one array per column.
+        hashes, row_hashes = table_hashes(table, [key_columns, range(table.num_columns)])
     else:
         keys = [key_of(row) for row in python_rows(table, float_columns_of(table.schema))]
         if drop_null_keys:

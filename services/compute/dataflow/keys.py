@@ -34,6 +34,7 @@ from services.compute.dataflow.columnar import (
     _mix,
     combined_hashes,
     distinct_hashes,
+    one_array,
     value_hashes,
 )
 from services.compute.dataflow.functions.decimals import EXACT
@@ -180,8 +181,7 @@ def hash_input(column: pa.Array | pa.ChunkedArray) -> HashInput:
     """``column`` made ready for :func:`stable_hash` of each of its values: numbers, dates
     and timestamps as their 64-bit values and type tag (mixed by numpy), the rest hashed in
     Python once per distinct value."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
+    column = one_array(column)
     kind = column.type
     nulls = column.is_null().to_numpy(zero_copy_only=False) if column.null_count else None
     if pa.types.is_boolean(kind):
