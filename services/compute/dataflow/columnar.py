@@ -331,14 +331,17 @@ and its position; with more distinct keys than leave room for them it sorts as b
 
 def key_ranks(hashes: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray] | None:
     """The distinct values of ``hashes`` in increasing order and each row's rank among them
-    (found by hashing, not sorting); ``None`` when there are more than ``limit``."""
-    column = pa.array(hashes)
-    distinct = pc.unique(column)
+    (found by hashing, not sorting: one dictionary encoding, then the few distinct values
+    sorted); ``None`` when there are more than ``limit``."""
+    encoded = pc.dictionary_encode(pa.array(hashes))
+    distinct = encoded.dictionary.to_numpy()
     if len(distinct) > limit:
         return None
-    ranked = np.sort(distinct.to_numpy())
-    ranks: np.ndarray = pc.index_in(column, value_set=pa.array(ranked)).to_numpy()
-    return ranked, ranks
+    by_value = np.argsort(distinct)
+    rank_of = np.empty(len(distinct), dtype=np.int32)
+    rank_of[by_value] = np.arange(len(distinct), dtype=np.int32)
+    ranks: np.ndarray = rank_of[encoded.indices.to_numpy()]
+    return distinct[by_value], ranks
 
 
 def arranged_order(
@@ -355,6 +358,8 @@ def arranged_order(
     whose packed bits tie but whose whole row hashes are out of order (they differ past the
     bits kept) are sorted again among themselves by the whole hash."""
     rows = len(hashes)
+    if rows == 0:
+        return np.zeros(0, dtype=np.int64), hashes.copy(), row_hashes.copy()
     index_bits = max(1, (rows - 1).bit_length())
     ranked = key_ranks(hashes, 1 << max(0, 64 - _PREFIX_BITS - index_bits))
     if ranked is None:
