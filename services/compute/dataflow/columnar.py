@@ -370,12 +370,15 @@ def arranged_order(
     rank_bits = (len(distinct) - 1).bit_length()
     packed = _packed(row_hashes, ranks, rank_bits, index_bits)
     packed.sort()
-    order = (packed & np.uint64((1 << index_bits) - 1)).view(np.int64)
+    np.bitwise_and(packed, np.uint64((1 << index_bits) - 1), out=packed)
+    order = packed.view(np.int64)
     sorted_keys = np.repeat(distinct, np.bincount(ranks, minlength=len(distinct)))
     sorted_rows = row_hashes[order]
-    packed >>= np.uint64(index_bits)
-    ties = packed[1:] == packed[:-1]
-    if ties.any() and (ties & (sorted_rows[1:] < sorted_rows[:-1])).any():
+    same_key = sorted_keys[1:] == sorted_keys[:-1]
+    if (same_key & (sorted_rows[1:] < sorted_rows[:-1])).any():
+        # Runs of rows whose packed bits tied (same key, same leading row-hash bits).
+        prefixes = sorted_rows >> np.uint64(rank_bits + index_bits)
+        ties = same_key & (prefixes[1:] == prefixes[:-1])
         in_run = np.zeros(rows, dtype=bool)
         in_run[1:] |= ties
         in_run[:-1] |= ties
