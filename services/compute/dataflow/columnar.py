@@ -25,7 +25,7 @@ import contextlib
 import os
 import struct
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -76,13 +76,6 @@ def _mix_in_place(z: np.ndarray, scratch: np.ndarray) -> None:
     z *= _MIX_2
     np.right_shift(z, _SHIFT_3, out=scratch)
     z ^= scratch
-
-
-def _mix_array(z: np.ndarray) -> np.ndarray:
-    """:func:`_mix` of every element, into a new array."""
-    out = np.array(z, dtype=np.uint64)
-    _mix_in_place(out, np.empty_like(out))
-    return out
 
 
 class HashInput(NamedTuple):
@@ -216,7 +209,7 @@ def hash_input(column: pa.Array | pa.ChunkedArray) -> HashInput:
     return HashInput(distinct_hashes(column, value_hash, _NULL_HASH), True)
 
 
-def distinct_hashes(column: pa.Array, hash_of: Any, null_hash: int) -> np.ndarray:
+def distinct_hashes(column: pa.Array, hash_of: Callable[[Any], int], null_hash: int) -> np.ndarray:
     """``hash_of`` of every value of ``column`` as Python reads it (``to_pylist``), called
     once per distinct value: keys repeat (a join's foreign keys), and a Python call per row
     is most of the cost of hashing millions of them. NULLs hash to ``null_hash``."""
@@ -258,6 +251,8 @@ def table_hashes(table: pa.Table, combinations: Sequence[Sequence[int]]) -> list
     """:func:`combined_hashes` of ``table``'s columns, record batch by record batch: a table
     gathered from many parts is hashed where it lies rather than copied into one array per
     column first."""
+    if not table.num_columns:  # rows of no values: every combination is empty
+        return [np.full(table.num_rows, _SEED, dtype=np.uint64) for _ in combinations]
     outputs = [np.empty(table.num_rows, dtype=np.uint64) for _ in combinations]
     start = 0
     for batch in table.to_batches():
@@ -488,7 +483,7 @@ class ColumnarBatch:
         float_columns = float_columns_of(table.schema)
         diffs = np.asarray(diffs, dtype=np.int64)
         if row_hashes is None:
-            row_hashes = key_hashes(table.columns, table.num_rows)
+            (row_hashes,) = table_hashes(table, [range(table.num_columns)])
         order, sorted_keys, sorted_rows = arranged_order(hashes, row_hashes)
         sorted_diffs = _in_order(diffs, order)
         keep = sorted_diffs != 0
