@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from decimal import Decimal
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import pyarrow as pa
@@ -18,8 +19,10 @@ from hypothesis import strategies as st
 from services.compute.dataflow.columnar import (
     RADIX_KEYS,
     build_keyed,
+    float_columns_of,
     key_hash,
     key_hashes,
+    python_rows,
     stable_order,
 )
 from services.compute.dataflow.guard import row_bytes
@@ -348,3 +351,207 @@ def test_stable_order_is_a_stable_argsort(distinct: int, rows: int) -> None:
     drawn[: min(rows, distinct)] = values[: min(rows, distinct)]
     expected = np.argsort(drawn, kind="stable")
     assert np.array_equal(stable_order(drawn), expected)
+
+
+# -- the build against a row-by-row model --------------------------------------------------------
+
+# Values per column kind: equal values in other forms (NaN, -0.0, 1.5 and 1.50) and NULLs.
+_BUILD_COLUMNS: dict[str, tuple[pa.DataType, st.SearchStrategy[Any]]] = {
+    "int": (pa.int64(), st.one_of(st.none(), st.integers(-2, 2), st.just(2**63 - 1))),
+    "int32": (pa.int32(), st.one_of(st.none(), st.integers(-2, 2))),
+    "float": (pa.float64(), st.sampled_from([None, 0.0, -0.0, float("nan"), NAN, 1.5])),
+    "bool": (pa.bool_(), st.one_of(st.none(), st.booleans())),
+    "string": (pa.string(), st.sampled_from([None, "", "a", "é"])),
+    "decimal": (pa.decimal128(6, 2), st.sampled_from([None, Decimal("1.5"), Decimal("1.50")])),
+}
+
+
+@st.composite
+def build_inputs(draw: st.DrawFn) -> dict[str, Any]:
+    kinds = draw(st.lists(st.sampled_from(sorted(_BUILD_COLUMNS)), min_size=1, max_size=4))
+    rows = draw(st.integers(0, 40))
+    columns = [
+        draw(st.lists(_BUILD_COLUMNS[kind][1], min_size=rows, max_size=rows)) for kind in kinds
+    ]
+    width = len(kinds)
+    key_columns = draw(st.lists(st.integers(0, width - 1), min_size=1, max_size=width, unique=True))
+    return {
+        "kinds": kinds,
+        "columns": columns,
+        "diffs": draw(st.lists(st.integers(-2, 2), min_size=rows, max_size=rows)),
+        "key_columns": tuple(key_columns),
+        "computed_key": draw(st.booleans()),
+        "drop_null_keys": draw(st.booleans()),
+        # Chunks of a row or a few: hashing crosses chunk boundaries in small tables too.
+        "hash_chunk": draw(st.sampled_from([1, 3, 32_768])),
+        # Where the table is cut into two chunks (a table gathered from parts).
+        "cut": draw(st.one_of(st.none(), st.integers(0, rows))),
+        # 64: no room for packed ranks, the rows are ordered by the two sorts instead.
+        "prefix_bits": draw(st.sampled_from([16, 64])),
+    }
+
+
+def _model(
+    table: pa.Table, diffs: list[int], key_columns: tuple[int, ...], drop: bool
+) -> dict[tuple[int, int], dict[tuple[Any, ...], int]]:
+    """The batch as a row-by-row build defines it: equal rows (the engine's values) summed,
+    zero sums and (``drop``) NULL keys left out, grouped by (key hash, row hash) computed per
+    row in Python."""
+    totals: dict[tuple[Any, ...], int] = {}
+    for row, diff in zip(python_rows(table, float_columns_of(table.schema)), diffs, strict=True):
+        if drop and None in tuple(row[c] for c in key_columns):
+            continue
+        totals[row] = totals.get(row, 0) + diff
+    grouped: dict[tuple[int, int], dict[tuple[Any, ...], int]] = {}
+    for row, total in totals.items():
+        if total:
+            key = tuple(row[c] for c in key_columns)
+            grouped.setdefault((key_hash(key), key_hash(row)), {})[row] = total
+    return grouped
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(inputs=build_inputs())
+def test_a_built_batch_is_the_row_by_row_model(inputs: dict[str, Any]) -> None:
+    """Hashes, order, consolidation and lookups of a batch are those of the model: sorted by
+    key hash then row hash, each distinct row once with its summed multiplicity."""
+    from services.compute.dataflow import columnar
+
+    arrays = [
+        pa.array(values, type=_BUILD_COLUMNS[kind][0])
+        for kind, values in zip(inputs["kinds"], inputs["columns"], strict=True)
+    ]
+    table = pa.Table.from_arrays(arrays, names=[f"c{i}" for i in range(len(arrays))])
+    if inputs["cut"] is not None:
+        cut = inputs["cut"]
+        table = pa.concat_tables([table.slice(0, cut), table.slice(cut)])
+    key_columns = inputs["key_columns"]
+
+    def key_of(row: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(row[c] for c in key_columns)
+
+    diffs = np.array(inputs["diffs"], dtype=np.int64)
+    drop = inputs["drop_null_keys"]
+    with (
+        mock.patch.object(columnar, "_HASH_CHUNK", inputs["hash_chunk"]),
+        mock.patch.object(columnar, "_PREFIX_BITS", inputs["prefix_bits"]),
+    ):
+        batch = build_keyed(
+            table, diffs, key_of, None if inputs["computed_key"] else key_columns, drop
+        )
+    expected = _model(table, inputs["diffs"], key_columns, drop)
+    if not expected:
+        assert batch is None
+        return
+    assert batch is not None
+    pairs = sorted((pair for pair, rows in expected.items() for _ in rows))
+    assert batch.hashes.tolist() == [key for key, _ in pairs]
+    assert batch.row_hashes.tolist() == [row for _, row in pairs]
+    assert batch.live_rows == len(pairs)
+    assert batch.keys == len({key for key, _ in pairs})
+    held: dict[tuple[int, int], dict[tuple[Any, ...], int]] = {}
+    rows = python_rows(batch.table, float_columns_of(batch.table.schema))
+    for position, row in enumerate(rows):
+        pair = (int(batch.hashes[position]), int(batch.row_hashes[position]))
+        held.setdefault(pair, {})[row] = int(batch.diffs[position])
+    assert held == expected
+    for (hashed, row_hash), group in expected.items():
+        lo, hi = batch.key_range(hashed)
+        assert batch.hashes[lo:hi].tolist() == [hashed] * (hi - lo) and hi > lo
+        for row, total in group.items():
+            assert batch.count_of(row, row_hash, lo, hi) == total
+        found = batch._find(key_of(next(iter(group))), hashed)
+        assert found is not None
+        assert found[1] == {
+            row: total
+            for (other, _), rows_of in expected.items()
+            if other == hashed
+            for row, total in rows_of.items()
+            if key_of(row) == key_of(next(iter(group)))
+        }
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.integers(1, 400),
+    keys=st.integers(1, 50),
+    shape=st.sampled_from(["random", "shared_high_bits", "duplicates", "top_bit"]),
+    prefix_bits=st.sampled_from([16, 64]),
+    chunk=st.sampled_from([1, 7, 32_768]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_arranged_order_sorts_by_key_hash_then_row_hash(
+    rows: int, keys: int, shape: str, prefix_bits: int, chunk: int, seed: int
+) -> None:
+    """Whatever the row hashes (agreeing in their leading bits, where the packed sort keeps
+    only those and must sort ties again; repeated; the top bit set), the order is that of a
+    lexicographic sort."""
+    from services.compute.dataflow import columnar
+
+    rng = np.random.default_rng(seed)
+    distinct = rng.integers(0, 2**64 - 1, keys, dtype=np.uint64, endpoint=True)
+    hashes = distinct[rng.integers(0, keys, rows)]
+    row_hashes = rng.integers(0, 2**64 - 1, rows, dtype=np.uint64, endpoint=True)
+    if shape == "shared_high_bits":  # equal but for the low 12 bits: past the bits packed
+        row_hashes = np.uint64(0xABCD_EF01_2345_6000) | (row_hashes & np.uint64(0xFFF))
+    elif shape == "duplicates":
+        row_hashes = row_hashes[rng.integers(0, max(1, rows // 4), rows)]
+    elif shape == "top_bit":
+        row_hashes |= np.uint64(1 << 63)
+    with (
+        mock.patch.object(columnar, "_PREFIX_BITS", prefix_bits),
+        mock.patch.object(columnar, "_HASH_CHUNK", chunk),
+    ):
+        order, sorted_keys, sorted_rows = columnar.arranged_order(hashes, row_hashes)
+    assert sorted(order.tolist()) == list(range(rows))
+    assert np.array_equal(hashes[order], sorted_keys)
+    assert np.array_equal(row_hashes[order], sorted_rows)
+    expected = np.lexsort((row_hashes, hashes))
+    assert np.array_equal(sorted_keys, hashes[expected])
+    assert np.array_equal(sorted_rows, row_hashes[expected])
+
+
+def test_a_large_build_is_the_row_by_row_model() -> None:
+    """Past one hashing chunk, in two large chunks as parts read by a task (hashed where
+    they lie), with 1,000 keys, repeated rows and rows that cancel."""
+    count = 100_000
+    rng = np.random.default_rng(5)
+    cust = rng.integers(0, 1_000, count)
+    amount = rng.integers(0, 2, count)
+    o_id = rng.integers(0, 40, count)  # 80,000 distinct rows: many repeat
+    whole = pa.table({"o_id": o_id, "cust": cust, "amount": amount})
+    table = pa.concat_tables([whole.slice(0, 40_000), whole.slice(40_000)])
+    assert table.column(0).num_chunks == 2
+    diffs = rng.choice(np.array([-1, 1, 1, 2], dtype=np.int64), count)
+    batch = build_keyed(table, diffs, lambda row: (row[1],), (1,), True)
+    assert batch is not None
+    expected = _model(table, diffs.tolist(), (1,), True)
+    pairs = sorted((pair for pair, rows in expected.items() for _ in rows))
+    assert batch.hashes.tolist() == [key for key, _ in pairs]
+    assert batch.row_hashes.tolist() == [row for _, row in pairs]
+    assert len(pairs) < count - 10_000  # rows were summed and cancelled
+    held: dict[tuple[int, int], dict[tuple[Any, ...], int]] = {}
+    for position, row in enumerate(python_rows(batch.table, ())):
+        pair = (int(batch.hashes[position]), int(batch.row_hashes[position]))
+        held.setdefault(pair, {})[row] = int(batch.diffs[position])
+    assert held == expected
+
+
+def test_key_and_row_hashes_from_one_pass_are_each_alone() -> None:
+    """A key column hashed once for the key and the row gives both hashes as hashed apart."""
+    from services.compute.dataflow.columnar import combined_hashes, hash_input
+
+    table = pa.table(
+        {
+            "a": pa.array([1, None, 3, 4, 5], pa.int64()),
+            "b": pa.array(["x", "y", None, "x", "z"]),
+            "c": pa.array([0.0, -0.0, float("nan"), None, 2.5]),
+        }
+    )
+    sources = [hash_input(column) for column in table.columns]
+    keyed, whole = combined_hashes(sources, table.num_rows, [(2, 0), range(3)])
+    assert keyed.tolist() == key_hashes([table.column(2), table.column(0)], 5).tolist()
+    assert whole.tolist() == key_hashes(table.columns, 5).tolist()
+    rows = python_rows(table, (2,))
+    assert whole.tolist() == [key_hash(row) for row in rows]
+    assert keyed.tolist() == [key_hash((row[2], row[0])) for row in rows]

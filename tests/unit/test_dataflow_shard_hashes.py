@@ -12,12 +12,21 @@ import sys
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.compute.dataflow.keys import column_hashes, shard_of, shards_of, stable_hash
+from services.compute.dataflow import columnar
+from services.compute.dataflow.keys import (
+    column_hashes,
+    key_hash,
+    key_hashes,
+    shard_of,
+    shards_of,
+    stable_hash,
+)
 from services.compute.spark.transport import normalizer
 from tidemark.columnar import ColumnType
 from tidemark.plan.scalar_types import ScalarType
@@ -74,10 +83,17 @@ def _decoded(table: pa.Table) -> list[tuple[Any, ...]]:
 
 
 @settings(max_examples=300, deadline=None)
-@given(tables(), st.integers(1, 9))
-def test_the_shard_of_each_row_is_shard_of_its_key(table: pa.Table, shards: int) -> None:
+@given(tables(), st.integers(1, 9), st.sampled_from([1, 4, 32_768]))
+def test_the_shard_of_each_row_is_shard_of_its_key(
+    table: pa.Table, shards: int, hash_chunk: int
+) -> None:
+    """Also when the rows are hashed a few at a time (chunk boundaries inside the table)."""
     expected = [shard_of(row, shards) for row in _decoded(table)]
-    assert shards_of(table.columns, table.num_rows, shards).tolist() == expected
+    with mock.patch.object(columnar, "_HASH_CHUNK", hash_chunk):
+        assert shards_of(table.columns, table.num_rows, shards).tolist() == expected
+        assert key_hashes(table.columns, table.num_rows).tolist() == [
+            key_hash(row) for row in _decoded(table)
+        ]
 
 
 @settings(max_examples=100, deadline=None)

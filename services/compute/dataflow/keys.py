@@ -28,7 +28,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from services.compute.dataflow.columnar import MASK, _mix, _mix_array
+from services.compute.dataflow.columnar import (
+    MASK,
+    HashInput,
+    _mix,
+    combined_hashes,
+    distinct_hashes,
+    one_array,
+    value_hashes,
+)
 from services.compute.dataflow.functions.decimals import EXACT
 
 _NULL = b"\x00"
@@ -151,41 +159,49 @@ def shards_of(columns: Sequence[pa.Array | pa.ChunkedArray], rows: int, shards: 
     of them) as Python reads them (``to_pylist``)."""
     if shards == 1:
         return np.zeros(rows, dtype=np.int64)
-    return (key_hashes(columns, rows) % np.uint64(shards)).astype(np.int64)
+    hashes = key_hashes(columns, rows)
+    if shards & (shards - 1) == 0:  # a power of two: the low bits, without a division
+        hashes &= np.uint64(shards - 1)
+        return hashes.view(np.int64)
+    return (hashes % np.uint64(shards)).astype(np.int64)
 
 
 def key_hashes(columns: Sequence[pa.Array | pa.ChunkedArray], rows: int) -> np.ndarray:
     """:func:`key_hash` of each row of the key ``columns``."""
-    hashes = np.full(rows, _SEED, dtype=np.uint64)
-    for column in columns:
-        hashes = _mix_array((hashes * np.uint64(_PRIME)) ^ column_hashes(column))
-    return hashes
+    sources = [hash_input(column) for column in columns]
+    return combined_hashes(sources, rows, [range(len(sources))])[0]
 
 
 def column_hashes(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """:func:`stable_hash` of every value of ``column``."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
+    return value_hashes(hash_input(column))
+
+
+def hash_input(column: pa.Array | pa.ChunkedArray) -> HashInput:
+    """``column`` made ready for :func:`stable_hash` of each of its values: numbers, dates
+    and timestamps as their 64-bit values and type tag (mixed by numpy), the rest hashed in
+    Python once per distinct value."""
+    column = one_array(column)
     kind = column.type
+    nulls = column.is_null().to_numpy(zero_copy_only=False) if column.null_count else None
     if pa.types.is_boolean(kind):
-        values = _filled(column, False).astype(np.uint64)
-        hashes = _mix_array(np.uint64(_BOOL) ^ values)
-    elif pa.types.is_signed_integer(kind) or (
+        return HashInput(_filled(column, False).astype(np.uint64), False, _BOOL, nulls)
+    if pa.types.is_signed_integer(kind) or (
         pa.types.is_unsigned_integer(kind) and kind.bit_width < 64
     ):
         values = _filled(pc.cast(column, pa.int64()), 0).view(np.uint64)
-        hashes = _mix_array(np.uint64(_INT) ^ values)
-    elif pa.types.is_floating(kind):
+        return HashInput(values, False, _INT, nulls)
+    if pa.types.is_floating(kind):
         floats = _filled(pc.cast(column, pa.float64()), 0.0)
         bits = np.where(np.isnan(floats), np.uint64(_NAN_BITS), (floats + 0.0).view(np.uint64))
-        hashes = _mix_array(np.uint64(_FLOAT) ^ bits.astype(np.uint64, copy=False))
-    elif pa.types.is_date32(kind):
+        return HashInput(bits.astype(np.uint64, copy=False), False, _FLOAT, nulls)
+    if pa.types.is_date32(kind):
         days = _filled(column.view(pa.int32()), 0).astype(np.int64) + _EPOCH_DAYS
-        hashes = _mix_array(np.uint64(_DATE) ^ days.view(np.uint64))
-    elif pa.types.is_timestamp(kind) and kind.tz is None and kind.unit == "us":
+        return HashInput(days.view(np.uint64), False, _DATE, nulls)
+    if pa.types.is_timestamp(kind) and kind.tz is None and kind.unit == "us":
         micros = _filled(column.view(pa.int64()), 0) + np.int64(_EPOCH_MICROS)
-        hashes = _mix_array(np.uint64(_TIMESTAMP) ^ micros.view(np.uint64))
-    elif (
+        return HashInput(micros.view(np.uint64), False, _TIMESTAMP, nulls)
+    if (
         pa.types.is_string(kind)
         or pa.types.is_large_string(kind)
         or pa.types.is_binary(kind)
@@ -193,23 +209,12 @@ def column_hashes(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
         or pa.types.is_decimal(kind)
     ):
         # Hashed in Python, once per distinct value: keys repeat (a join's foreign keys).
-        encoded = column.dictionary_encode()
-        distinct = np.fromiter(
-            (stable_hash(value) for value in encoded.dictionary.to_pylist()),
-            dtype=np.uint64,
-            count=len(encoded.dictionary),
-        )
-        indices = _filled(encoded.indices, 0)
-        hashes = distinct[indices] if len(distinct) else np.zeros(len(column), np.uint64)
-    else:  # the rest one value at a time, exactly as the tasks read them
-        return np.fromiter(
-            (stable_hash(value) for value in column.to_pylist()),
-            dtype=np.uint64,
-            count=len(column),
-        )
-    if column.null_count:
-        hashes[column.is_null().to_numpy(zero_copy_only=False)] = np.uint64(_NULL_HASH)
-    return hashes
+        return HashInput(distinct_hashes(column, stable_hash, _NULL_HASH), True)
+    # The rest one value at a time, exactly as the tasks read them.
+    hashes = np.fromiter(
+        (stable_hash(value) for value in column.to_pylist()), dtype=np.uint64, count=len(column)
+    )
+    return HashInput(hashes, True)
 
 
 def _filled(column: pa.Array, fill: Any) -> np.ndarray:
