@@ -5,8 +5,11 @@ sum. The inputs are stored in a real storage process (on a local directory) as P
 then, in one run on one Spark session:
 
 - **Spark SQL**: Spark recomputing the view from the same rows as Parquet files (median).
-- **by Spark** (the bulk path compute runs, ``SparkEngineDataflow.hydrate_from_parts``):
-  from creating the dataflow to its output at ``as_of`` committed in storage and read back
+- **by Spark** (the bulk path compute runs, ``SparkEngineDataflow.hydrate_from_parts``),
+  for views created one after another on one cluster, the median after the first (as the
+  recompute's median follows a warm-up run; the first, the tasks' first use of the code
+  and of their memory, is reported apart): from creating the dataflow to its output at
+  ``as_of`` committed in storage and read back
   (its first answered read): ListParts; the tasks loading the join from its inputs' parts
   (``part_shares.py``) while the Spark jobs stage the aggregate's groups (their COUNT and
   SUM) and write the output's parts; the tasks' load of the staged groups; AppendParts; a
@@ -219,6 +222,12 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=2)
     parser.add_argument("--spark-master", default="local[6]")
     parser.add_argument("--runs", type=int, default=3, help="Spark SQL recomputes")
+    parser.add_argument(
+        "--hydrations",
+        type=int,
+        default=4,
+        help="views hydrated one after another (the first is reported apart)",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
     load_before = load_average()
@@ -241,11 +250,19 @@ def main() -> None:
             print(f"stored {args.orders:,} orders in {time.perf_counter() - started:.1f} s")
             recomputed = time_recompute(spark, orders_path, customers_path, runs=args.runs)
             print(f"Spark SQL recompute p50 {recomputed.p50_ms / 1000:.2f} s")
-            by_spark = hydrate_by_spark(spark, cluster, client, reads)
-            print(
-                f"hydration by Spark {by_spark['seconds']:.2f} s, driver CPU "
-                f"{by_spark['driver_cpu_us_per_row']:.3f} µs/row"
-            )
+            # The first view a new cluster hydrates pays its tasks' first use of the code
+            # and of their memory; the recompute's figure is a median after a warm-up run,
+            # so the view's is too: views created one after another on the same cluster.
+            hydrations = []
+            for attempt in range(args.hydrations):
+                hydrations.append(hydrate_by_spark(spark, cluster, client, reads))
+                print(
+                    f"hydration by Spark #{attempt + 1}: {hydrations[-1]['seconds']:.2f} s, "
+                    f"driver CPU {hydrations[-1]['driver_cpu_us_per_row']:.3f} µs/row"
+                )
+            first = hydrations[0]
+            warm = hydrations[1:] or hydrations
+            by_spark = sorted(warm, key=lambda h: h["seconds"])[len(warm) // 2]
             driver_orders = args.driver_orders or args.orders
             expected_driver = recomputed.contents
             driver_reads = reads
@@ -267,7 +284,7 @@ def main() -> None:
             cluster.stop()
             run(client.close())
             storage.kill()
-    ok_spark = by_spark.pop("contents") == recomputed.contents
+    ok_spark = all(h.pop("contents") == recomputed.contents for h in hydrations)
     ok_driver = through_driver.pop("contents") == expected_driver
     recompute_s = recomputed.p50_ms / 1000
     document = {
@@ -277,6 +294,10 @@ def main() -> None:
         "machine": {"platform": platform.platform(), "load_average": load_before},
         "spark_sql_recompute_seconds": round(recompute_s, 3),
         "by_spark": {**by_spark, "ok": ok_spark},
+        "by_spark_runs_seconds": [h["seconds"] for h in hydrations],
+        "by_spark_first_seconds": first["seconds"],
+        "by_spark_first_breakdown": first["breakdown"],
+        "ratio_first_to_spark_sql": round(first["seconds"] / recompute_s, 2),
         "through_driver": {
             **through_driver,
             "orders": driver_orders,
