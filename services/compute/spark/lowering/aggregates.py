@@ -1,8 +1,9 @@
 """Reduce's aggregates over a consolidated relation with multiplicities.
 
 A row of multiplicity d counts d times, so each aggregate is written over (value, diff)
-pairs: COUNT sums the diffs of non-NULL values, SUM sums value * diff exactly as a decimal
-(the contract's SUM(INT64) is DECIMAL(38, 0); a row of diff 1 adds its value as it is), MIN
+pairs: COUNT sums the diffs of non-NULL values, SUM sums value * diff exactly (a DECIMAL as a
+decimal, a row of diff 1 adding its value as it is; a BIGINT, whose contract SUM is
+DECIMAL(38, 0), as three long sums of 21-bit pieces put back together per group), MIN
 and MAX are Spark's (every row of a defined group has a positive multiplicity, and Spark
 orders NaN above every float, as the contract does). Each aggregate is partial aggregates
 computed in the one ``groupBy`` plus a final expression over them.
