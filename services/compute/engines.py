@@ -10,6 +10,7 @@ made one at a time by its runner (peeks may overlap with steps).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import threading
 import time
@@ -34,7 +35,7 @@ from services.compute.spark.queries import SparkQueries, translated_job_error
 from services.compute.spark.spark_dataflow import IoCounters, IoStep, OutputSink, PartWindow
 from services.compute.spark.staging import delete_prefix, run_prefix
 from tidemark.clients.storage import PartsListing, WrittenPart
-from tidemark.errors import FailedPrecondition, Unavailable
+from tidemark.errors import FailedPrecondition, Internal, Unavailable
 from tidemark.logging import get_logger
 from tidemark.rpc.tls import TlsSettings
 from tidemark.tasks import cancel_and_wait
@@ -467,17 +468,33 @@ class SparkEngineDataflow:
                     on_progress(min(0.95, progress.read_fraction(rows_total)))
 
         watcher = asyncio.create_task(watch())
-        preloading = (
-            asyncio.ensure_future(asyncio.to_thread(dataflow.load_staged, early)) if early else None
-        )
+        preloading: asyncio.Future[tuple[int, int]] | None = None
+        if early:
+            preloading = asyncio.ensure_future(asyncio.to_thread(dataflow.load_staged, early))
+
+            def stop_jobs(done: asyncio.Future[tuple[int, int]]) -> None:
+                """A failed load makes the jobs pointless: they stop rather than run on."""
+                if not done.cancelled() and done.exception() is not None:
+                    self._jobs.cancel(group)
+
+            preloading.add_done_callback(stop_jobs)
         try:
             try:
                 staged = await self._guarded_any(
                     self._jobs.run(action, f"hydrate {dataflow.dataflow_id}", group=group)
                 )
-            finally:
-                # Never left running into the next load (or a failure's restart).
-                early_done = await asyncio.shield(preloading) if preloading is not None else None
+            except BaseException as failure:
+                # The load is waited for all the same, never left running into the next
+                # attempt or a restart. A load that failed first stopped the jobs: its
+                # error is the cause.
+                if preloading is not None:
+                    with contextlib.suppress(BaseException):
+                        await asyncio.shield(preloading)
+                    cause = _failure_of(preloading)
+                    if cause is not None and not isinstance(failure, asyncio.CancelledError):
+                        raise cause from failure
+                raise
+            early_done = await asyncio.shield(preloading) if preloading is not None else None
             started = time.perf_counter()
             loaded, index_rows = await self._guarded_any(
                 asyncio.to_thread(dataflow.load_staged, staged.loads)
@@ -491,6 +508,13 @@ class SparkEngineDataflow:
                 seconds=round(time.perf_counter() - started, 3),
             )
         except Exception as exc:
+            if preloading is not None and missing_part(exc):
+                # The tasks hold the early load's state already: listing again and loading
+                # once more would count it twice. The dataflow restarts from empty state.
+                raise Internal(
+                    f"dataflow {dataflow.dataflow_id!r}: an input's part was compacted away "
+                    "while it hydrated; the dataflow restarts"
+                ) from exc
             raise translated_job_error(exc) from exc
         finally:
             await cancel_and_wait(watcher)
@@ -563,6 +587,13 @@ class SparkEngineDataflow:
         self._dataflow.guard.cancel("the dataflow was dropped")
         if self._dataflow.cluster.failure is None:
             await asyncio.to_thread(self._dataflow.drop)
+
+
+def _failure_of(future: asyncio.Future[T]) -> BaseException | None:
+    """What ``future`` raised, if it is done and raised."""
+    if not future.done() or future.cancelled():
+        return None
+    return future.exception()
 
 
 class SparkEngine:

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
+from services.compute import engines
 from services.compute.dataflow.dataflow import Batches
 from services.compute.dataflow.keys import shard_of
 from services.compute.engines import SparkEngineDataflow
@@ -358,6 +359,46 @@ def test_a_hydration_that_finds_a_part_gone_lists_again_instead_of_failing(
             await client.close()
 
     asyncio.run(scenario())
+
+
+def test_a_part_gone_after_the_join_loaded_fails_the_dataflow_rather_than_load_it_twice(
+    spark: SparkSession,
+    cluster: ResidentCluster,
+    storage: ServiceProcess,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The tasks load the join from the parts while the staging job runs. When the job then
+    finds a part gone, listing again and hydrating once more would load the join a second
+    time into the same state: the dataflow fails instead (its host restarts it from empty
+    state), and no second hydration is tried."""
+    staged: list[frozenset[int]] = []
+    real_stage = engines.stage
+
+    def gone_after_the_early_load(*args: Any, **kwargs: Any) -> Any:
+        staged.append(kwargs["preloaded"])
+        raise Unavailable(f"Spark job failed: {MISSING_PART}: some-part (compacted away)")
+
+    monkeypatch.setattr(engines, "stage", gone_after_the_early_load)
+
+    kept: list[SparkEngineDataflow] = []
+
+    def keep(engine: SparkEngineDataflow, _client: StorageClient, _orders: Any) -> Any:
+        kept.append(engine)
+        return engine
+
+    async def scenario() -> None:
+        try:
+            with pytest.raises(Unavailable, match="restarts") as failed:
+                await _run_view(spark, cluster, storage.address, steps=1, wrap=keep)
+        finally:
+            for engine in kept:  # its state on the shared tasks
+                await engine.drop()
+        assert "failed" in str(failed.value)
+        assert len(staged) == 1, "a second hydration was tried on the loaded state"
+        assert staged[0], "the join was not loaded while the staging job ran"
+
+    asyncio.run(scenario())
+    assert engines.stage is not real_stage
 
 
 class _CompactingFirst:

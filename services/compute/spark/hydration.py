@@ -177,6 +177,43 @@ def stage(
                 raise Internal(f"{node.label}: input {position} has no plan relation")
             wanted.append((node.id, position, relation))
     cached: list[DataFrame] = []
+    try:
+        return _lowered_and_run(
+            spark,
+            plan,
+            graph,
+            frames,
+            wanted,
+            summed,
+            cached,
+            dataflow_id=dataflow_id,
+            as_of=as_of,
+            shards=shards,
+            index_key_columns=index_key_columns,
+            shares={n: slots for n, slots in shares.items() if n not in preloaded},
+            staging_url=staging_url,
+            prefix=prefix,
+            output=output,
+            count_output=count_output,
+            environment=environment,
+            only_shard=only_shard,
+        )
+    finally:
+        release(cached)
+
+
+def _lowered_and_run(
+    spark: SparkSession,
+    plan: plan_pb2.Plan | plan_pb2.Relation,
+    graph: Graph,
+    frames: Mapping[str, DataFrame],
+    wanted: list[tuple[int, int, plan_pb2.Relation]],
+    summed: Mapping[int, plan_pb2.Relation],
+    cached: list[DataFrame],
+    **run: Any,
+) -> Staged:
+    """:func:`stage` once its inputs are chosen: the plan lowered (what it caches appended to
+    ``cached``) and the jobs run."""
     replace = _narrowed_once(plan, graph, wanted, cached)
     root, captured, aggregated = lower_with(
         plan,
@@ -206,27 +243,7 @@ def stage(
         targets.append(
             _Target(len(targets) + 1, node_id, 0, frame, tuple(range(key_width)), states=True)
         )
-    try:
-        return _run(
-            spark,
-            plan,
-            graph,
-            targets,
-            root,
-            dataflow_id=dataflow_id,
-            as_of=as_of,
-            shards=shards,
-            index_key_columns=index_key_columns,
-            shares={n: slots for n, slots in shares.items() if n not in preloaded},
-            staging_url=staging_url,
-            prefix=prefix,
-            output=output,
-            count_output=count_output,
-            environment=environment,
-            only_shard=only_shard,
-        )
-    finally:
-        release(cached)
+    return _run(spark, plan, graph, targets, root, **run)
 
 
 def early_loads(

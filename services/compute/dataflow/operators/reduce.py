@@ -112,7 +112,8 @@ class ReduceState(GroupedState):
         aggregates in order (``aggregates.add_summed_parts``). The groups get the output
         row they would have emitted, so later steps retract it as usual."""
         width = table.num_columns
-        keys = python_rows(table.select(list(range(key_width))), float_columns_of(table.schema))
+        key_columns = table.select(list(range(key_width)))
+        keys = python_rows(key_columns, float_columns_of(key_columns.schema))
         columns = [table.column(i).to_pylist() for i in range(key_width, width)]
         spec = self.spec
         loaded: dict[Key, Group] = {}

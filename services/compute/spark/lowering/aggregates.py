@@ -191,12 +191,20 @@ def _exact_product_type(spark: SparkSession, value_type: ScalarType) -> S.Decima
     return product_type
 
 
+SUMMED_DECIMAL_PRECISION = 18
+"""The widest DECIMAL whose SUM state hydration takes from Spark: a value under 10^18 times a
+diff under 2^63 always fits Spark's DECIMAL(38), and so does any total of them a collection
+can hold, so the state is always exact. A wider value's product or total may not fit; its
+Reduce gets its input rows, which the engine sums without a bound."""
+
+
 def summed_state(
     aggregate: plan_pb2.Aggregate, input_types: Sequence[ScalarType], spark: SparkSession
 ) -> bool:
     """Whether ``aggregate``'s partial aggregates (:func:`plan_aggregate`) are a group's whole
     state in the engine: COUNT's count of non-NULL values, or SUM's and AVG's exact total and
-    count (Spark computing the total natively). Hydration by Spark then loads a Reduce all
+    count (Spark computing the total natively, and for a DECIMAL of at most
+    :data:`SUMMED_DECIMAL_PRECISION` digits). Hydration by Spark then loads a Reduce all
     of whose aggregates are such from its groups' partial aggregates (a few rows) instead
     of its input rows (``services.compute.dataflow.operators.aggregates.add_summed_parts``
     reads them)."""
@@ -209,6 +217,8 @@ def summed_state(
     if not aggregate.HasField("expression"):
         return False
     value_type = scalar_type(aggregate.expression, input_types)
+    if value_type.kind is T.DECIMAL and value_type.precision > SUMMED_DECIMAL_PRECISION:
+        return False
     return _exact_product_type(spark, value_type) is not None
 
 

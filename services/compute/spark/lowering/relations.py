@@ -104,17 +104,13 @@ class RelationLowering:
 
     def lower(self, relation: plan_pb2.Relation) -> Rel:
         kind = relation.WhichOneof("kind")
-        if kind == "reduce" and self.states:
-            key = relation.SerializeToString(deterministic=True)
-            if key in self.states:
-                rel = self._reduce(relation.reduce, states_key=key)
-                if key in self.capture:
-                    self.captured[key] = rel
-                return rel
-        method: Callable[[Any], Rel] = getattr(self, f"_{kind}")
-        rel = method(getattr(relation, str(kind)))
+        key = relation.SerializeToString(deterministic=True) if self.capture or self.states else b""
+        if kind == "reduce" and key in self.states:
+            rel = self._reduce(relation.reduce, states_key=key)
+        else:
+            method: Callable[[Any], Rel] = getattr(self, f"_{kind}")
+            rel = method(getattr(relation, str(kind)))
         if self.capture:
-            key = relation.SerializeToString(deterministic=True)
             if key in self.capture:
                 replacement = self.replace.get(key)
                 if replacement is not None:
