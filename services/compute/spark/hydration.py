@@ -178,14 +178,13 @@ def stage(
             wanted.append((node.id, position, relation))
     cached: list[DataFrame] = []
     try:
-        return _lowered_and_run(
+        root, targets = _lowered(spark, plan, graph, frames, wanted, summed, cached)
+        return _run(
             spark,
             plan,
             graph,
-            frames,
-            wanted,
-            summed,
-            cached,
+            targets,
+            root,
             dataflow_id=dataflow_id,
             as_of=as_of,
             shards=shards,
@@ -202,7 +201,7 @@ def stage(
         release(cached)
 
 
-def _lowered_and_run(
+def _lowered(
     spark: SparkSession,
     plan: plan_pb2.Plan | plan_pb2.Relation,
     graph: Graph,
@@ -210,10 +209,9 @@ def _lowered_and_run(
     wanted: list[tuple[int, int, plan_pb2.Relation]],
     summed: Mapping[int, plan_pb2.Relation],
     cached: list[DataFrame],
-    **run: Any,
-) -> Staged:
-    """:func:`stage` once its inputs are chosen: the plan lowered (what it caches appended to
-    ``cached``) and the jobs run."""
+) -> tuple[DataFrame, list[_Target]]:
+    """The plan lowered once (what it caches appended to ``cached``): its output, and the
+    frames to stage for ``wanted`` inputs and ``summed`` Reduces' groups."""
     replace = _narrowed_once(plan, graph, wanted, cached)
     root, captured, aggregated = lower_with(
         plan,
@@ -243,7 +241,7 @@ def _lowered_and_run(
         targets.append(
             _Target(len(targets) + 1, node_id, 0, frame, tuple(range(key_width)), states=True)
         )
-    return _run(spark, plan, graph, targets, root, **run)
+    return root, targets
 
 
 def early_loads(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import pyarrow as pa
 
@@ -11,6 +12,7 @@ from services.compute.dataflow.batch import Key, KeyFunction, Row, Update, keyed
 from services.compute.dataflow.columnar import float_columns_of, python_rows
 from services.compute.dataflow.guard import CHECK_EVERY, UNGUARDED, Guard, row_bytes
 from services.compute.dataflow.spill import StateBudget
+from services.compute.dataflow.spilling_map import SpillingMap
 from services.compute.dataflow.work import Work
 
 
@@ -119,6 +121,29 @@ class GroupedState(OperatorState):
         self, key: Key, changes: list[tuple[Row, int]], time: int, out: list[Update]
     ) -> None:
         """Apply one group's ``changes`` at ``time``, appending its output changes to ``out``."""
+
+
+class SpillingGroupedState(GroupedState):
+    """Grouped state whose groups live in a ``SpillingMap`` (reduce, top-k): attached to a
+    task's budget, the groups held longest go to disk whole, and a large batch visits its
+    groups bucket by bucket."""
+
+    groups: SpillingMap[Any]
+
+    def key_count(self) -> int:
+        return len(self.groups)
+
+    def attach(self, budget: StateBudget) -> None:
+        self.groups.attach(budget)
+
+    def release(self) -> None:
+        self.groups.release()
+
+    def spilled_bytes(self) -> int:
+        return self.groups.spilled_bytes
+
+    def _visit_order(self, keys: dict[Key, list[tuple[Row, int]]]) -> Iterable[Key]:
+        return self.groups.in_bucket_order(keys)
 
 
 class StatefulOperator(ABC):

@@ -12,7 +12,7 @@ when a step touches them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -21,8 +21,7 @@ from services.compute.dataflow.batch import Key, KeyFunction, Row, Update
 from services.compute.dataflow.columnar import float_columns_of, python_rows
 from services.compute.dataflow.guard import CHECK_EVERY, row_bytes, rows_bytes
 from services.compute.dataflow.operators.aggregates import Aggregate, add_summed_parts
-from services.compute.dataflow.operators.base import GroupedState, StatefulOperator
-from services.compute.dataflow.spill import StateBudget
+from services.compute.dataflow.operators.base import SpillingGroupedState, StatefulOperator
 from services.compute.dataflow.spilling_map import SpillingMap
 
 Evaluator = Callable[[Row], Any]
@@ -67,7 +66,7 @@ class Group:
         )
 
 
-class ReduceState(GroupedState):
+class ReduceState(SpillingGroupedState):
     def __init__(self, spec: ReduceOperator) -> None:
         super().__init__()
         self.spec = spec
@@ -82,9 +81,6 @@ class ReduceState(GroupedState):
         values = sum(state.values_held() for state in group.aggregates)
         return row_bytes(len(key) + len(self.spec.aggregates)) + row_bytes(1) * values
 
-    def key_count(self) -> int:
-        return len(self.groups)
-
     def row_count(self) -> int:
         return len(self.groups) + self.values
 
@@ -92,18 +88,6 @@ class ReduceState(GroupedState):
         groups = len(self.groups)
         width = self.key_width + len(self.spec.aggregates)
         return rows_bytes(groups, groups * width) + row_bytes(1) * self.values
-
-    def attach(self, budget: StateBudget) -> None:
-        self.groups.attach(budget)
-
-    def release(self) -> None:
-        self.groups.release()
-
-    def spilled_bytes(self) -> int:
-        return self.groups.spilled_bytes
-
-    def _visit_order(self, keys: dict[Key, list[tuple[Row, int]]]) -> Iterable[Key]:
-        return self.groups.in_bucket_order(keys)
 
     def load_group_states(self, table: pa.Table, key_width: int) -> None:
         """Loads, into the empty state, groups that Spark aggregated (hydration by Spark of a

@@ -15,14 +15,11 @@ longest go to disk, their ordered rows with them, and come back when a step touc
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from services.compute.dataflow.batch import Key, KeyFunction, Row, Update
 from services.compute.dataflow.guard import rows_bytes
-from services.compute.dataflow.operators.base import GroupedState, StatefulOperator
+from services.compute.dataflow.operators.base import SpillingGroupedState, StatefulOperator
 from services.compute.dataflow.operators.ordered import OrderedRows
 from services.compute.dataflow.ordering import SortKey
-from services.compute.dataflow.spill import StateBudget
 from services.compute.dataflow.spilling_map import SpillingMap
 
 
@@ -54,7 +51,7 @@ def _group_bytes(key: Key, group: TopKGroup) -> int:
     return rows_bytes(len(group.rows.counts), group.rows.values)
 
 
-class TopKState(GroupedState):
+class TopKState(SpillingGroupedState):
     def __init__(self, spec: TopKOperator) -> None:
         super().__init__()
         self.spec = spec
@@ -63,26 +60,11 @@ class TopKState(GroupedState):
         self.rows_held = 0
         self.values_held = 0
 
-    def key_count(self) -> int:
-        return len(self.groups)
-
     def row_count(self) -> int:
         return self.rows_held
 
     def held_bytes(self) -> int:
         return rows_bytes(self.rows_held, self.values_held)
-
-    def attach(self, budget: StateBudget) -> None:
-        self.groups.attach(budget)
-
-    def release(self) -> None:
-        self.groups.release()
-
-    def spilled_bytes(self) -> int:
-        return self.groups.spilled_bytes
-
-    def _visit_order(self, keys: dict[Key, list[tuple[Row, int]]]) -> Iterable[Key]:
-        return self.groups.in_bucket_order(keys)
 
     def _update_group(
         self, key: Key, changes: list[tuple[Row, int]], time: int, out: list[Update]

@@ -26,9 +26,11 @@ multiplicity 1), computed apart and joined back to the groups by key, NULL equal
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
+from functools import reduce as fold
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -146,7 +148,7 @@ def _int64_sum(
         value.bitwiseAND(F.lit(_PIECE_MASK)),
     ]
     products = [F.when(diff == 1, p).otherwise(F.try_multiply(p, diff)) for p in pieces]
-    lost = fold_or([p.isNull() for p in products])
+    lost = fold(operator.or_, [p.isNull() for p in products])
     # 1: a product overflowed; 0: values without overflow; NULL: no value at all.
     seen = F.max(F.when(value.isNotNull(), F.when(lost, F.lit(1)).otherwise(F.lit(0))))
     parts = [*(F.try_sum(p) for p in products), diff_sum(_counted(value, diff)), seen]
@@ -154,7 +156,9 @@ def _int64_sum(
     def state(p: list[Column]) -> list[Column]:
         high, middle, low, count, flag = p
         present = flag.isNotNull()
-        overflowed = present & ((flag == 1) | fold_or([c.isNull() for c in (high, middle, low)]))
+        overflowed = present & (
+            (flag == 1) | fold(operator.or_, [c.isNull() for c in (high, middle, low)])
+        )
         dec = S.DecimalType(38, 0)
         total = (
             high.cast(dec) * F.lit(1 << (2 * _PIECE_BITS)).cast(dec)
@@ -167,14 +171,6 @@ def _int64_sum(
         return [exact, count, F.lit(None).cast("int")]
 
     return parts, state
-
-
-def fold_or(conditions: list[Column]) -> Column:
-    """Any of ``conditions``."""
-    found = conditions[0]
-    for condition in conditions[1:]:
-        found = found | condition
-    return found
 
 
 def _exact_product_type(spark: SparkSession, value_type: ScalarType) -> S.DecimalType | None:
