@@ -102,6 +102,19 @@ def reduce_plan() -> plan_pb2.Plan:
     return pb.plan(root, derive_schema(root))
 
 
+def window_plan() -> plan_pb2.Plan:
+    """Per customer, orders by amount then id: the amount before, and the sum of the amount
+    over this order and the one before (a change moves only its neighbours' values)."""
+    rows = pb.frame("rows", ("preceding", 1), "current_row")
+    root = pb.window(
+        pb.get("orders", ORDERS),
+        [1],
+        [2, 0],
+        [pb.window_function("lag", 2), pb.window_function("sum", 2, frame=rows)],
+    )
+    return pb.plan(root, derive_schema(root))
+
+
 CASES = {
     "join": (
         view_plan,
@@ -112,11 +125,17 @@ CASES = {
         reduce_plan,
         "SELECT cust, count(*), sum(amount), min(amount), max(amount) FROM orders GROUP BY cust",
     ),
+    "window": (
+        window_plan,
+        "SELECT o_id, cust, amount, lag(amount) OVER w, sum(amount) OVER (w ROWS BETWEEN 1 "
+        "PRECEDING AND CURRENT ROW) FROM orders WINDOW w AS (PARTITION BY cust ORDER BY amount, "
+        "o_id)",
+    ),
 }
 
 
 def _plain(row: tuple[Any, ...]) -> tuple[Any, ...]:
-    return tuple(value if isinstance(value, str) else int(value) for value in row)
+    return tuple(value if value is None or isinstance(value, str) else int(value) for value in row)
 
 
 def duckdb_answer(inputs: Inputs, query: str) -> dict[tuple[Any, ...], int]:
@@ -153,7 +172,7 @@ def run(
     budget = None if budget_bytes is None else StateBudget(budget_bytes, directory=directory)
     dataflow = Dataflow(make_plan(), as_of=0, budget=budget)
     snapshot = inputs.snapshot()
-    if case == "reduce":
+    if case != "join":
         del snapshot["customers"]
     gc.collect()
     started = time.perf_counter()
@@ -206,16 +225,16 @@ def run(
 def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
     """The case in memory, then over a budget of a third of its state; prints and returns
     both runs' figures."""
+    window = case == "window"
+    orders = args.window_orders if window else args.orders
+    customers = args.window_customers if window else args.customers
     with tempfile.TemporaryDirectory(prefix="tidemark-spill-bench-") as directory:
-        in_memory = run(case, args.orders, args.customers, args.steps, None, directory)
+        in_memory = run(case, orders, customers, args.steps, None, directory)
         budget = in_memory["state_bytes"] // 3
-        spilling = run(case, args.orders, args.customers, args.steps, budget, directory)
+        spilling = run(case, orders, customers, args.steps, budget, directory)
     if in_memory.pop("_outputs") != spilling.pop("_outputs"):
         raise SystemExit(f"{case}: the spilling run's output differs from the in-memory run's")
-    print(
-        f"{case}: orders={args.orders:,} customers={args.customers:,} steps={args.steps} "
-        "(1,000 rows)"
-    )
+    print(f"{case}: orders={orders:,} customers={customers:,} steps={args.steps} (1,000 rows)")
     print(f"{'':24}{'hydrate s':>10}{'step p50 ms':>13}{'step p90 ms':>13}{'load':>6}")
     for name, run_result in (("in memory", in_memory), ("budget = state / 3", spilling)):
         print(
@@ -229,8 +248,8 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
         "DuckDB's answer and each other at every step"
     )
     return {
-        "orders": args.orders,
-        "customers": args.customers,
+        "orders": orders,
+        "customers": customers,
         "steps": args.steps,
         "in_memory": in_memory,
         "spilling": spilling,
@@ -243,7 +262,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--orders", type=int, default=1_000_000)
     parser.add_argument("--customers", type=int, default=100_000)
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--case", choices=["join", "reduce", "both"], default="both")
+    parser.add_argument(
+        "--window-orders",
+        type=int,
+        default=250_000,
+        help="orders of the window case (its state holds every order twice)",
+    )
+    parser.add_argument(
+        "--window-customers",
+        type=int,
+        default=10_000,
+        help="customers (window partitions) of the window case",
+    )
+    parser.add_argument(
+        "--case", choices=["join", "reduce", "window", "both", "all"], default="both"
+    )
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench/results/spill.json")
     args = parser.parse_args(argv)
     results: dict[str, Any] = {}
@@ -251,10 +284,12 @@ def main(argv: list[str] | None = None) -> None:
         results = json.loads(args.out.read_text())
     results["benchmark"] = "spill (i)"
     results["machine"] = {"python": platform.python_version(), "cpus": os.cpu_count()}
-    if args.case in ("join", "both"):
+    if args.case in ("join", "both", "all"):
         results.update(run_case("join", args))
-    if args.case in ("reduce", "both"):
+    if args.case in ("reduce", "both", "all"):
         results["reduce"] = run_case("reduce", args)
+    if args.case in ("window", "all"):
+        results["window"] = run_case("window", args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
 

@@ -131,5 +131,17 @@ class ChangeFeed:
         self._listeners.add(listener)
         return listener
 
+    def follow(self, as_of: int) -> tuple[Listener, int]:
+        """A listener for the live changes only, and the time they start at: the output's
+        upper now. The changes between ``as_of`` and that time are the caller's to find
+        (from the index's history, when the feed no longer holds them)."""
+        if self._closed is not None:
+            raise self._closed
+        if self._covered_from is None or self._upper is None:
+            raise FailedPrecondition("the dataflow is not hydrated yet")
+        listener = Listener(self, as_of, [])
+        self._listeners.add(listener)
+        return listener, self._upper
+
     def remove(self, listener: Listener) -> None:
         self._listeners.discard(listener)

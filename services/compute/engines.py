@@ -23,6 +23,7 @@ from pyspark.sql import SparkSession
 from services.compute.dataflow import Dataflow, Index, Row, Update
 from services.compute.dataflow.dataflow import Batches
 from services.compute.dataflow.guard import Guard
+from services.compute.dataflow.index import with_index
 from services.compute.dataflow.spill import TaskStateBudget
 from services.compute.dataflow.work import StateSize
 from services.compute.spark import ResidentCluster, SparkDataflow, spark_session
@@ -124,6 +125,11 @@ class EngineDataflow(Protocol):
 
     async def peek(self, time: int) -> dict[Row, int]:
         """The output at ``time`` from the index (``FailedPrecondition`` without one)."""
+        ...
+
+    async def index_changes(self, lower: int, upper: int) -> list[Update]:
+        """The output's changes at times in ``[lower, upper)`` from the index's history
+        (``FailedPrecondition`` without an index, or once compacted past ``lower - 1``)."""
         ...
 
     async def compact_index(self, since: int) -> None:
@@ -253,6 +259,12 @@ class LocalDataflow:
         with self._lock:
             self._index.compact(since)
 
+    def _index_changes(self, lower: int, upper: int) -> list[Update]:
+        if self._index is None:
+            raise FailedPrecondition("the dataflow keeps no index")
+        with self._lock:
+            return self._index.changes_between(lower, upper)
+
     async def hydrate(self, snapshots: Batches) -> tuple[list[Update], int]:
         return await self._guarded(asyncio.to_thread(self._hydrate, snapshots))
 
@@ -273,11 +285,14 @@ class LocalDataflow:
     async def peek(self, time: int) -> dict[Row, int]:
         return await asyncio.to_thread(self._peek, time)
 
+    async def index_changes(self, lower: int, upper: int) -> list[Update]:
+        return await asyncio.to_thread(self._index_changes, lower, upper)
+
     async def compact_index(self, since: int) -> None:
         await asyncio.to_thread(self._compact_index, since)
 
     async def state_size(self) -> StateSize:
-        return self._dataflow.state_size()
+        return with_index(self._dataflow.state_size(), self._index)
 
     async def drop(self) -> None:
         self.guard.cancel("the dataflow was dropped")
@@ -576,6 +591,9 @@ class SparkEngineDataflow:
 
     async def peek(self, time: int) -> dict[Row, int]:
         return await asyncio.to_thread(self._dataflow.peek, time)
+
+    async def index_changes(self, lower: int, upper: int) -> list[Update]:
+        return await asyncio.to_thread(self._dataflow.index_changes, lower, upper)
 
     async def compact_index(self, since: int) -> None:
         await asyncio.to_thread(self._dataflow.compact_index, since)

@@ -406,8 +406,9 @@ class RunningDataflow:
 
     async def _step_io(self, target: int) -> None:
         """A step whose data work the engine's tasks do: they read the input parts dealt
-        to them and write the output's parts, which this commits as one batch. The output's
-        rows come back only while the change feed has listeners. A part gone from the blob
+        to them and write the output's parts, which this commits as one batch (without an
+        output collection, the output stays in the tasks' index). The output's rows come
+        back only while the change feed has listeners. A part gone from the blob
         store (compacted away and past its grace period) runs the step again from rows read
         through storage."""
         assert self.upper is not None
@@ -452,8 +453,13 @@ class RunningDataflow:
         if done.updates is not None:
             self.feed.publish(Step(lower, upper, done.updates))
         elif self.feed.has_listeners:
-            # A listener came while the step ran without rows: read them back.
-            self.feed.publish(Step(lower, upper, await read_back(blob_url, done.parts)))
+            # A listener came while the step ran without rows: read them back, from the
+            # output's parts or the index's history.
+            if writer is not None:
+                changes = await read_back(blob_url, done.parts)
+            else:
+                changes = await self.engine.index_changes(lower, upper)
+            self.feed.publish(Step(lower, upper, changes))
         else:
             self.feed.skip(upper)
         self._advance(upper)
@@ -544,6 +550,20 @@ class RunningDataflow:
         await self.wait_past(timestamp, deadline)
         try:
             return await self.engine.peek(timestamp)
+        except Unavailable as exc:
+            self._fail(exc)
+            raise
+
+    async def index_changes(self, lower: int, upper: int) -> list[Update]:
+        """The output's changes at times in ``[lower, upper)`` from the index's history (all
+        complete: ``upper`` is at most the dataflow's upper)."""
+        if lower <= self.since:
+            raise FailedPrecondition(
+                f"changes from {lower} on are before the since {self.since} of dataflow "
+                f"{self.dataflow_id!r}"
+            )
+        try:
+            return await self.engine.index_changes(lower, upper)
         except Unavailable as exc:
             self._fail(exc)
             raise

@@ -2,7 +2,9 @@
 change after it.
 
 With an index the snapshot is an index peek at ``as_of`` and the changes come from the
-dataflow's own steps (``changes.ChangeFeed``), so nothing goes through storage. Without one,
+dataflow's own steps (``changes.ChangeFeed``), so nothing goes through storage; the changes
+of steps whose rows stayed on the Spark tasks (no subscriber was listening, and the dataflow
+has no output collection) come from the index's history. Without one,
 or when the feed no longer holds the changes after ``as_of``, the output collection has the
 exact history, and the stream is storage's SubscribeAt on it,
 read with a capability taken for the stream's lifetime.
@@ -57,14 +59,26 @@ async def _from_index(
             f"as_of {as_of} is before the since {running.since} of dataflow {running.dataflow_id!r}"
         )
     await running.wait_past(running.as_of, deadline)
-    # Listening before the peek: a step landing meanwhile is queued, not lost.
-    listener = running.feed.listen(as_of)
+    # Listening before the peek: a step landing meanwhile is queued, not lost. Steps whose
+    # rows stayed on the tasks (nobody was listening) are read from the index's history.
+    feed = running.feed
+    if feed.covers(as_of):
+        listener, live_from = feed.listen(as_of), as_of + 1
+    else:
+        listener, live_from = feed.follow(as_of)
     contents = await running.peek(as_of, deadline) if snapshot else {}
     start = [(row, as_of, n) for row, n in contents.items()]
     if start:
         yield _updates_message(running.schema, start)
     counts = [(as_of, len(start))] if start else []
     yield cdc_to_proto(Progress(u64_frontier(0), u64_frontier(as_of + 1), counts))
+    if live_from > as_of + 1:
+        missed = await running.index_changes(as_of + 1, live_from)
+        if missed:
+            yield _updates_message(running.schema, missed)
+        yield cdc_to_proto(
+            Progress(u64_frontier(as_of + 1), u64_frontier(live_from), _counts(missed))
+        )
     async for step in listener.steps():
         if step.updates:
             yield _updates_message(running.schema, step.updates)

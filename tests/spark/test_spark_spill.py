@@ -2,7 +2,7 @@
 local disk, the view stays exact at every time, and state that cannot fit even on disk is
 refused with a clear error while the tasks keep serving. Hydrated by Spark, the join's
 columnar batches go to disk as Arrow files and the state stays exact. A GROUP BY's and a
-top-k's groups and a DISTINCT's rows spill too."""
+top-k's groups, a DISTINCT's rows and a window's partitions spill too."""
 
 from __future__ import annotations
 
@@ -179,14 +179,15 @@ def test_a_join_hydrated_by_spark_moves_its_batches_to_disk_and_stays_exact(
         (grouped_views.group_view(), 60, 25),
         (grouped_views.distinct_view(), 130, 60),
         (grouped_views.top_view(), 90, 30),
+        (grouped_views.window_view(), 40, 15),
     ],
 )
 def test_a_grouped_view_of_three_times_the_budget_spills_and_stays_exact(
     tight: ResidentCluster, spill_directory: Path, plan: plan_pb2.Plan, rows: int, groups: int
 ) -> None:
-    """A GROUP BY (MIN/MAX, COUNT DISTINCT), a DISTINCT and a top-k whose state is all Reduce,
-    Distinct or TopK state, about three times the two tasks' budgets: their groups and rows
-    spill."""
+    """A GROUP BY (MIN/MAX, COUNT DISTINCT), a DISTINCT, a top-k and a window whose state is all
+    Reduce, Distinct, TopK or Window state, about three times the two tasks' budgets: their
+    groups, rows and partitions spill."""
     events = grouped_views.Events(rows, groups, seed=13)
     dataflow = SparkDataflow(plan, as_of=0, cluster=tight)
     try:
@@ -216,3 +217,36 @@ def test_grouped_state_that_cannot_fit_on_disk_is_refused(tight: ResidentCluster
     finally:
         doomed.drop()
     assert tight.failure is None
+
+
+def test_an_index_on_the_tasks_spills_with_the_state_and_answers_peeks_exactly(
+    tight: ResidentCluster,
+) -> None:
+    """A DISTINCT kept in an index on the tasks: the index's keys spill beside the operator
+    state, count in the state's size, and peeks at every time read them back exactly."""
+    plan = grouped_views.distinct_view()
+    events = grouped_views.Events(130, 60, seed=19)
+    local = Dataflow(plan, as_of=0)
+    dataflow = SparkDataflow(plan, as_of=0, cluster=tight, index_key_columns=[0, 1])
+    try:
+        _, upper = dataflow.hydrate({"events": list(events.history)})
+        local.hydrate({"events": list(events.history)})
+        for _ in range(6):
+            changes = events.step(upper, 3, 30)
+            _, upper = dataflow.step({"events": changes}, upper + 3)
+            local.step({"events": changes}, upper)
+            size = dataflow.state_size()
+            operators = local.state_size()
+            # The index holds about as much as the Distinct does, and it is counted.
+            assert size.rows == operators.rows
+            assert size.bytes > 1.5 * operators.bytes
+            assert size.spilled_bytes > operators.bytes
+        for time in range(upper):
+            contents: dict[Any, int] = {}
+            for row, at, diff in events.history:
+                if at <= time:
+                    contents[row] = contents.get(row, 0) + diff
+            expected = reference_eval.evaluate(plan, {"events": contents})
+            assert reference_eval.canonical(dataflow.peek(time)) == expected, time
+    finally:
+        dataflow.drop()

@@ -39,6 +39,7 @@ from services.compute.spark.jobs import SparkJobs
 from services.compute.spark.parts_source import MISSING_PART, s3_credentials
 from services.compute.spark.spark_dataflow import IoStep, OutputSink, PartWindow
 from services.compute.spec import DataflowInputSpec, DataflowSpec
+from services.compute.subscriptions import output_changes
 from tests.support.reference_eval import canonical, evaluate
 from tests.support.service_process import ServiceProcess
 from tests.support.storage import (
@@ -49,9 +50,19 @@ from tests.support.storage import (
     start_storage,
 )
 from tidemark.blob import open_blob
+from tidemark.cdc import CdcReader, Message
+from tidemark.cdc.proto import from_proto as cdc_from_proto
 from tidemark.clients.storage import Capability, PartsInterval, StorageClient
-from tidemark.columnar import Column, ColumnType, RelationSchema, frontier_bound
+from tidemark.columnar import (
+    Column,
+    ColumnType,
+    RelationSchema,
+    from_ipc,
+    frontier_bound,
+    updates_from_table,
+)
 from tidemark.errors import Unavailable
+from tidemark.lattice import U64
 from tidemark.plan import builders as pb
 from tidemark.plan import derive_schema
 from tidemark.v1 import plan_pb2
@@ -104,6 +115,10 @@ def quick_storage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceP
     process.kill()
 
 
+def _rows(data: bytes) -> list[RowUpdate]:
+    return updates_from_table(from_ipc(data))
+
+
 class _History:
     """Every update appended to each input, to evaluate the view at any time."""
 
@@ -147,10 +162,14 @@ async def _run_view(
     more: Callable[[], bool] = lambda: False,
     on_hydrated: Callable[[Capability, StorageClient], None] | None = None,
     hydrate_from_parts: bool = True,
+    index_only: bool = False,
+    halfway: Callable[[RunningDataflow], None] | None = None,
 ) -> tuple[RunningDataflow, SparkEngineDataflow, _History, Capability, str, StorageClient]:
     """A view over fresh inputs, maintained by a ``RunningDataflow`` on the Spark engine
     while ``steps`` appends land (and more while ``more()``, up to 400); returns once its
-    output is complete through them."""
+    output is complete through them. ``index_only``: the view keeps its index alone (its
+    output collection is created but not written). ``halfway`` hears the running view
+    after half of the ``steps`` appends."""
     client = StorageClient(address, timeout=20.0)
     base = secrets.randbelow(10**12) * 10
     orders, customers, view = f"u{base}", f"u{base + 1}", f"u{base + 2}"
@@ -168,56 +187,64 @@ async def _run_view(
     history.updates[orders] = _orders_batch(rng, live, 0)
     for cid, pair in pairs.items():
         await client.append(pair.write, history.updates[cid], 1, expected_upper=0)
-    as_of = 0
-    writer = OutputWriter(client, output.write, schema, f"view-{base}", 0)
-    dataflow = SparkDataflow(plan, as_of=as_of, cluster=cluster, index_key_columns=[0])
-    engine = SparkEngineDataflow(dataflow, SparkJobs(spark))
-    spec = DataflowSpec(
-        f"view-{base}",
-        plan,
-        (DataflowInputSpec(orders), DataflowInputSpec(customers)),
-        output_collection_id=view,
-        index_key_columns=(0,),
-    )
-    running = RunningDataflow(
-        spec,
-        plan,
-        schema,
-        wrap(engine, client, pairs[orders]) if wrap is not None else engine,
-        client,
-        [pair.read for pair in pairs.values()],
-        writer,
-        False,
-        as_of,
-        RunSettings("test", renew_interval_s=2.0, hold_interval_s=0.5),
-        hydrate_from_parts=hydrate_from_parts,
-    )
-    running.start()
-    await running.wait_past(as_of, time.monotonic() + 120)
-    if on_hydrated is not None:
-        on_hydrated(output.read, client)
-    upper = 1
-    step = 0
-    while step < steps or (more() and step < 400):
-        step += 1
-        t = upper
-        if step % 4 == 3:  # customers move regions now and then
-            c = rng.randrange(30)
-            new = (c, f"r{rng.randrange(5)}-{t}")
-            changes = [(regions[c], t, -1), (new, t, 1)]
-            regions[c] = new
-            history.updates[customers] += changes
-            await client.append(pairs[customers].write, changes, t + 1, expected_upper=upper)
-            await client.append(pairs[orders].write, [], t + 1, expected_upper=upper)
-        else:
-            batch = _orders_batch(rng, live, t)
-            history.updates[orders] += batch
-            await client.append(pairs[orders].write, batch, t + 1, expected_upper=upper)
-            await client.append(pairs[customers].write, [], t + 1, expected_upper=upper)
-        upper = t + 1
-        if step % 3 == 0:
-            await asyncio.sleep(0.05)  # some steps take one append, others several
-    await running.wait_past(upper - 1, time.monotonic() + 120)
+    # The test's own capabilities outlive a hydration slowed by a loaded machine.
+    held = [*(pair.write for pair in pairs.values()), output.read]
+    async with client.keep_alive(held, 5.0):
+        as_of = 0
+        writer = (
+            None if index_only else OutputWriter(client, output.write, schema, f"view-{base}", 0)
+        )
+        dataflow = SparkDataflow(plan, as_of=as_of, cluster=cluster, index_key_columns=[0])
+        engine = SparkEngineDataflow(dataflow, SparkJobs(spark))
+        spec = DataflowSpec(
+            f"view-{base}",
+            plan,
+            (DataflowInputSpec(orders), DataflowInputSpec(customers)),
+            output_collection_id=None if index_only else view,
+            index_key_columns=(0,),
+        )
+        running = RunningDataflow(
+            spec,
+            plan,
+            schema,
+            wrap(engine, client, pairs[orders]) if wrap is not None else engine,
+            client,
+            [pair.read for pair in pairs.values()],
+            writer,
+            False,
+            as_of,
+            RunSettings("test", renew_interval_s=2.0, hold_interval_s=0.5),
+            hydrate_from_parts=hydrate_from_parts,
+        )
+        running.start()
+        await running.wait_past(as_of, time.monotonic() + 120)
+        if on_hydrated is not None:
+            on_hydrated(output.read, client)
+        upper = 1
+        step = 0
+        while step < steps or (more() and step < 400):
+            step += 1
+            t = upper
+            if step % 4 == 3:  # customers move regions now and then
+                c = rng.randrange(30)
+                new = (c, f"r{rng.randrange(5)}-{t}")
+                changes = [(regions[c], t, -1), (new, t, 1)]
+                regions[c] = new
+                history.updates[customers] += changes
+                await client.append(pairs[customers].write, changes, t + 1, expected_upper=upper)
+                await client.append(pairs[orders].write, [], t + 1, expected_upper=upper)
+            else:
+                batch = _orders_batch(rng, live, t)
+                history.updates[orders] += batch
+                await client.append(pairs[orders].write, batch, t + 1, expected_upper=upper)
+                await client.append(pairs[customers].write, [], t + 1, expected_upper=upper)
+            upper = t + 1
+            if halfway is not None and step == steps // 2:
+                await running.wait_past(upper - 1, time.monotonic() + 120)
+                halfway(running)
+            if step % 3 == 0:
+                await asyncio.sleep(0.05)  # some steps take one append, others several
+        await running.wait_past(upper - 1, time.monotonic() + 120)
     return running, engine, history, output.read, view, client
 
 
@@ -276,6 +303,75 @@ def test_a_view_is_exact_at_every_time_with_no_row_through_the_driver(
                     per_batch[span] = per_batch.get(span, 0) + 1
             assert max(per_batch.values()) == 2, per_batch
         finally:
+            await running.stop(release=True)
+            await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_index_only_view_keeps_its_rows_on_the_tasks_and_replays_them_from_the_index(
+    spark: SparkSession, cluster: ResidentCluster, storage: ServiceProcess
+) -> None:
+    """A view without an output collection: no step with nobody subscribed sends its rows
+    to the driver (they stay in the tasks' index). A subscriber from the first time, which
+    comes halfway (after steps whose rows the change feed never held), gets the index's
+    contents then and every change since from the index's history, then the live steps:
+    exactly the view's changes at every time."""
+    received: list[Message[Row, int]] = []
+    subscribers: list[asyncio.Task[None]] = []
+    rows_before: list[int] = []
+
+    def subscribe(running: RunningDataflow) -> None:
+        rows_before.append(engine_of(running).io_counters.output_rows)
+
+        async def collect() -> None:
+            deadline = time.monotonic() + 120
+            async for message in output_changes(
+                running, running.storage, "test", 0, True, deadline
+            ):
+                received.append(cdc_from_proto(message, _rows))
+
+        subscribers.append(asyncio.create_task(collect()))
+
+    def engine_of(running: RunningDataflow) -> SparkEngineDataflow:
+        assert isinstance(running.engine, SparkEngineDataflow)
+        return running.engine
+
+    async def scenario() -> None:
+        running, _engine, history, _read, _view, client = await _run_view(
+            spark, cluster, storage.address, steps=24, index_only=True, halfway=subscribe
+        )
+        try:
+            assert running.state == "running", running.error
+            assert running.writer is None
+            assert rows_before == [0], "a step with no subscriber sent its rows to the driver"
+            orders, customers = (f.collection_id for f in running.followers)
+            reader: CdcReader[Row, int] = CdcReader(U64)
+            changes: list[RowUpdate] = []
+            deadline = time.monotonic() + 60
+            complete = False
+            while not complete:
+                for message in received:
+                    for batch, frontier in reader.push(message):
+                        changes.extend(batch)
+                        complete = not frontier.less_equal(running.upper - 1)
+                received.clear()
+                if complete:
+                    break
+                assert time.monotonic() < deadline, "the subscription stalled"
+                await asyncio.sleep(0.1)
+            assert running.upper is not None
+            for t in range(running.as_of, running.upper):
+                want = _expected(history.at(t), orders, customers)
+                got: dict[Row, int] = {}
+                for row, at, diff in changes:
+                    if at <= t:
+                        got[row] = got.get(row, 0) + diff
+                assert canonical({r: n for r, n in got.items() if n}) == want, f"changes at {t}"
+                assert canonical(await running.peek(t, time.monotonic() + 30)) == want
+        finally:
+            for task in subscribers:
+                task.cancel()
             await running.stop(release=True)
             await client.close()
 

@@ -1,7 +1,7 @@
-"""A GROUP BY view, a DISTINCT view and a top-k view whose state is mostly Reduce, Distinct or
-TopK state (many groups, many distinct rows), a random history of inserts, retractions and
-moves over their input, and the check that a maintained view equals the reference evaluator
-at every time."""
+"""A GROUP BY view, a DISTINCT view, a top-k view and a window view whose state is mostly
+Reduce, Distinct, TopK or Window state (many groups, many distinct rows), a random history of
+inserts, retractions and moves over their input, and the check that a maintained view equals
+the reference evaluator at every time."""
 
 from __future__ import annotations
 
@@ -52,6 +52,24 @@ def top_view() -> plan_pb2.Plan:
     first one."""
     root = pb.top_k(
         pb.get("events", EVENTS), [1], [pb.sort_key(3, descending=True), 0], limit=2, offset=1
+    )
+    return pb.plan(root, derive_schema(root))
+
+
+def window_view() -> plan_pb2.Plan:
+    """Per group, events by score (NaN highest) then id: the row number, the rank, the sum of
+    amount over this row and the one before, and the amount before (0 for the first)."""
+    rows = pb.frame("rows", ("preceding", 1), "current_row")
+    root = pb.window(
+        pb.get("events", EVENTS),
+        [1],
+        [pb.sort_key(3, descending=True), 0],
+        [
+            pb.window_function("row_number"),
+            pb.window_function("rank"),
+            pb.window_function("sum", 2, frame=rows),
+            pb.window_function("lag", 2, default=pb.literal(0, ColumnType.INT64)),
+        ],
     )
     return pb.plan(root, derive_schema(root))
 

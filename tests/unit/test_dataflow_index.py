@@ -5,9 +5,13 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from services.compute.dataflow import Dataflow, Index
 from services.compute.dataflow.batch import accumulate
+from services.compute.dataflow.guard import row_bytes
+from services.compute.dataflow.spill import StateBudget
 from tidemark.columnar import ColumnType as T
 from tidemark.columnar import RelationSchema
 from tidemark.errors import FailedPrecondition, InvalidArgument
@@ -109,3 +113,92 @@ def test_an_index_over_a_dataflow_answers_every_time_in_range() -> None:
     for time in range(5, 14):
         assert index.contents_at(time) == accumulate(history, time)
     assert list(index.lookup(("a",), 13)) == [("a", 3)]
+
+
+# An index over a budget of a few rows: its keys spill a bucket at a time, and every read at
+# every readable time, through every compaction, is what the history says.
+_rows = st.tuples(st.integers(0, 12), st.sampled_from(["x", "y", None]), st.integers(-2, 2))
+_batches = st.lists(
+    st.tuples(
+        st.lists(st.tuples(_rows, st.integers(0, 2), st.sampled_from([-1, 1, 2])), max_size=25),
+        st.integers(0, 3),
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches=_batches, budget_rows=st.integers(1, 6))
+def test_an_index_over_a_tiny_budget_reads_what_its_history_says(
+    batches: list[tuple[list[tuple[tuple[int, str | None, int], int, int]], int]],
+    budget_rows: int,
+) -> None:
+    budget = StateBudget(budget_rows * row_bytes(3))
+    index = Index([0, 1], since=0)
+    index.attach(budget)
+    history: list[tuple[tuple[int, str | None, int], int, int]] = []
+    upper = 0
+    try:
+        for changes, lag in batches:
+            updates = [(row, upper + offset, diff) for row, offset, diff in changes]
+            upper += 3
+            index.apply(updates, upper)
+            history += updates
+            index.compact(max(index.since, upper - lag - 1))
+            assert budget.held_bytes <= budget.budget_bytes
+            assert 0 <= index.spilled_bytes() <= index.held_bytes()
+            later = [u for u in history if u[1] > index.since]
+            assert _by_time(index.changes_between(index.since + 1, upper)) == _by_time(later)
+            for time in range(index.since, upper):
+                want = accumulate(history, time)
+                assert index.contents_at(time) == want, time
+                for key in {(row[0], row[1]) for row in want} | {(99, "x")}:
+                    got = index.lookup(key, time)
+                    assert got == {r: c for r, c in want.items() if (r[0], r[1]) == key}
+        assert index.history_size() == sum(1 for _, at, _ in history if at > index.since)
+    finally:
+        index.release()
+        budget.close()
+
+
+def _by_time(updates: list[tuple[object, int, int]]) -> dict[tuple[object, int], int]:
+    totals: dict[tuple[object, int], int] = {}
+    for row, time, diff in updates:
+        totals[row, time] = totals.get((row, time), 0) + diff
+    return {key: total for key, total in totals.items() if total}
+
+
+def test_a_spilled_index_counts_its_rows_on_disk_and_lets_them_go_when_released() -> None:
+    budget = StateBudget(20 * row_bytes(2))
+    index = Index([0], since=0)
+    index.attach(budget)
+    try:
+        index.apply([((key, key * 10), 0, 1) for key in range(500)], 1)
+        assert index.row_count() == 500 and index.key_count() == 500
+        assert index.held_bytes() == 500 * row_bytes(2)
+        assert index.held_bytes() / 2 < index.spilled_bytes() < index.held_bytes()
+        assert budget.held_bytes <= budget.budget_bytes and budget.bytes_on_disk > 0
+        assert index.lookup((7,), 0) == {(7, 70): 1}
+        assert index.contents_at(0) == {(key, key * 10): 1 for key in range(500)}
+        # A whole read does not bring the spilled keys back.
+        assert index.spilled_bytes() > index.held_bytes() / 2
+    finally:
+        index.release()
+    assert budget.held_bytes == 0
+    budget.close()
+
+
+def test_changes_between_are_the_history_in_the_range() -> None:
+    index = filled_index()
+    assert sorted(index.changes_between(11, 17)) == sorted(
+        [(("a", 1), 12, -1), (("a", 5), 12, 1), (("c", 3), 13, 1), (("b", 2), 15, -2)]
+    )
+    assert sorted(index.changes_between(13, 15)) == [(("c", 3), 13, 1)]
+    assert index.changes_between(16, 17) == []
+    index.compact(12)
+    with pytest.raises(FailedPrecondition, match="since is 12"):
+        index.changes_between(12, 17)
+    assert sorted(index.changes_between(13, 16)) == [(("b", 2), 15, -2), (("c", 3), 13, 1)]
+    with pytest.raises(FailedPrecondition, match="upper is 17"):
+        index.changes_between(13, 18)

@@ -1,6 +1,6 @@
-"""Reduce, Distinct and top-k state past the task's memory budget: their groups and rows spill to
-local disk a bucket at a time, keys and all, come back when a step touches them, and the views
-stay exactly what they are in memory."""
+"""Reduce, Distinct, top-k and window state past the task's memory budget: their groups and rows
+spill to local disk a bucket at a time, keys and all, come back when a step touches them, and
+the views stay exactly what they are in memory."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from services.compute.dataflow import Dataflow, Index, spill, spilling_map
 from services.compute.dataflow.operators.distinct import DistinctState
 from services.compute.dataflow.operators.reduce import ReduceState
 from services.compute.dataflow.operators.topk import TopKState
+from services.compute.dataflow.operators.window import WindowState
 from services.compute.dataflow.ordering import NAN
 from services.compute.dataflow.spill import StateBudget
 from services.compute.dataflow.spilling_map import SpillingMap
@@ -25,6 +26,7 @@ from tests.support.grouped_views import (
     distinct_view,
     group_view,
     top_view,
+    window_view,
 )
 from tidemark.errors import ResourceExhausted
 from tidemark.plan import builders as pb
@@ -99,7 +101,12 @@ def _run(
 @pytest.mark.parametrize("compacting", [False, True])
 @pytest.mark.parametrize(
     ("plan", "state_type"),
-    [(group_view(), ReduceState), (distinct_view(), DistinctState), (top_view(), TopKState)],
+    [
+        (group_view(), ReduceState),
+        (distinct_view(), DistinctState),
+        (top_view(), TopKState),
+        (window_view(), WindowState),
+    ],
 )
 def test_a_view_of_three_times_the_budget_stays_exact_at_every_time(
     plan: Any, state_type: type, compacting: bool, monkeypatch: pytest.MonkeyPatch
@@ -137,8 +144,8 @@ def test_a_view_of_three_times_the_budget_stays_exact_at_every_time(
 def _contents(state: Any) -> dict[Any, Any]:
     if isinstance(state, DistinctState):
         return dict(state.counts.items())
-    if isinstance(state, TopKState):
-        return {key: group.rows.counts for key, group in state.groups.items()}
+    if isinstance(state, TopKState | WindowState):
+        return {key: (group.rows.counts, group.output) for key, group in state.groups.items()}
     return {key: group.output for key, group in state.groups.items()}
 
 

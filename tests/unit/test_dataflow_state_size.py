@@ -27,7 +27,7 @@ def recount(state: OperatorState) -> tuple[int, int]:
         width = state.key_width + len(state.spec.aggregates)
         return len(groups) + values, len(groups) * row_bytes(width) + values * row_bytes(1)
     if isinstance(state, TopKState | WindowState):
-        partitions = state.groups if isinstance(state, TopKState) else state.partitions
+        partitions = state.groups
         rows = [row for p in partitions.values() for row in p.rows.counts]
         rows_bytes = sum(row_bytes(len(row)) for row in rows)
         if isinstance(state, WindowState):

@@ -108,6 +108,7 @@ def messages(draw: st.DrawFn) -> object:
         st.builds(rq.ApplyIndex, IDS, updates, INT64),
         st.builds(rq.CompactIndex, IDS, INT64),
         st.builds(rq.Peek, IDS, INT64),
+        st.builds(rq.IndexChanges, IDS, INT64, INT64),
         st.builds(rq.Stats, IDS),
         st.builds(
             rq.Hydrate,
@@ -358,24 +359,7 @@ ALLOWED = (
     list,
     dict,
 )
-REGISTERED = (
-    rq.Install,
-    rq.Drop,
-    rq.Step,
-    rq.MeshAddress,
-    rq.JoinMesh,
-    rq.MeshPeer,
-    rq.Exchange,
-    rq.ApplyIndex,
-    rq.CompactIndex,
-    rq.Peek,
-    rq.Stats,
-    rq.Hydrate,
-    rq.PartsShare,
-    rq.Stop,
-    rq.Reply,
-    Work,
-)
+REGISTERED = CODEC.registered
 
 
 def only_engine_values(value: Any) -> bool:

@@ -151,6 +151,17 @@ class Peek:
 
 
 @dataclass(frozen=True)
+class IndexChanges:
+    """This shard's part of the output's changes at times in ``[lower, upper)``, from its
+    index's history (``Index.changes_between``): the rows of steps that stayed on the
+    tasks, for a subscriber that came after them."""
+
+    dataflow_id: str
+    lower: int
+    upper: int
+
+
+@dataclass(frozen=True)
 class Stats:
     """Keys held, work done, entries held and their estimated bytes, by this shard of a
     dataflow (the reply is ``(keys, Work, rows, bytes)``)."""
@@ -228,6 +239,7 @@ Request = (
     | ApplyIndex
     | CompactIndex
     | Peek
+    | IndexChanges
     | Stats
     | Stop
 )

@@ -371,6 +371,15 @@ class ResidentCluster:
             contents.update(part)  # shards own disjoint keys
         return contents
 
+    def index_changes(self, dataflow_id: str, lower: int, upper: int) -> list[Update]:
+        """The indexed output's changes at times in ``[lower, upper)``, from every shard's
+        index history (shards own disjoint keys, and a step's output is consolidated)."""
+        changes: list[Update] = []
+        for part in self.broadcast(rq.IndexChanges(dataflow_id, lower, upper)):
+            assert isinstance(part, list)
+            changes.extend(part)
+        return changes
+
     def stats(self, dataflow_id: str) -> tuple[int, Work, StateSize]:
         """Keys held, work done and the state's size, summed over the shards."""
         keys, total, size = 0, Work(), StateSize()

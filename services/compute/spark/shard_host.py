@@ -18,7 +18,7 @@ import pyarrow as pa
 from services.compute.dataflow.batch import Update, consolidate
 from services.compute.dataflow.exchange import partition
 from services.compute.dataflow.graph import ConstantSource, GetSource, Graph
-from services.compute.dataflow.index import Index
+from services.compute.dataflow.index import Index, with_index
 from services.compute.dataflow.keys import shard_of
 from services.compute.dataflow.lower import lower
 from services.compute.dataflow.operators.base import LinearOperator, StatefulOperator
@@ -34,6 +34,7 @@ from services.compute.spark.requests import (
     CompactIndex,
     Drop,
     Hydrate,
+    IndexChanges,
     Install,
     JoinMesh,
     MeshAddress,
@@ -48,7 +49,7 @@ from services.compute.spark.requests import (
     Stop,
 )
 from services.compute.spark.staging import decode, get_all, rows_and_diffs
-from services.compute.spark.step_io import read_sources, write_share
+from services.compute.spark.step_io import kept_share, read_sources, write_share
 from services.compute.spark.transport import normalizer
 from services.compute.spark.wire import ConnectionLost
 from tidemark.errors import (
@@ -195,7 +196,10 @@ class ShardHost:
             self._install(request)
             return None
         if isinstance(request, Drop):
-            self._hosted(request.dataflow_id).worker.release()
+            hosted = self._hosted(request.dataflow_id)
+            hosted.worker.release()
+            if hosted.index is not None:
+                hosted.index.release()
             del self.dataflows[request.dataflow_id]
             return None
         if isinstance(request, Step):
@@ -217,10 +221,13 @@ class ShardHost:
             return None
         if isinstance(request, Peek):
             return self._index(request.dataflow_id).contents_at(request.time)
+        if isinstance(request, IndexChanges):
+            index = self._index(request.dataflow_id)
+            return index.changes_between(request.lower, request.upper)
         if isinstance(request, Stats):
-            worker = self._hosted(request.dataflow_id).worker
-            size = worker.state_size()
-            return size.keys, worker.work(), size.rows, size.bytes, size.spilled_bytes
+            hosted = self._hosted(request.dataflow_id)
+            size = with_index(hosted.worker.state_size(), hosted.index)
+            return size.keys, hosted.worker.work(), size.rows, size.bytes, size.spilled_bytes
         raise InvalidArgument(f"unknown request {type(request).__name__}")
 
     def _install(self, request: Install) -> None:
@@ -234,6 +241,8 @@ class ShardHost:
         index = None
         if request.index_key_columns is not None:
             index = Index(request.index_key_columns, since=request.index_since)
+            if self.budget is not None:
+                index.attach(self.budget)
         self.dataflows[request.dataflow_id] = HostedDataflow(
             graph, ShardWorker(graph, self.shard, budget=self.budget), index, _rows_owned(graph)
         )
@@ -318,6 +327,9 @@ class ShardHost:
             if indexed is None and hosted.rows_owned:
                 indexed = output
             return self._write_output(step, request.io, graph, output, indexed)
+        if request.io is not None and indexed is not None and not request.io.return_rows:
+            # The output has nowhere to go but the index: the rows stay here.
+            return kept_share(indexed)
         return output
 
     def _step_sources(self, request: Step) -> dict[int, list[Update]]:

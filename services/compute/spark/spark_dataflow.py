@@ -65,8 +65,9 @@ class OutputSink:
 @dataclass
 class IoStep:
     """A step run by :meth:`SparkDataflow.step_io`: the output's upper; its parts written
-    by the tasks (with a sink), the least and greatest time in them and the sum of their
-    diffs; and the output updates, when asked for or without a sink (else None)."""
+    by the tasks (with a sink), the least and greatest time in them and the sum of the
+    output's diffs; and the output updates, when asked for, or without a sink unless the
+    tasks' index keeps them (else None)."""
 
     upper: int
     updates: list[Update] | None
@@ -289,7 +290,8 @@ class SparkDataflow(Dataflow):
                 self.cluster.apply_index(
                     self.dataflow_id, [[] for _ in range(self.shards)], input_upper
                 )
-            return IoStep(input_upper, [] if sink is None or return_rows else None)
+            kept = sink is not None or self._rows_kept(return_rows)
+            return IoStep(input_upper, None if kept and not return_rows else [])
         dealt = _deal(windows, self.shards)
         shares: list[dict[int, list[Update]]] = [{} for _ in range(self.shards)]
         for node_id, updates in rows.items():
@@ -321,7 +323,7 @@ class SparkDataflow(Dataflow):
         self._upper = input_upper
         self.io_counters.input_rows += sum(len(updates) for updates in rows.values())
         self.io_counters.input_parts += len(windows)
-        if sink is None:
+        if sink is None and not self._rows_kept(return_rows):
             output = self._consolidated(
                 [update for result in results for update in result]  # type: ignore[attr-defined]
             )
@@ -331,11 +333,12 @@ class SparkDataflow(Dataflow):
         assert len(written) == len(results)
         done = IoStep(input_upper, None)
         for result in written:
+            # A share kept in the index has no part: only its diffs count.
+            done.diffs += result.diffs
             if result.part is not None:
                 done.parts.append(WrittenPart(*result.part))
                 done.least = result.least if done.least is None else min(done.least, result.least)
                 done.greatest = max(done.greatest or 0, result.greatest)
-                done.diffs += result.diffs
         if return_rows:
             # Disjoint by row across the tasks: nothing to consolidate.
             done.updates = normalizer(self.graph.output_types).apply(
@@ -343,6 +346,18 @@ class SparkDataflow(Dataflow):
             )
             self.io_counters.output_rows += len(done.updates)
         return done
+
+    def _rows_kept(self, return_rows: bool) -> bool:
+        """Whether a step without a sink keeps its output on the tasks: in the index, when
+        nobody asked for the rows (a subscriber that comes later reads them from the index's
+        history, ``index_changes``)."""
+        return self.index_key_columns is not None and not return_rows
+
+    def index_changes(self, lower: int, upper: int) -> list[Update]:
+        """The output's changes at times in ``[lower, upper)``, from the tasks' index."""
+        if self.index_key_columns is None:
+            raise FailedPrecondition(f"dataflow {self.dataflow_id!r} keeps no index")
+        return self.cluster.index_changes(self.dataflow_id, lower, upper)
 
     def _consolidated(self, updates: list[Update]) -> list[Update]:
         return consolidate(normalizer(self.graph.output_types).apply([updates]))

@@ -79,6 +79,16 @@ def write_share(io: StepIO, share: list[Update]) -> StepWritten:
     )
 
 
+def kept_share(share: list[Update]) -> StepWritten:
+    """The answer for a share kept where it is (in the index, for a dataflow without an
+    output collection whose rows nobody asked for): no part, only its times and diffs, so
+    the driver counts the output without the rows."""
+    if not share:
+        return StepWritten(None, 0, 0, 0, None)
+    times = [time for _, time, _ in share]
+    return StepWritten(None, min(times), max(times), sum(diff for _, _, diff in share), None)
+
+
 def _read(io: StepIO, keys: list[str]) -> dict[str, pa.Table]:
     """The parts by key: a local directory's in place; others fetched through the blob
     store kept open across steps (``parts_source`` would open a client per call)."""

@@ -8,6 +8,10 @@ cost nothing, so the work follows the partitions that changed; within a changed 
 is O(n log n) in the partition's size n (a sort-free pass over the ordered rows; sliding
 aggregate states, where only MIN/MAX pay a log factor). Recomputing a partition whole is
 simple and always right: a change at one position can move every later row number, rank and frame.
+
+The partitions live in a ``SpillingMap``: attached to a task's ``StateBudget``, the partitions
+held longest go to disk whole, their ordered rows and last output with them, and come back
+when a step touches them.
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ from typing import Any
 from services.compute.dataflow.batch import Key, KeyFunction, Row, Update
 from services.compute.dataflow.guard import rows_bytes
 from services.compute.dataflow.operators.aggregates import Aggregate
-from services.compute.dataflow.operators.base import GroupedState, StatefulOperator
+from services.compute.dataflow.operators.base import SpillingGroupedState, StatefulOperator
 from services.compute.dataflow.operators.ordered import OrderedRows
 from services.compute.dataflow.ordering import SortKey
+from services.compute.dataflow.spilling_map import SpillingMap
 from tidemark.v1 import plan_pb2
 
 Evaluator = Callable[[Row], Any]
@@ -76,17 +81,21 @@ class WindowPartition:
         self.output: dict[Row, int] = {}
 
 
-class WindowState(GroupedState):
+def _partition_bytes(key: Key, partition: WindowPartition) -> int:
+    # The rows, and the output: each row again, extended by one value per function.
+    rows = partition.rows
+    extended = sum(len(row) for row in partition.output)
+    return rows_bytes(len(rows.counts), rows.values) + rows_bytes(len(partition.output), extended)
+
+
+class WindowState(SpillingGroupedState):
     def __init__(self, spec: WindowOperator) -> None:
         super().__init__()
         self.spec = spec
         self.group_key = spec.partition_key
-        self.partitions: dict[Key, WindowPartition] = {}
+        self.groups: SpillingMap[WindowPartition] = SpillingMap(_partition_bytes)
         self.rows_held = 0
         self.values_held = 0
-
-    def key_count(self) -> int:
-        return len(self.partitions)
 
     def row_count(self) -> int:
         return self.rows_held
@@ -100,9 +109,15 @@ class WindowState(GroupedState):
         self, key: Key, changes: list[tuple[Row, int]], time: int, out: list[Update]
     ) -> None:
         self.work.key_lookups += 1
-        partition = self.partitions.get(key)
+        groups = self.groups
+        bucket = groups.bucket(key)
+        entries = bucket.entries
+        assert entries is not None
+        partition = entries.get(key)
+        fresh = partition is None
         if partition is None:
-            partition = self.partitions[key] = WindowPartition()
+            partition = WindowPartition()
+        size_before = 0 if fresh else _partition_bytes(key, partition)
         sort_key = self.spec.sort_key
         rows = partition.rows
         rows_before, values_before = len(rows.counts), rows.values
@@ -110,7 +125,7 @@ class WindowState(GroupedState):
             rows.update(row, diff, sort_key)
         self.rows_held += len(rows.counts) - rows_before
         self.values_held += rows.values - values_before
-        copies = list(partition.rows.copies())
+        copies = list(rows.copies())
         self.work.rows_visited += len(copies)
         output = evaluate_partition(copies, self.spec.peer_key, self.spec.functions)
         previous = partition.output
@@ -122,8 +137,16 @@ class WindowState(GroupedState):
             if row not in output:
                 out.append((row, time, -count))
         partition.output = output
-        if not partition.rows:
-            del self.partitions[key]
+        if not rows:
+            if not fresh:
+                groups.discard(bucket, key, size_before)
+        else:
+            size_after = _partition_bytes(key, partition)
+            if fresh:
+                groups.add(bucket, key, partition, size_after)
+            elif size_after != size_before:
+                groups.resize(bucket, size_after - size_before)
+        groups.settle()
 
 
 def evaluate_partition(
