@@ -101,6 +101,13 @@ class ChangeFeed:
         self._window_updates = 0
         self._covered_from = upper
 
+    def end_listeners(self, error: TidemarkError) -> None:
+        """Ends the listeners present with ``error`` (their changes cannot be given); later
+        ones are welcome."""
+        for listener in list(self._listeners):
+            listener._offer(error)
+        self._listeners.clear()
+
     def close(self, error: TidemarkError) -> None:
         """Ends every listener with ``error`` (the dataflow was dropped or failed)."""
         self._closed = error

@@ -456,10 +456,17 @@ class RunningDataflow:
             # A listener came while the step ran without rows: read them back, from the
             # output's parts or the index's history.
             if writer is not None:
-                changes = await read_back(blob_url, done.parts)
+                self.feed.publish(Step(lower, upper, await read_back(blob_url, done.parts)))
             else:
-                changes = await self.engine.index_changes(lower, upper)
-            self.feed.publish(Step(lower, upper, changes))
+                try:
+                    changes = await self.engine.index_changes(lower, upper)
+                except FailedPrecondition as exc:
+                    # The index no longer holds them (a shard rebuilt since): those listeners
+                    # end with the reason, and the dataflow goes on.
+                    self.feed.end_listeners(exc)
+                    self.feed.skip(upper)
+                else:
+                    self.feed.publish(Step(lower, upper, changes))
         else:
             self.feed.skip(upper)
         self._advance(upper)

@@ -96,3 +96,25 @@ async def test_a_skipped_step_moves_the_feeds_window_past_it() -> None:
     feed.publish(Step(8, 9, [((2,), 8, 1)]))
     steps = listener.steps()
     assert await anext(steps) == Step(8, 9, [((2,), 8, 1)])
+
+
+async def test_a_follower_hears_only_live_steps_and_ended_listeners_hear_why() -> None:
+    """``follow`` (a subscriber whose earlier changes come from the index's history) gets
+    the steps after the output's upper, wherever its ``as_of``; ``end_listeners`` ends the
+    listeners present with the reason and leaves the feed open to later ones."""
+    feed = ChangeFeed()
+    feed.start(5)
+    feed.skip(9)
+    listener, live_from = feed.follow(2)
+    assert live_from == 9 and feed.has_listeners
+    feed.publish(Step(9, 11, [((1,), 10, 1)]))
+    steps = listener.steps()
+    assert await anext(steps) == Step(9, 11, [((1,), 10, 1)])
+    feed.end_listeners(FailedPrecondition("the index was rebuilt"))
+    assert not feed.has_listeners
+    with pytest.raises(FailedPrecondition, match="rebuilt"):
+        await anext(steps)
+    later, live_from = feed.follow(10)
+    assert live_from == 11
+    feed.publish(Step(11, 12, []))
+    assert await anext(later.steps()) == Step(11, 12, [])
