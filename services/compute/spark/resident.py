@@ -856,11 +856,21 @@ class ResidentCluster:
             if pending.shards:
                 return
             del self._pending[dataflow_id]
+            started = None
             for restore in self._restores:
                 if dataflow_id in restore.waiting:
                     restore.waiting.discard(dataflow_id)
                     restore.rebuilt.append(dataflow_id)
+                    started = restore.started if started is None else min(started, restore.started)
             self._rebuilds.notify_all()
+        if started is not None:
+            # How long the dataflow's requests waited on the loss (the others' rebuilds may
+            # still run).
+            log.info(
+                "dataflow_resumed",
+                dataflow=dataflow_id,
+                seconds=round(time.monotonic() - started, 3),
+            )
 
     def _settle(self) -> None:
         """Logs the replacements every dataflow of which is rebuilt."""

@@ -19,6 +19,7 @@ import asyncio
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from time import perf_counter
 
 from services.compute.dataflow.batch import Row, Update, consolidate
 from services.compute.dataflow.dataflow import Batches, Dataflow
@@ -148,12 +149,19 @@ class SparkDataflow(Dataflow):
             raise FailedPrecondition(
                 f"dataflow {self.dataflow_id!r} cannot rebuild a lost shard's state"
             )
+        started = perf_counter()
         ask(self._install_request(time))
         self.rebuild(shard, time, ask)
         self.shard_restores += 1
         if self.index_key_columns is not None:
             self.index_floor = max(self.index_floor, time)
-        log.info("dataflow_shard_rebuilt", dataflow=self.dataflow_id, shard=shard, time=time)
+        log.info(
+            "dataflow_shard_rebuilt",
+            dataflow=self.dataflow_id,
+            shard=shard,
+            time=time,
+            seconds=round(perf_counter() - started, 3),
+        )
 
     def _restore_constants(self, shard: int, ask: Callable[[Request], object]) -> None:
         """A plan of constants: nothing but its hydration ever changed its state (no input,
@@ -161,6 +169,7 @@ class SparkDataflow(Dataflow):
         that hydration again in process and sends the new task its shard's part of every
         stateful node's input and of the output (``LoadRows``): no Spark job, no parts. The
         output is the same at every time from ``as_of`` on, so the index keeps its since."""
+        started = perf_counter()
         upper = self.upper
         assert upper is not None
         inputs, output = hydrated_shard(self.plan, self.as_of, shard, self.shards)
@@ -172,7 +181,13 @@ class SparkDataflow(Dataflow):
         ask(self._install_request(since))
         ask(LoadRows(self.dataflow_id, inputs, index, upper))
         self.shard_restores += 1
-        log.info("dataflow_shard_rebuilt", dataflow=self.dataflow_id, shard=shard, constants=True)
+        log.info(
+            "dataflow_shard_rebuilt",
+            dataflow=self.dataflow_id,
+            shard=shard,
+            constants=True,
+            seconds=round(perf_counter() - started, 3),
+        )
 
     def _install_request(self, index_since: int) -> Request:
         return install_request(self.dataflow_id, self.plan, self.index_key_columns, index_since)
