@@ -101,12 +101,15 @@ class _Restore:
 
 class _RebuildAsk:
     """How a rebuild outside a round talks to the task of ``shard``: one request at a time
-    under the request lock, as long as that shard's task is still the one it rebuilds (a
-    ``generation``). A task lost meanwhile, or replaced again, ends this rebuild: the new
-    replacement has queued it again (``superseded``)."""
+    under the request lock, as long as that shard of the dataflow still waits for this
+    rebuild (for that ``generation`` of its task). A task lost meanwhile, or replaced again,
+    ends this rebuild: the new replacement has queued it again (``superseded``)."""
 
-    def __init__(self, cluster: ResidentCluster, shard: int, generation: int) -> None:
+    def __init__(
+        self, cluster: ResidentCluster, dataflow_id: str, shard: int, generation: int
+    ) -> None:
         self._cluster = cluster
+        self._dataflow_id = dataflow_id
         self._shard = shard
         self._generation = generation
         self.superseded = False
@@ -115,9 +118,13 @@ class _RebuildAsk:
         cluster, shard = self._cluster, self._shard
         with cluster._lock:
             cluster._check_usable()
-            if cluster._generations[shard] != self._generation:
+            with cluster._rebuilds:
+                pending = cluster._pending.get(self._dataflow_id)
+                waiting = pending is not None and pending.shards.get(shard) == self._generation
+            if not waiting:
+                # Replaced again, or rebuilt already by the round of a request in flight.
                 self.superseded = True
-                raise Unavailable(f"the task of shard {shard} was replaced again")
+                raise Unavailable(f"the rebuild of shard {shard} was superseded")
             channel = cluster._channels[shard]
             try:
                 return cluster._ask(shard, request)
@@ -788,13 +795,10 @@ class ResidentCluster:
                 restore.waiting.add(dataflow_id)
             self._restores.append(restore)
         in_flight = None if request is None else _dataflow_of(request)
-        if in_flight is not None:
-            # The round in flight is this dataflow's, and the other tasks may be waiting on
-            # the mesh for the new one's part of it: rebuilt now, under the lock.
-            self._rebuild_now(in_flight)
-        self._settle()
+        # The others' rebuilds start first: their Spark jobs run beside the one below, and
+        # they load their shards as soon as the round in flight lets go of the lock.
         with self._rebuilds:
-            for dataflow_id in self._pending.keys() - self._rebuilders:
+            for dataflow_id in self._pending.keys() - self._rebuilders - {in_flight}:
                 self._rebuilders.add(dataflow_id)
                 threading.Thread(
                     target=self._rebuild_in_background,
@@ -802,6 +806,11 @@ class ResidentCluster:
                     name=f"tidemark-resident-rebuild-{dataflow_id}",
                     daemon=True,
                 ).start()
+        if in_flight is not None:
+            # The round in flight is this dataflow's, and the other tasks may be waiting on
+            # the mesh for the new one's part of it: rebuilt now, under the lock.
+            self._rebuild_now(in_flight)
+        self._settle()
 
     def _rebuild_now(self, dataflow_id: str) -> None:
         """Rebuilds the dataflow's pending shards on this thread (the lock is held)."""
@@ -827,7 +836,7 @@ class ResidentCluster:
                         self._rebuilders.discard(dataflow_id)
                         return
                     shard, generation = min(pending.shards.items())
-                ask = _RebuildAsk(self, shard, generation)
+                ask = _RebuildAsk(self, dataflow_id, shard, generation)
                 try:
                     with self._rebuild_slots:
                         pending.restore(shard, ask)

@@ -131,15 +131,22 @@ class SparkDataflow(Dataflow):
         state was rebuilt at, so the whole index's since moves up to it."""
         self._index_since = as_of
         """The since last sent to the tasks' index shards (``compact_index``)."""
+        self._early_loads: list[Hydrate] = []
+        """The loads of a hydration by Spark the tasks took before its last (``load_staged``
+        with loads not ``complete``): a task replacing a lost one before the last takes
+        them again."""
         cluster.register(self.dataflow_id, self._restore_shard)
 
     def _restore_shard(self, shard: int, ask: Callable[[Request], object]) -> None:
         """Installs this dataflow on a task replacing a lost one and rebuilds its shard
         there as of before the round in flight (the upper only moves once a round is done):
         a step in flight, sent again to the task, then runs from the same state as on the
-        others. Not hydrated yet: installed empty, for the hydration to fill."""
+        others. Not hydrated yet: installed empty, for the hydration to fill (with the loads
+        of it the lost task had taken already)."""
         if self.upper is None:
             ask(self._install_request(self.as_of))
+            for load in self._early_loads[shard :: self.shards]:
+                ask(load)
             return
         if not self.graph.inputs:
             self._restore_constants(shard, ask)
@@ -239,6 +246,8 @@ class SparkDataflow(Dataflow):
             ) from exc
         if all(load.complete for load in loads):
             self._upper = self.as_of + 1
+        else:
+            self._early_loads.extend(loads)
         loaded = index_rows = 0
         for result in results:
             assert isinstance(result, tuple)
