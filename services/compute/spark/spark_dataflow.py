@@ -157,8 +157,21 @@ class SparkDataflow(Dataflow):
                 f"dataflow {self.dataflow_id!r} cannot rebuild a lost shard's state"
             )
         started = perf_counter()
-        ask(self._install_request(time))
-        self.rebuild(shard, time, ask)
+        installed = False
+
+        def ask_installed(request: Request) -> object:
+            # Installed right before the first request to the task, not before the
+            # rebuild's Spark job: a rebuild outside the round in flight waits for the lock
+            # at each request, and its job runs meanwhile.
+            nonlocal installed
+            if not installed:
+                ask(self._install_request(time))
+                installed = True
+            return ask(request)
+
+        self.rebuild(shard, time, ask_installed)
+        if not installed:
+            ask(self._install_request(time))  # a rebuild that had nothing to load
         self.shard_restores += 1
         if self.index_key_columns is not None:
             self.index_floor = max(self.index_floor, time)
