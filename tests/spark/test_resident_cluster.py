@@ -325,6 +325,54 @@ def test_every_dataflow_resumes_once_its_own_shard_is_rebuilt(
         resident.stop()
 
 
+def test_a_task_lost_again_while_a_rebuild_waits_gets_it_done_for_the_newer_task(
+    spark: SparkSession, cluster: ResidentCluster
+) -> None:
+    """The task replacing a lost one is lost in turn while a dataflow's rebuild for it has
+    not reached it yet: that rebuild finds itself superseded and runs again for the newest
+    task, every dataflow is rebuilt there, and steps go on exactly, without failing the
+    cluster."""
+    resident = ResidentCluster(spark, 2, liveness=QUICK, replace_lost=True)
+    resident.start()
+    try:
+        constants = SparkDataflow(
+            constant_totals(), as_of=0, cluster=resident, index_key_columns=[0]
+        )
+        constants.hydrate({})
+        held = SparkDataflow(counted(), as_of=0, cluster=resident, index_key_columns=[0])
+        history: list[Update] = [((n % 4,), 0, 1) for n in range(10)]
+        held.hydrate({"numbers": list(history)})
+        attempts: list[int] = []
+        release = threading.Event()
+
+        def hold() -> None:
+            attempts.append(len(attempts) + 1)
+            release.wait(120)
+
+        held.rebuild = rebuilt_in_process(held, history, hold)
+        survivor, victim = resident.task_pids
+        os.kill(victim, signal.SIGKILL)
+        wait_until(lambda: attempts == [1], 120, "the held rebuild did not start")
+        wait_until(lambda: not resident.rebuilding(constants.dataflow_id), 120, "constants")
+        first = resident.task_pids[1]
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: resident.task_pids[1] not in (victim, first), 120, "not replaced again")
+        release.set()
+        wait_until(lambda: not resident.rebuilding(held.dataflow_id), 120, "held")
+        assert attempts == [1, 2]  # the first attempt was for the task lost since
+        assert resident.failure is None and resident.shard_restores == 2
+        assert (constants.shard_restores, held.shard_restores) == (2, 1)
+        step: list[Update] = [((n % 6,), 1, 1) for n in range(12)]
+        held.step({"numbers": step}, 2)
+        history += step
+        outputs_at(held, history, range(held.index_floor, 2))
+        expected = canonical(evaluate(constant_totals(), {}))
+        assert canonical(constants.peek(0)) == expected
+        assert resident.task_pids[0] == survivor
+    finally:
+        resident.stop()
+
+
 def test_tasks_whose_driver_falls_silent_end_and_free_their_slots(
     spark: SparkSession, cluster: ResidentCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
