@@ -329,7 +329,9 @@ class SparkEngineDataflow:
 
     @property
     def failure(self) -> str | None:
-        return self._dataflow.cluster.failure
+        # A dataflow whose shard could not be rebuilt on a new task fails alone.
+        cluster = self._dataflow.cluster
+        return cluster.failure or cluster.broken(self._dataflow.dataflow_id)
 
     @property
     def hydrates_from_parts(self) -> bool:

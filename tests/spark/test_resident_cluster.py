@@ -373,6 +373,46 @@ def test_a_task_lost_again_while_a_rebuild_waits_gets_it_done_for_the_newer_task
         resident.stop()
 
 
+def test_a_rebuild_that_fails_gives_up_its_dataflow_alone(
+    spark: SparkSession, cluster: ResidentCluster
+) -> None:
+    """A dataflow whose shard cannot be rebuilt on the new task fails by itself: its
+    requests raise ``Unavailable`` naming the cause until it is dropped, while the cluster
+    and the other dataflows go on; a dataflow of the same id then starts afresh there."""
+    resident = ResidentCluster(spark, 2, liveness=QUICK, replace_lost=True)
+    resident.start()
+    try:
+        doomed = SparkDataflow(counted(), as_of=0, cluster=resident, dataflow_id="doomed")
+        kept = SparkDataflow(counted(), as_of=0, cluster=resident, index_key_columns=[0])
+        history: list[Update] = [((n % 5,), 0, 1) for n in range(15)]
+        for flow in (doomed, kept):
+            flow.hydrate({"numbers": list(history)})
+
+        def failing(shard: int, at: int, ask: Callable[[rq.Request], object]) -> None:
+            raise Unavailable("the inputs' parts could not be read")
+
+        doomed.rebuild = failing
+        kept.rebuild = rebuilt_in_process(kept, history)
+        survivor, victim = resident.task_pids
+        os.kill(victim, signal.SIGKILL)
+        wait_until(lambda: resident.shard_restores == 1, 120, "the task was not replaced")
+        assert resident.failure is None
+        assert "parts could not be read" in (resident.broken("doomed") or "")
+        with pytest.raises(Unavailable, match=r"rebuilding dataflow 'doomed'.*parts could not"):
+            doomed.step({"numbers": [((1,), 1, 1)]}, 2)
+        step: list[Update] = [((n % 3,), 1, 1) for n in range(6)]
+        kept.step({"numbers": step}, 2)
+        outputs_at(kept, history + step, range(kept.index_floor, 2))
+        doomed.drop()  # the new task never had it: no error
+        assert resident.broken("doomed") is None
+        again = SparkDataflow(counted(), as_of=0, cluster=resident, dataflow_id="doomed")
+        out, _ = again.hydrate({"numbers": [((4,), 0, 2)]})
+        assert out == [((4, 2), 0, 1)]
+        assert resident.failure is None and resident.task_pids[0] == survivor
+    finally:
+        resident.stop()
+
+
 def test_tasks_whose_driver_falls_silent_end_and_free_their_slots(
     spark: SparkSession, cluster: ResidentCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:

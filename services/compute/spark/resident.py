@@ -199,6 +199,9 @@ class ResidentCluster:
         self._rebuilders: set[str] = set()  # dataflows a thread is rebuilding
         self._rebuild_slots = threading.Semaphore(REBUILDS_AT_ONCE)
         self._generations = [0] * shards  # replacements of each shard's task so far
+        # Dataflows whose rebuild failed outside a round: why. Their requests fail (their
+        # owner restarts them) until a Drop, which clears this.
+        self._broken: dict[str, str] = {}
         # Step rounds sent so far: every task numbers the same steps alike, and a
         # replacement numbers on from here.
         self._steps_sent = 0
@@ -367,6 +370,13 @@ class ResidentCluster:
         with self._rebuilds:
             return dataflow_id in self._pending
 
+    def broken(self, dataflow_id: str) -> str | None:
+        """Why the dataflow cannot run here any more (its shard's rebuild on a new task
+        failed), or None. Its requests but ``Drop`` raise ``Unavailable`` with this; the
+        other dataflows and the cluster go on."""
+        with self._rebuilds:
+            return self._broken.get(dataflow_id)
+
     # -- requests ----------------------------------------------------------------------------
 
     def call(self, requests: Sequence[rq.Request]) -> list[object]:
@@ -385,7 +395,20 @@ class ResidentCluster:
                 self._check_usable()
                 if dataflow_id is not None and self.rebuilding(dataflow_id):
                     continue
+                broken = None if dataflow_id is None else self.broken(dataflow_id)
+                dropping = isinstance(requests[0], rq.Drop)
+                if broken is not None and not dropping:
+                    raise Unavailable(broken)
                 answers = self._round(requests)
+                if broken is not None:
+                    # Dropped where it was installed; a new task it never reached answers
+                    # NotFound, which is no error here.
+                    with self._rebuilds:
+                        self._broken.pop(dataflow_id or "", None)
+                    answers = [
+                        rq.Reply() if _reply(answer).error_class == "NotFound" else answer
+                        for answer in answers
+                    ]
                 break
         replies = [_reply(answer) for answer in answers]
         failed = [reply for reply in replies if reply.error_class is not None]
@@ -789,6 +812,8 @@ class ResidentCluster:
             # tasks too, even if it was unregistered since (its Drop waits for it).
             restorers = {d: pending.restore for d, pending in self._pending.items()}
             restorers.update(self._restorers)
+            for dataflow_id in self._broken:
+                restorers.pop(dataflow_id, None)  # given up: its owner restarts it
             for dataflow_id, restorer in restorers.items():
                 pending = self._pending.setdefault(dataflow_id, _Pending(restorer, {}))
                 pending.shards.update({shard: self._generations[shard] for shard in shards})
@@ -847,12 +872,20 @@ class ResidentCluster:
                 self._rebuilt(dataflow_id, shard, generation)
                 self._settle()
         except Exception as error:
+            # This dataflow alone is given up (its owner restarts it, on this cluster): the
+            # other dataflows and tasks are unharmed.
+            reason = f"rebuilding dataflow {dataflow_id!r} on a new resident task failed ({error})"
             with self._rebuilds:
                 self._rebuilders.discard(dataflow_id)
-            if not self._stopped:
-                self._fail(
-                    f"rebuilding dataflow {dataflow_id!r} on a new resident task failed ({error})"
-                )
+                if self._failure is not None or self._stopped:
+                    return
+                self._pending.pop(dataflow_id, None)
+                self._broken[dataflow_id] = reason
+                for restore in self._restores:
+                    restore.waiting.discard(dataflow_id)
+                self._rebuilds.notify_all()
+            log.warning("dataflow_rebuild_failed", dataflow=dataflow_id, error=str(error))
+            self._settle()
 
     def _rebuilt(self, dataflow_id: str, shard: int, generation: int) -> None:
         """Marks a shard of a dataflow rebuilt for that replacement; once none is left,
