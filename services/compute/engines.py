@@ -344,7 +344,9 @@ class SparkEngineDataflow:
 
     @property
     def failure(self) -> str | None:
-        return self._dataflow.cluster.failure
+        # A dataflow whose shard could not be rebuilt on a new task fails alone.
+        cluster = self._dataflow.cluster
+        return cluster.failure or cluster.broken(self._dataflow.dataflow_id)
 
     @property
     def hydrates_from_parts(self) -> bool:
@@ -599,7 +601,12 @@ class SparkEngineDataflow:
         await asyncio.to_thread(self._dataflow.compact_index, since)
 
     async def state_size(self) -> StateSize:
-        return await asyncio.to_thread(self._dataflow.state_size)
+        dataflow = self._dataflow
+        if dataflow.cluster.rebuilding(dataflow.dataflow_id):
+            # Its requests wait until its shard is rebuilt on a new task: Status, which
+            # gives up after a few seconds, must not leave a thread waiting that long.
+            raise Unavailable(f"dataflow {dataflow.dataflow_id!r} is being rebuilt")
+        return await asyncio.to_thread(dataflow.state_size)
 
     async def drop(self) -> None:
         self._dataflow.guard.cancel("the dataflow was dropped")

@@ -16,11 +16,16 @@ import pytest
 import structlog
 from pyspark.sql import SparkSession
 
+from services.compute.dataflow.batch import Row, Update
+from services.compute.dataflow.dataflow import Dataflow
 from services.compute.spark import ResidentCluster, SparkDataflow
 from services.compute.spark import requests as rq
 from services.compute.spark.liveness import Liveness
 from services.compute.spark.session import local_slots
+from services.compute.spark.spark_dataflow import hydrated_shard, index_share
 from services.compute.spark.wire import TOKEN_BYTES, Hello, authenticate, send_hello, send_message
+from tests.support.compute import contents_at
+from tests.support.reference_eval import canonical, evaluate
 from tidemark.columnar import ColumnType as T
 from tidemark.columnar import RelationSchema
 from tidemark.errors import FailedPrecondition, Unavailable
@@ -190,6 +195,219 @@ def test_a_lost_task_is_replaced_while_its_peer_keeps_its_process_and_state(
         numbers = [((n % 7,), 1, 1) for n in range(40)]
         out, _ = dataflow.step({"numbers": numbers}, 2)
         assert out == [((n, 6 if n < 5 else 5), 1, 1) for n in range(7)]
+        assert resident.failure is None and resident.task_pids[0] == survivor
+    finally:
+        resident.stop()
+
+
+PAIRS = RelationSchema.of(("k", T.INT64), ("v", T.INT64))
+
+
+def constant_totals() -> plan_pb2.Relation:
+    """A plan of constants holding state in two operators: a distinct (each row is there
+    twice), then a count and a sum by key."""
+    rows = [[n % 5, n] for n in range(40)] * 2
+    distinct = pb.distinct(pb.constant(PAIRS, rows))
+    return pb.reduce(distinct, [0], [pb.aggregate("count"), pb.aggregate("sum", 1)])
+
+
+def rebuilt_in_process(
+    flow: SparkDataflow, history: list[Update], before: Callable[[], None] = lambda: None
+) -> Callable[[int, int, Callable[[rq.Request], object]], None]:
+    """A rebuild of ``flow``'s shard from its input's ``history`` (a few rows, held here),
+    hydrated in process at the time asked and loaded with ``LoadRows``: what the bulk path
+    does by Spark from storage's parts. ``before`` runs first (a test holds it there)."""
+
+    def rebuild(shard: int, at: int, ask: Callable[[rq.Request], object]) -> None:
+        before()
+        snapshot = [update for update in history if update[1] <= at]
+        nodes, output = hydrated_shard(flow.plan, at, shard, flow.shards, {"numbers": snapshot})
+        assert flow.index_key_columns is not None
+        index = index_share(output, flow.index_key_columns, shard, flow.shards)
+        ask(rq.LoadRows(flow.dataflow_id, nodes, index, at + 1))
+
+    return rebuild
+
+
+def outputs_at(flow: SparkDataflow, history: list[Update], times: range) -> None:
+    """The index of ``flow`` at each time holds what the reference evaluator gives."""
+    for at in times:
+        expected = canonical(evaluate(flow.plan, {"numbers": contents_at(history, at)}))
+        assert canonical(flow.peek(at)) == expected, f"{flow.dataflow_id} at {at}"
+
+
+def test_every_dataflow_resumes_once_its_own_shard_is_rebuilt(
+    spark: SparkSession, cluster: ResidentCluster
+) -> None:
+    """A task lost between rounds costs no dataflow: a plan of constants gets its shard
+    back from the driver (no Spark job, no parts), and each dataflow steps again as soon as
+    its own shard is rebuilt, while another one's rebuild is still held; the held one's
+    step waits for its rebuild and then counts exactly once."""
+    resident = ResidentCluster(spark, 2, liveness=QUICK, replace_lost=True)
+    resident.start()
+    try:
+        constants = SparkDataflow(constant_totals(), as_of=0, cluster=resident)
+        constants_indexed = SparkDataflow(
+            constant_totals(), as_of=0, cluster=resident, index_key_columns=[0]
+        )
+        expected = canonical(evaluate(constant_totals(), {}))
+        assert len(expected) == 5
+        for flow in (constants, constants_indexed):
+            out, _ = flow.hydrate({})
+            assert canonical({row: diff for row, _, diff in out}) == expected
+            assert flow.step({}, 4) == ([], 4)  # no input: nothing runs, the upper moves
+        held = SparkDataflow(counted(), as_of=0, cluster=resident, index_key_columns=[0])
+        quick = SparkDataflow(counted(), as_of=0, cluster=resident, index_key_columns=[0])
+        history: list[Update] = [((n % 7,), 0, 1) for n in range(30)]
+        for flow in (held, quick):
+            flow.hydrate({"numbers": list(history)})
+        first: list[Update] = [((n % 3,), 1, 1) for n in range(9)]
+        for flow in (held, quick):
+            flow.step({"numbers": first}, 2)
+        history += first
+
+        started, release = threading.Event(), threading.Event()
+        held.rebuild = rebuilt_in_process(held, history, lambda: (started.set(), release.wait(120)))
+        quick.rebuild = rebuilt_in_process(quick, history)
+        survivor, victim = resident.task_pids
+        os.kill(victim, signal.SIGKILL)
+        wait_until(started.is_set, 120, "the held dataflow's rebuild did not start")
+        wait_until(
+            lambda: (
+                not any(
+                    resident.rebuilding(flow.dataflow_id)
+                    for flow in (quick, constants, constants_indexed)
+                )
+            ),
+            120,
+            "the other dataflows' shards were not rebuilt",
+        )
+        # The held dataflow's rebuild still waits, and the others go on meanwhile.
+        assert resident.rebuilding(held.dataflow_id) and resident.shard_restores == 0
+        second: list[Update] = [((n % 9,), 2, -1 if n % 4 == 0 else 1) for n in range(18)]
+        out, _ = quick.step({"numbers": second}, 3)
+        before = canonical(evaluate(quick.plan, {"numbers": contents_at(history, 2)}))
+        after = canonical(evaluate(quick.plan, {"numbers": contents_at(history + second, 3)}))
+        changes: dict[Row, int] = {}
+        for row, at, diff in out:
+            assert at == 2
+            changes[row] = changes.get(row, 0) + diff
+        for row in before.keys() | after.keys():
+            assert changes.get(row, 0) == after.get(row, 0) - before.get(row, 0), row
+        for at in range(4):
+            assert canonical(constants_indexed.peek(at)) == expected
+        # Every shard of the constants holds its state again, as hydration left it.
+        reference = Dataflow(constant_totals(), as_of=0, shards=2)
+        reference.hydrate({})
+        for flow in (constants, constants_indexed):
+            assert flow.key_count() == reference.key_count() > 0
+            assert flow.state_size().rows == reference.state_size().rows
+
+        stepped: list[tuple[list[Update], int]] = []
+        stepping = threading.Thread(
+            target=lambda: stepped.append(held.step({"numbers": second}, 3)), daemon=True
+        )
+        stepping.start()
+        assert resident.rebuilding(held.dataflow_id)
+        release.set()
+        stepping.join(120)
+        assert stepped and sorted(stepped[0][0]) == sorted(out)
+        history += second
+        outputs_at(quick, history, range(quick.index_floor, 3))
+        outputs_at(held, history, range(held.index_floor, 3))
+        assert held.index_floor == quick.index_floor == 1  # rebuilt as of upper - 1
+        assert resident.shard_restores == 1 and resident.failure is None
+        assert [f.shard_restores for f in (constants, constants_indexed, held, quick)] == [1] * 4
+        assert resident.task_pids[0] == survivor and resident.task_pids[1] != victim
+        for flow in (constants, constants_indexed, held, quick):
+            flow.drop()
+    finally:
+        resident.stop()
+
+
+def test_a_task_lost_again_while_a_rebuild_waits_gets_it_done_for_the_newer_task(
+    spark: SparkSession, cluster: ResidentCluster
+) -> None:
+    """The task replacing a lost one is lost in turn while a dataflow's rebuild for it has
+    not reached it yet: that rebuild finds itself superseded and runs again for the newest
+    task, every dataflow is rebuilt there, and steps go on exactly, without failing the
+    cluster."""
+    resident = ResidentCluster(spark, 2, liveness=QUICK, replace_lost=True)
+    resident.start()
+    try:
+        constants = SparkDataflow(
+            constant_totals(), as_of=0, cluster=resident, index_key_columns=[0]
+        )
+        constants.hydrate({})
+        held = SparkDataflow(counted(), as_of=0, cluster=resident, index_key_columns=[0])
+        history: list[Update] = [((n % 4,), 0, 1) for n in range(10)]
+        held.hydrate({"numbers": list(history)})
+        attempts: list[int] = []
+        release = threading.Event()
+
+        def hold() -> None:
+            attempts.append(len(attempts) + 1)
+            release.wait(120)
+
+        held.rebuild = rebuilt_in_process(held, history, hold)
+        survivor, victim = resident.task_pids
+        os.kill(victim, signal.SIGKILL)
+        wait_until(lambda: attempts == [1], 120, "the held rebuild did not start")
+        wait_until(lambda: not resident.rebuilding(constants.dataflow_id), 120, "constants")
+        first = resident.task_pids[1]
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: resident.task_pids[1] not in (victim, first), 120, "not replaced again")
+        release.set()
+        wait_until(lambda: not resident.rebuilding(held.dataflow_id), 120, "held")
+        assert attempts == [1, 2]  # the first attempt was for the task lost since
+        assert resident.failure is None and resident.shard_restores == 2
+        assert (constants.shard_restores, held.shard_restores) == (2, 1)
+        step: list[Update] = [((n % 6,), 1, 1) for n in range(12)]
+        held.step({"numbers": step}, 2)
+        history += step
+        outputs_at(held, history, range(held.index_floor, 2))
+        expected = canonical(evaluate(constant_totals(), {}))
+        assert canonical(constants.peek(0)) == expected
+        assert resident.task_pids[0] == survivor
+    finally:
+        resident.stop()
+
+
+def test_a_rebuild_that_fails_gives_up_its_dataflow_alone(
+    spark: SparkSession, cluster: ResidentCluster
+) -> None:
+    """A dataflow whose shard cannot be rebuilt on the new task fails by itself: its
+    requests raise ``Unavailable`` naming the cause until it is dropped, while the cluster
+    and the other dataflows go on; a dataflow of the same id then starts afresh there."""
+    resident = ResidentCluster(spark, 2, liveness=QUICK, replace_lost=True)
+    resident.start()
+    try:
+        doomed = SparkDataflow(counted(), as_of=0, cluster=resident, dataflow_id="doomed")
+        kept = SparkDataflow(counted(), as_of=0, cluster=resident, index_key_columns=[0])
+        history: list[Update] = [((n % 5,), 0, 1) for n in range(15)]
+        for flow in (doomed, kept):
+            flow.hydrate({"numbers": list(history)})
+
+        def failing(shard: int, at: int, ask: Callable[[rq.Request], object]) -> None:
+            raise Unavailable("the inputs' parts could not be read")
+
+        doomed.rebuild = failing
+        kept.rebuild = rebuilt_in_process(kept, history)
+        survivor, victim = resident.task_pids
+        os.kill(victim, signal.SIGKILL)
+        wait_until(lambda: resident.shard_restores == 1, 120, "the task was not replaced")
+        assert resident.failure is None
+        assert "parts could not be read" in (resident.broken("doomed") or "")
+        with pytest.raises(Unavailable, match=r"rebuilding dataflow 'doomed'.*parts could not"):
+            doomed.step({"numbers": [((1,), 1, 1)]}, 2)
+        step: list[Update] = [((n % 3,), 1, 1) for n in range(6)]
+        kept.step({"numbers": step}, 2)
+        outputs_at(kept, history + step, range(kept.index_floor, 2))
+        doomed.drop()  # the new task never had it: no error
+        assert resident.broken("doomed") is None
+        again = SparkDataflow(counted(), as_of=0, cluster=resident, dataflow_id="doomed")
+        out, _ = again.hydrate({"numbers": [((4,), 0, 2)]})
+        assert out == [((4, 2), 0, 1)]
         assert resident.failure is None and resident.task_pids[0] == survivor
     finally:
         resident.stop()

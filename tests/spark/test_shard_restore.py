@@ -1,6 +1,7 @@
 """A lost resident task costs only its shards: the compute process (a local Spark master)
 starts a new task for the shard, rebuilds that shard of every dataflow by Spark from the
-inputs' parts at the dataflow's upper - 1, and the dataflows run on without a restart. The
+inputs' parts at the dataflow's upper - 1 (a plan of constants from the driver, without
+Spark), and the dataflows run on without a restart. The
 other task keeps its process and its state, the outputs stay exact at every time, and no
 update is written twice, also when the task dies in the middle of a step (the step is run
 again on the new task and completes once).
@@ -36,6 +37,9 @@ from tests.support.reference_eval import canonical, evaluate
 from tests.support.service_process import ServiceProcess
 from tidemark.clients.compute import ComputeClient
 from tidemark.clients.storage import StorageClient
+from tidemark.columnar import ColumnType as T
+from tidemark.columnar import RelationSchema
+from tidemark.plan import builders as pb
 from tidemark.plan import check_plan
 from tidemark.v1 import plan_pb2
 
@@ -154,6 +158,49 @@ async def assert_exact(
         assert canonical(dict(peeked.rows)) == expected, f"{dataflow_id}: index at {time}"
 
 
+PAIRS = RelationSchema.of(("k", T.INT64), ("v", T.INT64))
+CONSTANT = "constant"
+
+
+def constant_totals() -> plan_pb2.Plan:
+    """A view of constants holding state in two operators: a distinct (each row is there
+    twice), then a count and a sum by key."""
+    rows = [[n % 5, n] for n in range(40)] * 2
+    distinct = pb.distinct(pb.constant(PAIRS, rows))
+    return pb.plan(pb.reduce(distinct, [0], [pb.aggregate("count"), pb.aggregate("sum", 1)]))
+
+
+async def maintain_constants(collections: Collections, compute: ComputeClient) -> str:
+    """Maintains ``constant_totals`` as ``CONSTANT``, with an index; its output collection."""
+    plan = constant_totals()
+    output = await collections.create(check_plan(plan), initial=0)
+    await compute.maintain_view(
+        CONSTANT,
+        plan,
+        [],
+        output=await collections.write_capability(output),
+        index_key_columns=[0],
+    )
+    await compute.peek(CONSTANT, 0, wait_ms=PATIENT_MS)
+    return output
+
+
+async def assert_constants_exact(
+    collections: Collections, compute: ComputeClient, output: str, upper: int
+) -> None:
+    """The constants' output collection at every time before ``upper`` (written once), and
+    their index at every time from its since to ``upper``."""
+    plan = constant_totals()
+    await exact_history(collections, plan, output, [], upper)
+    expected = canonical(evaluate(plan, {}))
+    assert len(expected) == 5
+    info = (await compute.status()).dataflow(CONSTANT)
+    assert info is not None
+    for time in range(info.since.elements[0], upper + 1):
+        peeked = await compute.peek(CONSTANT, time)
+        assert canonical(dict(peeked.rows)) == expected, f"constants at {time}"
+
+
 async def restored(
     process: ServiceProcess, compute: ComputeClient, dataflow_ids: list[str], count: int
 ) -> None:
@@ -193,25 +240,36 @@ async def test_a_killed_task_is_replaced_and_only_its_shards_are_rebuilt(
         dataflow_id: await maintain(collections, compute, feed, dataflow_id)
         for dataflow_id in ("restored", "bystander")
     }
+    constants = await maintain_constants(collections, compute)
+    everything = [*outputs, CONSTANT]
     before = current_task_pids(stack.compute())
     assert len(before) == 2
     await feed.run(6, pause=0.1)
     os.kill(before[1], signal.SIGKILL)
     await feed.run(10, pause=0.1)
 
-    await eventually(lambda: restored(stack.compute(), compute, list(outputs), 1), 240)
+    await eventually(lambda: restored(stack.compute(), compute, everything, 1), 240)
     after = current_task_pids(stack.compute())
     assert after[0] == before[0] and after[1] != before[1]
     await feed.run(4, pause=0.0)
     for dataflow_id, output in outputs.items():
         await assert_exact(collections, compute, feed, dataflow_id, output)
-    await restored(stack.compute(), compute, list(outputs), 1)
+    await assert_constants_exact(collections, compute, constants, feed.upper)
+    await restored(stack.compute(), compute, everything, 1)
     assert current_task_pids(stack.compute())[0] == before[0]
     assert_no_restart(stack.compute())
-    [record] = [r for r in stack.compute().records() if r.get("event") == "shard_restored"]
-    assert record["shards"] == [1] and sorted(record["dataflows"]) == sorted(outputs)
+    records = stack.compute().records()
+    [record] = [r for r in records if r.get("event") == "shard_restored"]
+    assert record["shards"] == [1] and sorted(record["dataflows"]) == sorted(everything)
     assert record["seconds"] > 0
-    for dataflow_id in outputs:
+    # The constants' shard came from the driver: no Spark job staged it.
+    [rebuilt] = [
+        r
+        for r in records
+        if r.get("event") == "dataflow_shard_rebuilt" and r.get("dataflow") == CONSTANT
+    ]
+    assert rebuilt["constants"] is True
+    for dataflow_id in everything:
         await compute.drop_view(dataflow_id)
 
 

@@ -135,6 +135,13 @@ def messages(draw: st.DrawFn) -> object:
                 max_size=2,
             ),
         ),
+        st.builds(
+            rq.LoadRows,
+            IDS,
+            st.dictionaries(INT64, st.lists(updates, max_size=2).map(tuple), max_size=3),
+            updates,
+            INT64,
+        ),
         st.just(rq.Stop()),
     ]
     replies: list[st.SearchStrategy[Any]] = [
@@ -386,3 +393,14 @@ def test_corrupted_frames_decode_to_messages_or_are_refused(
     except MalformedMessage:
         return
     assert isinstance(decoded, REGISTERED) and only_engine_values(decoded)
+
+
+def test_rows_to_load_keep_their_lists() -> None:
+    """A ``LoadRows``'s inputs per node are lists again (a list field inside a tuple inside
+    a dict), as the operators take them."""
+    message = rq.LoadRows("d", {3: ([((1, "a"), 5, 2)], [])}, [((1,), 5, 1)], 6)
+    decoded = CODEC.decode(CODEC.encode(message))
+    assert decoded == message
+    assert isinstance(decoded, rq.LoadRows)
+    assert type(decoded.nodes[3]) is tuple and type(decoded.nodes[3][0]) is list
+    assert type(decoded.index) is list

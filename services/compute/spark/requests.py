@@ -213,6 +213,20 @@ class Hydrate:
 
 
 @dataclass(frozen=True)
+class LoadRows:
+    """Build this shard's state of an installed dataflow from rows the driver computed (a
+    plan of constants, whose rows the driver knows: no Spark job stages them):
+    ``nodes[node_id]`` holds, per input of that stateful node, the updates its key routes to
+    this shard, and ``index`` this shard's part of the output, added to the index with
+    ``index_upper``. The task answers the number of updates loaded."""
+
+    dataflow_id: str
+    nodes: dict[int, tuple[list[Update], ...]]
+    index: list[Update]
+    index_upper: int
+
+
+@dataclass(frozen=True)
 class Stop:
     """Finish the task (its Spark slot is freed once every task of the job has finished)."""
 
@@ -236,6 +250,7 @@ Request = (
     | MeshAddress
     | JoinMesh
     | Hydrate
+    | LoadRows
     | ApplyIndex
     | CompactIndex
     | Peek

@@ -17,7 +17,11 @@ with ``replace_lost``, is replaced: the driver relaunches that shard's job, the 
 joins the mesh in the lost one's place (``mesh.py``), every dataflow registered with
 ``register`` rebuilds its shard of state there (its ``ShardRestorer``: the bulk path, as of
 before the request in flight), and the request in flight is sent to the new task again, so
-the round completes once. The other tasks keep their state and their processes.
+the round completes once. The other tasks keep their state and their processes. Only the
+dataflow of the request in flight is rebuilt under the request lock (its round waits for
+it); the others are rebuilt by threads of their own, several at once, each taking the lock
+only to talk to the new task, and a request of a dataflow waits until its shards are all
+rebuilt, while the other dataflows' requests go on.
 
 The blocking methods are thread-safe (one request round at a time); the ``a``-prefixed ones
 run them in a thread for asyncio callers.
@@ -64,9 +68,72 @@ log = get_logger("compute.spark.resident")
 
 _STOP_WAIT_SECONDS = 30.0
 
+REBUILDS_AT_ONCE = 4
+"""Dataflows rebuilt at once after a replacement (each runs a Spark job; more would only
+queue for the session's few spare slots)."""
+
 ShardRestorer = Callable[[int, Callable[[rq.Request], object]], None]
 """Rebuilds one dataflow's shard on a task that replaces a lost one: called with the shard
-and a function that sends that task one request and returns its answer (raising its error)."""
+and a function that sends that task one request and returns its answer (raising its error).
+It may be called from any thread, and must not hold the request lock's round for its own
+work: the function it is given takes the lock for each request where needed."""
+
+
+@dataclass
+class _Pending:
+    """A dataflow's shards still to rebuild on new tasks: shard -> the replacement (its
+    generation) the rebuild is for, and how to rebuild them (kept here, so that a dataflow
+    unregistered meanwhile is still rebuilt before its ``Drop`` reaches the new task)."""
+
+    restore: ShardRestorer
+    shards: dict[int, int]
+
+
+@dataclass
+class _Restore:
+    """One replacement of lost tasks, logged once every dataflow it left to rebuild is."""
+
+    shards: list[int]
+    started: float
+    waiting: set[str]
+    rebuilt: list[str] = field(default_factory=list)
+
+
+class _RebuildAsk:
+    """How a rebuild outside a round talks to the task of ``shard``: one request at a time
+    under the request lock, as long as that shard of the dataflow still waits for this
+    rebuild (for that ``generation`` of its task). A task lost meanwhile, or replaced again,
+    ends this rebuild: the new replacement has queued it again (``superseded``)."""
+
+    def __init__(
+        self, cluster: ResidentCluster, dataflow_id: str, shard: int, generation: int
+    ) -> None:
+        self._cluster = cluster
+        self._dataflow_id = dataflow_id
+        self._shard = shard
+        self._generation = generation
+        self.superseded = False
+
+    def __call__(self, request: rq.Request) -> object:
+        cluster, shard = self._cluster, self._shard
+        with cluster._lock:
+            cluster._check_usable()
+            with cluster._rebuilds:
+                pending = cluster._pending.get(self._dataflow_id)
+                waiting = pending is not None and pending.shards.get(shard) == self._generation
+            if not waiting:
+                # Replaced again, or rebuilt already by the round of a request in flight.
+                self.superseded = True
+                raise Unavailable(f"the rebuild of shard {shard} was superseded")
+            channel = cluster._channels[shard]
+            try:
+                return cluster._ask(shard, request)
+            except (ConnectionLost, PeerLost) as error:
+                self.superseded = True
+                if cluster._channels[shard] is channel:
+                    # Replaced again (and this dataflow queued again) at once.
+                    cluster._lost({shard: f"is gone ({error})"}, None, {})
+                raise Unavailable(f"the task of shard {shard} was lost while rebuilt") from error
 
 
 @dataclass
@@ -124,6 +191,17 @@ class ResidentCluster:
         self._mesh_addresses: list[tuple[str, int]] = []
         self._restorers: dict[str, ShardRestorer] = {}
         self._replacing: list[Channel] = []  # lost between rounds, being replaced
+        # Rebuilds left after a replacement: guarded by ``_rebuilds`` (taken after
+        # ``_lock`` when both are held, never before it).
+        self._rebuilds = threading.Condition()
+        self._pending: dict[str, _Pending] = {}
+        self._restores: list[_Restore] = []
+        self._rebuilders: set[str] = set()  # dataflows a thread is rebuilding
+        self._rebuild_slots = threading.Semaphore(REBUILDS_AT_ONCE)
+        self._generations = [0] * shards  # replacements of each shard's task so far
+        # Dataflows whose rebuild failed outside a round: why. Their requests fail (their
+        # owner restarts them) until a Drop, which clears this.
+        self._broken: dict[str, str] = {}
         # Step rounds sent so far: every task numbers the same steps alike, and a
         # replacement numbers on from here.
         self._steps_sent = 0
@@ -244,6 +322,8 @@ class ResidentCluster:
                     pass  # a task gone already; cancelling the job below ends the rest
             for channel in self._channels:
                 channel.sock.close()
+        with self._rebuilds:
+            self._rebuilds.notify_all()
         for shard, job in enumerate(self._jobs):
             if not job.done.wait(_STOP_WAIT_SECONDS):
                 self._cancel_shard(shard)
@@ -284,6 +364,19 @@ class ResidentCluster:
     def unregister(self, dataflow_id: str) -> None:
         self._restorers.pop(dataflow_id, None)
 
+    def rebuilding(self, dataflow_id: str) -> bool:
+        """Whether a shard of the dataflow waits for its rebuild on a new task (its
+        requests wait meanwhile)."""
+        with self._rebuilds:
+            return dataflow_id in self._pending
+
+    def broken(self, dataflow_id: str) -> str | None:
+        """Why the dataflow cannot run here any more (its shard's rebuild on a new task
+        failed), or None. Its requests but ``Drop`` raise ``Unavailable`` with this; the
+        other dataflows and the cluster go on."""
+        with self._rebuilds:
+            return self._broken.get(dataflow_id)
+
     # -- requests ----------------------------------------------------------------------------
 
     def call(self, requests: Sequence[rq.Request]) -> list[object]:
@@ -292,26 +385,31 @@ class ResidentCluster:
         task raises ``Unavailable`` and leaves the cluster failed."""
         if len(requests) != self.shards:
             raise InvalidArgument(f"{len(requests)} requests for {self.shards} shards")
-        with self._lock:
-            self._check_usable()
-            if isinstance(requests[0], rq.Step):
-                self._steps_sent += 1
-            lost: dict[int, str] = {}
-            for shard in range(self.shards):
-                try:
-                    self._channels[shard].send(requests[shard])
-                except ConnectionLost as error:
-                    lost[shard] = f"is gone ({error})"
-            replied: dict[int, object] = {}
-            while True:
-                if lost:
-                    self._lost(lost, requests, replied)
-                try:
-                    collect(self._channels, replied)
-                    break
-                except PeerLost as error:
-                    lost = {error.index: str(error)}
-            answers = [replied[shard] for shard in range(self.shards)]
+        # A request of a dataflow whose shard is not rebuilt yet on a new task waits for
+        # it (without the lock: other dataflows go on), and checks again under the lock,
+        # as a task may have been lost once more in between.
+        dataflow_id = _dataflow_of(requests[0])
+        while True:
+            self._wait_rebuilt(dataflow_id)
+            with self._lock:
+                self._check_usable()
+                if dataflow_id is not None and self.rebuilding(dataflow_id):
+                    continue
+                broken = None if dataflow_id is None else self.broken(dataflow_id)
+                dropping = isinstance(requests[0], rq.Drop)
+                if broken is not None and not dropping:
+                    raise Unavailable(broken)
+                answers = self._round(requests)
+                if broken is not None:
+                    # Dropped where it was installed; a new task it never reached answers
+                    # NotFound, which is no error here.
+                    with self._rebuilds:
+                        self._broken.pop(dataflow_id or "", None)
+                    answers = [
+                        rq.Reply() if _reply(answer).error_class == "NotFound" else answer
+                        for answer in answers
+                    ]
+                break
         replies = [_reply(answer) for answer in answers]
         failed = [reply for reply in replies if reply.error_class is not None]
         for shard, reply in enumerate(replies):
@@ -324,6 +422,38 @@ class ResidentCluster:
             causes = [reply for reply in failed if reply.error_class != PEER_FAILED]
             raise _task_error((causes or failed)[0])
         return [reply.value for reply in replies]
+
+    def _round(self, requests: Sequence[rq.Request]) -> list[object]:
+        """Sends every shard its request and collects the answers, replacing a task lost on
+        the way (the lock is held)."""
+        if isinstance(requests[0], rq.Step):
+            self._steps_sent += 1
+        lost: dict[int, str] = {}
+        for shard in range(self.shards):
+            try:
+                self._channels[shard].send(requests[shard])
+            except ConnectionLost as error:
+                lost[shard] = f"is gone ({error})"
+        replied: dict[int, object] = {}
+        while True:
+            if lost:
+                self._lost(lost, requests, replied)
+            try:
+                collect(self._channels, replied)
+                break
+            except PeerLost as error:
+                lost = {error.index: str(error)}
+        return [replied[shard] for shard in range(self.shards)]
+
+    def _wait_rebuilt(self, dataflow_id: str | None) -> None:
+        if dataflow_id is None:
+            return
+        with self._rebuilds:
+            self._rebuilds.wait_for(
+                lambda: (
+                    dataflow_id not in self._pending or self._failure is not None or self._stopped
+                )
+            )
 
     def broadcast(self, request: rq.Request) -> list[object]:
         return self.call([request] * self.shards)
@@ -515,6 +645,8 @@ class ResidentCluster:
             channel.shut()
         for shard in range(len(self._jobs)):
             self._cancel_shard(shard)
+        with self._rebuilds:
+            self._rebuilds.notify_all()  # requests waiting for a rebuild fail now
 
     def _keep_alive(self) -> None:
         """Pings every task each heartbeat and, when no request round is running (a round
@@ -678,19 +810,134 @@ class ResidentCluster:
                 self._channels[shard].send(join)
             for shard in shards:
                 self._answer(shard)
-        restored = []
-        for dataflow_id, restore in list(self._restorers.items()):
+        # Every registered dataflow now has shards to rebuild on the new tasks; until they
+        # are, its requests wait (``call``), so no step of it reaches a task without its
+        # state.
+        restore = _Restore(shards, started, set())
+        with self._rebuilds:
             for shard in shards:
-                restore(shard, functools.partial(self._ask, shard))
-            restored.append(dataflow_id)
-        self.shard_restores += len(shards)
-        log.info(
-            "shard_restored",
-            shards=shards,
-            dataflows=restored,
-            seconds=round(time.monotonic() - started, 3),
-            task_pids=list(self._pids),
-        )
+                self._generations[shard] += 1
+            # A dataflow still rebuilding for an earlier replacement is rebuilt on these
+            # tasks too, even if it was unregistered since (its Drop waits for it).
+            restorers = {d: pending.restore for d, pending in self._pending.items()}
+            restorers.update(self._restorers)
+            for dataflow_id in self._broken:
+                restorers.pop(dataflow_id, None)  # given up: its owner restarts it
+            for dataflow_id, restorer in restorers.items():
+                pending = self._pending.setdefault(dataflow_id, _Pending(restorer, {}))
+                pending.shards.update({shard: self._generations[shard] for shard in shards})
+                restore.waiting.add(dataflow_id)
+            self._restores.append(restore)
+        in_flight = None if request is None else _dataflow_of(request)
+        # The others' rebuilds start first: their Spark jobs run beside the one below, and
+        # they load their shards as soon as the round in flight lets go of the lock.
+        with self._rebuilds:
+            for dataflow_id in self._pending.keys() - self._rebuilders - {in_flight}:
+                self._rebuilders.add(dataflow_id)
+                threading.Thread(
+                    target=self._rebuild_in_background,
+                    args=(dataflow_id,),
+                    name=f"tidemark-resident-rebuild-{dataflow_id}",
+                    daemon=True,
+                ).start()
+        if in_flight is not None:
+            # The round in flight is this dataflow's, and the other tasks may be waiting on
+            # the mesh for the new one's part of it: rebuilt now, under the lock.
+            self._rebuild_now(in_flight)
+        self._settle()
+
+    def _rebuild_now(self, dataflow_id: str) -> None:
+        """Rebuilds the dataflow's pending shards on this thread (the lock is held)."""
+        with self._rebuilds:
+            pending = self._pending.get(dataflow_id)
+            if pending is None:
+                return
+            shards = sorted(pending.shards.items())
+        for shard, generation in shards:
+            pending.restore(shard, functools.partial(self._ask, shard))
+            self._rebuilt(dataflow_id, shard, generation)
+
+    def _rebuild_in_background(self, dataflow_id: str) -> None:
+        """Rebuilds the dataflow's pending shards one after the other, each request to the
+        new task under the lock (``_RebuildAsk``), until none is left; a shard whose task was
+        replaced again meanwhile is rebuilt again for the newer one. A rebuild that fails
+        fails the cluster, as it would have under the lock."""
+        try:
+            while True:
+                with self._rebuilds:
+                    pending = self._pending.get(dataflow_id)
+                    if pending is None or self._failure is not None or self._stopped:
+                        self._rebuilders.discard(dataflow_id)
+                        return
+                    shard, generation = min(pending.shards.items())
+                ask = _RebuildAsk(self, dataflow_id, shard, generation)
+                try:
+                    with self._rebuild_slots:
+                        pending.restore(shard, ask)
+                except Exception:
+                    if not ask.superseded:
+                        raise
+                    continue
+                self._rebuilt(dataflow_id, shard, generation)
+                self._settle()
+        except Exception as error:
+            # This dataflow alone is given up (its owner restarts it, on this cluster): the
+            # other dataflows and tasks are unharmed.
+            reason = f"rebuilding dataflow {dataflow_id!r} on a new resident task failed ({error})"
+            with self._rebuilds:
+                self._rebuilders.discard(dataflow_id)
+                if self._failure is not None or self._stopped:
+                    return
+                self._pending.pop(dataflow_id, None)
+                self._broken[dataflow_id] = reason
+                for restore in self._restores:
+                    restore.waiting.discard(dataflow_id)
+                self._rebuilds.notify_all()
+            log.warning("dataflow_rebuild_failed", dataflow=dataflow_id, error=str(error))
+            self._settle()
+
+    def _rebuilt(self, dataflow_id: str, shard: int, generation: int) -> None:
+        """Marks a shard of a dataflow rebuilt for that replacement; once none is left,
+        the dataflow's requests go on."""
+        with self._rebuilds:
+            pending = self._pending.get(dataflow_id)
+            if pending is None or pending.shards.get(shard) != generation:
+                return  # replaced again meanwhile: the newer rebuild counts
+            del pending.shards[shard]
+            if pending.shards:
+                return
+            del self._pending[dataflow_id]
+            started = None
+            for restore in self._restores:
+                if dataflow_id in restore.waiting:
+                    restore.waiting.discard(dataflow_id)
+                    restore.rebuilt.append(dataflow_id)
+                    started = restore.started if started is None else min(started, restore.started)
+            self._rebuilds.notify_all()
+        if started is not None:
+            # How long the dataflow's requests waited on the loss (the others' rebuilds may
+            # still run).
+            log.info(
+                "dataflow_resumed",
+                dataflow=dataflow_id,
+                seconds=round(time.monotonic() - started, 3),
+            )
+
+    def _settle(self) -> None:
+        """Logs the replacements every dataflow of which is rebuilt."""
+        with self._rebuilds:
+            done = [restore for restore in self._restores if not restore.waiting]
+            self._restores = [restore for restore in self._restores if restore.waiting]
+            for restore in done:
+                self.shard_restores += len(restore.shards)
+        for restore in done:
+            log.info(
+                "shard_restored",
+                shards=restore.shards,
+                dataflows=restore.rebuilt,
+                seconds=round(time.monotonic() - restore.started, 3),
+                task_pids=list(self._pids),
+            )
 
     def _ask(self, shard: int, request: rq.Request) -> object:
         """One request to one task, outside a round (the lock is held)."""
@@ -755,6 +1002,12 @@ def _reply(answer: object) -> rq.Reply:
     if not isinstance(answer, rq.Reply):
         raise Internal(f"a resident task answered with a {type(answer).__name__}")
     return answer
+
+
+def _dataflow_of(request: rq.Request) -> str | None:
+    """The dataflow a request is about (None: the cluster's own, such as the mesh's)."""
+    dataflow_id = getattr(request, "dataflow_id", None)
+    return dataflow_id if isinstance(dataflow_id, str) else None
 
 
 def _updates(value: object) -> list[Update]:

@@ -37,6 +37,7 @@ from services.compute.spark.requests import (
     IndexChanges,
     Install,
     JoinMesh,
+    LoadRows,
     MeshAddress,
     Peek,
     Ping,
@@ -213,6 +214,8 @@ class ShardHost:
             return None
         if isinstance(request, Hydrate):
             return self._hydrate(request)
+        if isinstance(request, LoadRows):
+            return self._load_rows(request)
         if isinstance(request, ApplyIndex):
             self._index(request.dataflow_id).apply(request.updates, request.upper)
             return None
@@ -443,6 +446,27 @@ class ShardHost:
                 updates = [(row, as_of, diff) for row, diff in zip(rows, diffs, strict=True)]
             hosted.index.apply(updates, as_of + 1)
         return loaded, index_rows
+
+    def _load_rows(self, request: LoadRows) -> int:
+        """Feeds each stateful node the rows the driver routed to this shard (their order
+        does not matter: an operator's output is dropped, as in ``_hydrate``), and the
+        index its part of the output."""
+        hosted = self._hosted(request.dataflow_id)
+        nodes = hosted.graph.nodes
+        loaded = 0
+        for node_id, received in sorted(request.nodes.items()):
+            # The wire loses the identity of the one canonical NaN the operators rely on.
+            inputs = [
+                normalizer(nodes[input_id].types).apply([updates])
+                for input_id, updates in zip(nodes[node_id].inputs, received, strict=True)
+            ]
+            hosted.worker.load(node_id, inputs)
+            loaded += sum(len(updates) for updates in inputs)
+        if hosted.index is not None:
+            updates = normalizer(hosted.graph.output_types).apply([request.index])
+            hosted.index.apply(updates, request.index_upper)
+            loaded += len(updates)
+        return loaded
 
     def _hosted(self, dataflow_id: str) -> HostedDataflow:
         hosted = self.dataflows.get(dataflow_id)

@@ -19,13 +19,24 @@ import asyncio
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from time import perf_counter
 
 from services.compute.dataflow.batch import Row, Update, consolidate
 from services.compute.dataflow.dataflow import Batches, Dataflow
+from services.compute.dataflow.graph import Graph
 from services.compute.dataflow.guard import UNGUARDED, Guard, row_bytes
+from services.compute.dataflow.keys import shard_of
 from services.compute.dataflow.work import StateSize, Work
+from services.compute.dataflow.worker import ShardWorker
 from services.compute.spark.parts_source import missing_part
-from services.compute.spark.requests import Hydrate, Request, Step, StepIO, StepWritten
+from services.compute.spark.requests import (
+    Hydrate,
+    LoadRows,
+    Request,
+    Step,
+    StepIO,
+    StepWritten,
+)
 from services.compute.spark.resident import ResidentCluster, install_request
 from services.compute.spark.transport import normalizer
 from tidemark.clients.storage import WrittenPart
@@ -119,27 +130,85 @@ class SparkDataflow(Dataflow):
         self.index_floor = as_of
         """The index answers from here on: a restored shard's index starts at the time its
         state was rebuilt at, so the whole index's since moves up to it."""
+        self._index_since = as_of
+        """The since last sent to the tasks' index shards (``compact_index``)."""
+        self._early_loads: list[Hydrate] = []
+        """The loads of a hydration by Spark the tasks took before its last (``load_staged``
+        with loads not ``complete``): a task replacing a lost one before the last takes
+        them again."""
         cluster.register(self.dataflow_id, self._restore_shard)
 
     def _restore_shard(self, shard: int, ask: Callable[[Request], object]) -> None:
         """Installs this dataflow on a task replacing a lost one and rebuilds its shard
         there as of before the round in flight (the upper only moves once a round is done):
         a step in flight, sent again to the task, then runs from the same state as on the
-        others. Not hydrated yet: installed empty, for the hydration to fill."""
+        others. Not hydrated yet: installed empty, for the hydration to fill (with the loads
+        of it the lost task had taken already)."""
         if self.upper is None:
             ask(self._install_request(self.as_of))
+            for load in self._early_loads[shard :: self.shards]:
+                ask(load)
+            return
+        if not self.graph.inputs:
+            self._restore_constants(shard, ask)
             return
         time = self.upper - 1
         if self.rebuild is None:
             raise FailedPrecondition(
                 f"dataflow {self.dataflow_id!r} cannot rebuild a lost shard's state"
             )
-        ask(self._install_request(time))
-        self.rebuild(shard, time, ask)
+        started = perf_counter()
+        installed = False
+
+        def ask_installed(request: Request) -> object:
+            # Installed right before the first request to the task, not before the
+            # rebuild's Spark job: a rebuild outside the round in flight waits for the lock
+            # at each request, and its job runs meanwhile.
+            nonlocal installed
+            if not installed:
+                ask(self._install_request(time))
+                installed = True
+            return ask(request)
+
+        self.rebuild(shard, time, ask_installed)
+        if not installed:
+            ask(self._install_request(time))  # a rebuild that had nothing to load
         self.shard_restores += 1
         if self.index_key_columns is not None:
             self.index_floor = max(self.index_floor, time)
-        log.info("dataflow_shard_rebuilt", dataflow=self.dataflow_id, shard=shard, time=time)
+        log.info(
+            "dataflow_shard_rebuilt",
+            dataflow=self.dataflow_id,
+            shard=shard,
+            time=time,
+            seconds=round(perf_counter() - started, 3),
+        )
+
+    def _restore_constants(self, shard: int, ask: Callable[[Request], object]) -> None:
+        """A plan of constants: nothing but its hydration ever changed its state (no input,
+        so no step reaches the operators), and its rows are in the plan. The driver runs
+        that hydration again in process and sends the new task its shard's part of every
+        stateful node's input and of the output (``LoadRows``): no Spark job, no parts. The
+        output is the same at every time from ``as_of`` on, so the index keeps its since."""
+        started = perf_counter()
+        upper = self.upper
+        assert upper is not None
+        inputs, output = hydrated_shard(self.plan, self.as_of, shard, self.shards)
+        since = min(self._index_since, upper - 1)
+        index: list[Update] = []
+        if self.index_key_columns is not None:
+            owned = index_share(output, self.index_key_columns, shard, self.shards)
+            index = [(row, since, diff) for row, _, diff in owned]
+        ask(self._install_request(since))
+        ask(LoadRows(self.dataflow_id, inputs, index, upper))
+        self.shard_restores += 1
+        log.info(
+            "dataflow_shard_rebuilt",
+            dataflow=self.dataflow_id,
+            shard=shard,
+            constants=True,
+            seconds=round(perf_counter() - started, 3),
+        )
 
     def _install_request(self, index_since: int) -> Request:
         return install_request(self.dataflow_id, self.plan, self.index_key_columns, index_since)
@@ -191,6 +260,8 @@ class SparkDataflow(Dataflow):
             ) from exc
         if all(load.complete for load in loads):
             self._upper = self.as_of + 1
+        else:
+            self._early_loads.extend(loads)
         loaded = index_rows = 0
         for result in results:
             assert isinstance(result, tuple)
@@ -217,7 +288,9 @@ class SparkDataflow(Dataflow):
         if self.index_key_columns is None:
             raise FailedPrecondition(f"dataflow {self.dataflow_id!r} keeps no index")
         # A rebuilt shard's index starts at its floor: the whole index answers from there.
-        self.cluster.compact_index(self.dataflow_id, max(since, self.index_floor))
+        since = max(since, self.index_floor)
+        self.cluster.compact_index(self.dataflow_id, since)
+        self._index_since = max(self._index_since, since)
 
     def drop(self) -> None:
         """Frees the dataflow's state in the tasks (the cluster keeps running)."""
@@ -361,6 +434,53 @@ class SparkDataflow(Dataflow):
 
     def _consolidated(self, updates: list[Update]) -> list[Update]:
         return consolidate(normalizer(self.graph.output_types).apply([updates]))
+
+
+class _RecordingWorker(ShardWorker):
+    """A shard's worker that keeps what each stateful node was given (its inputs after the
+    exchange that routed them to this shard)."""
+
+    def __init__(self, graph: Graph, shard: int) -> None:
+        super().__init__(graph, shard)
+        self.received: dict[int, tuple[list[Update], ...]] = {}
+
+    def process(self, node_id: int, inputs: Sequence[list[Update]]) -> list[Update]:
+        held = self.received.get(node_id, tuple([] for _ in inputs))
+        self.received[node_id] = tuple(
+            [*before, *updates] for before, updates in zip(held, inputs, strict=True)
+        )
+        return super().process(node_id, inputs)
+
+
+def hydrated_shard(
+    plan: plan_pb2.Plan | plan_pb2.Relation,
+    as_of: int,
+    shard: int,
+    shards: int,
+    snapshots: Batches | None = None,
+) -> tuple[dict[int, tuple[list[Update], ...]], list[Update]]:
+    """The plan hydrated at ``as_of`` in process from ``snapshots`` (none for a plan of
+    constants), over ``shards`` shards routed as the tasks route them (the same
+    ``shard_of`` of the same keys): what each stateful node of ``shard`` was given (a
+    ``LoadRows``'s ``nodes``), and the whole output. Only for small inputs: the driver
+    holds all of it."""
+    flow = Dataflow(plan, as_of=as_of, shards=shards)
+    recorder = _RecordingWorker(flow.graph, shard)
+    flow.workers[shard] = recorder
+    output, _ = flow.hydrate(snapshots or {})
+    return recorder.received, output
+
+
+def index_share(
+    output: Sequence[Update], key_columns: Sequence[int], shard: int, shards: int
+) -> list[Update]:
+    """The updates of ``output`` whose index key ``shard`` owns (as a step's last exchange
+    routes them)."""
+    return [
+        update
+        for update in output
+        if shard_of(tuple(update[0][c] for c in key_columns), shards) == shard
+    ]
 
 
 def _deal(
