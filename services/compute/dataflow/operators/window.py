@@ -155,7 +155,7 @@ def evaluate_partition(
     """The output of one partition whose rows, one entry per copy, are in window order."""
     if not copies:
         return {}
-    peers = _PeerGroups(copies, peer_key)
+    peers = _LazyPeers(copies, peer_key)
     columns = [_values(function, copies, peers) for function in functions]
     output: dict[Row, int] = {}
     for index, row in enumerate(copies):
@@ -185,15 +185,32 @@ class _PeerGroups:
             group_start, number = index, number + 1
 
 
-def _values(function: WindowFunctionSpec, copies: list[Row], peers: _PeerGroups) -> list[Any]:
+class _LazyPeers:
+    """The partition's peer groups, found on first use: only ranks and RANGE frames need
+    them, and finding them costs a sort key per row."""
+
+    __slots__ = ("_copies", "_groups", "_peer_key")
+
+    def __init__(self, copies: list[Row], peer_key: SortKey) -> None:
+        self._copies = copies
+        self._peer_key = peer_key
+        self._groups: _PeerGroups | None = None
+
+    def get(self) -> _PeerGroups:
+        if self._groups is None:
+            self._groups = _PeerGroups(self._copies, self._peer_key)
+        return self._groups
+
+
+def _values(function: WindowFunctionSpec, copies: list[Row], lazy: _LazyPeers) -> list[Any]:
     n = len(copies)
     kind = function.kind
     if kind == _Kind.KIND_ROW_NUMBER:
         return list(range(1, n + 1))
     if kind == _Kind.KIND_RANK:
-        return [start + 1 for start in peers.start]
+        return [start + 1 for start in lazy.get().start]
     if kind == _Kind.KIND_DENSE_RANK:
-        return [number + 1 for number in peers.number]
+        return [number + 1 for number in lazy.get().number]
     argument = function.argument
     if kind in (_Kind.KIND_LAG, _Kind.KIND_LEAD):
         assert argument is not None
@@ -207,7 +224,7 @@ def _values(function: WindowFunctionSpec, copies: list[Row], peers: _PeerGroups)
             else:
                 values.append(None if default is None else default(copies[index]))
         return values
-    starts, ends = _frame_bounds(function.frame, n, peers)
+    starts, ends = _frame_bounds(function.frame, n, lazy)
     if kind in (_Kind.KIND_FIRST_VALUE, _Kind.KIND_LAST_VALUE):
         assert argument is not None
         first = kind == _Kind.KIND_FIRST_VALUE
@@ -219,11 +236,16 @@ def _values(function: WindowFunctionSpec, copies: list[Row], peers: _PeerGroups)
 
 
 def _frame_bounds(
-    frame: plan_pb2.WindowFrame, n: int, peers: _PeerGroups
+    frame: plan_pb2.WindowFrame, n: int, lazy: _LazyPeers
 ) -> tuple[list[int], list[int]]:
     """Each position's frame as [start, end) over 0-based positions, clipped to the partition,
     with end >= start. Both lists never decrease, which is what lets aggregates slide."""
     rows = frame.mode == _ROWS
+    if rows:
+        fast = _rows_frame_bounds(frame, n)
+        if fast is not None:
+            return fast
+    peers = lazy.get() if not rows else None
 
     def bound(b: plan_pb2.WindowFrameBound, index: int, is_start: bool) -> int:
         # As an exclusive end, a bound at position j is j + 1.
@@ -237,12 +259,31 @@ def _frame_bounds(
             return min(n, max(0, index - b.offset + after))
         if kind == _Bound.KIND_FOLLOWING:
             return min(n, index + b.offset + after)
-        if rows:
+        if peers is None:
             return index + after
         return peers.start[index] if is_start else peers.end[index]
 
     starts = [bound(frame.start, index, True) for index in range(n)]
     ends = [max(start, bound(frame.end, index, False)) for index, start in enumerate(starts)]
+    return starts, ends
+
+
+def _rows_frame_bounds(frame: plan_pb2.WindowFrame, n: int) -> tuple[list[int], list[int]] | None:
+    """``_frame_bounds`` of a ROWS frame whose bounds are each N PRECEDING, CURRENT ROW or
+    N FOLLOWING, by list arithmetic rather than a call per position (None: another shape)."""
+    shifts = []
+    for bound, after in ((frame.start, 0), (frame.end, 1)):
+        if bound.kind == _Bound.KIND_PRECEDING:
+            shifts.append(after - bound.offset)
+        elif bound.kind == _Bound.KIND_FOLLOWING:
+            shifts.append(after + bound.offset)
+        elif bound.kind == _Bound.KIND_CURRENT_ROW:
+            shifts.append(after)
+        else:
+            return None
+    low, high = shifts
+    starts = [min(n, max(0, index + low)) for index in range(n)]
+    ends = [max(start, min(n, max(0, index + high))) for index, start in enumerate(starts)]
     return starts, ends
 
 
