@@ -420,7 +420,9 @@ class RunningDataflow:
         sink = None
         if writer is not None and blob_url:
             sink = OutputSink(writer.collection_id, blob_url, self.schema)
-        return_rows = self.feed.has_listeners
+        # Rows come back for listeners, and for a writer without a sink (no parts path to
+        # the output): only an index-only dataflow's rows may stay on the tasks.
+        return_rows = self.feed.has_listeners or (writer is not None and sink is None)
         started = time.perf_counter()
         try:
             done = await self.engine.step_io(

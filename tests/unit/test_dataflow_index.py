@@ -148,6 +148,9 @@ def test_an_index_over_a_tiny_budget_reads_what_its_history_says(
             index.compact(max(index.since, upper - lag - 1))
             assert budget.held_bytes <= budget.budget_bytes
             assert 0 <= index.spilled_bytes() <= index.held_bytes()
+            # The base's sizes as told to its map add up: in memory plus on disk.
+            base_rows = index.row_count() - index.history_size()
+            assert budget.held_bytes + index.spilled_bytes() == base_rows * row_bytes(3)
             later = [u for u in history if u[1] > index.since]
             assert _by_time(index.changes_between(index.since + 1, upper)) == _by_time(later)
             for time in range(index.since, upper):

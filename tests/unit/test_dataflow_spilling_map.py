@@ -129,6 +129,8 @@ def test_a_view_of_three_times_the_budget_stays_exact_at_every_time(
         assert 0 < size.spilled_bytes < size.bytes
         assert size.bytes > 2.5 * budget.budget_bytes
         assert budget.held_bytes <= budget.budget_bytes
+        # What the map was told of each entry's size adds up: in memory plus on disk.
+        assert budget.held_bytes + size.spilled_bytes == size.bytes
         assert budget.spilled_keys > 0 and budget.bytes_on_disk > 0
         assert_exact_at_every_time(plan, events.history, index, upper)
         # The same steps in memory give the same state, bucket for bucket of the reference.

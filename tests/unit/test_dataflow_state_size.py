@@ -31,8 +31,9 @@ def recount(state: OperatorState) -> tuple[int, int]:
         rows = [row for p in partitions.values() for row in p.rows.counts]
         rows_bytes = sum(row_bytes(len(row)) for row in rows)
         if isinstance(state, WindowState):
-            extra = len(state.spec.functions)
-            rows_bytes += sum(row_bytes(len(row) + extra) for row in rows)
+            # Each copy's output row: the row extended by one value per function.
+            outputs = [row for p in state.groups.values() for row in p.output]
+            rows_bytes += sum(row_bytes(len(row)) for row in outputs)
         return len(rows), rows_bytes
     if isinstance(state, DistinctState):
         rows = [row for row, _ in state.counts.items()]

@@ -366,7 +366,31 @@ ALLOWED = (
     list,
     dict,
 )
-REGISTERED = CODEC.registered
+REGISTERED = (
+    rq.Install,
+    rq.Drop,
+    rq.Step,
+    rq.StepIO,
+    rq.StepWritten,
+    rq.MeshAddress,
+    rq.JoinMesh,
+    rq.MeshPeer,
+    rq.Exchange,
+    rq.ApplyIndex,
+    rq.CompactIndex,
+    rq.Peek,
+    rq.IndexChanges,
+    rq.Stats,
+    rq.Hydrate,
+    rq.LoadRows,
+    rq.PartsShare,
+    rq.Stop,
+    rq.Ping,
+    rq.Heartbeat,
+    rq.Reply,
+    Work,
+)
+"""Every kind a frame may decode to, written out (not read from the codec)."""
 
 
 def only_engine_values(value: Any) -> bool:

@@ -100,11 +100,6 @@ class Codec:
         self._ext_hook = self._make_ext_hook(nested=False)
         self._inner_ext_hook = self._make_ext_hook(nested=True)
 
-    @property
-    def registered(self) -> tuple[type, ...]:
-        """The dataclasses a frame may decode to."""
-        return tuple(self._by_type)
-
     def register(self, tag: int, cls: type) -> None:
         """Adds the dataclass ``cls`` under ``tag``; its fields' annotations say which of
         them come back as lists."""

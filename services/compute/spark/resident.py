@@ -503,7 +503,7 @@ class ResidentCluster:
 
     def index_changes(self, dataflow_id: str, lower: int, upper: int) -> list[Update]:
         """The indexed output's changes at times in ``[lower, upper)``, from every shard's
-        index history (shards own disjoint keys, and a step's output is consolidated)."""
+        index history (shards own disjoint keys)."""
         changes: list[Update] = []
         for part in self.broadcast(rq.IndexChanges(dataflow_id, lower, upper)):
             assert isinstance(part, list)

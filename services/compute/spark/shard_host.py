@@ -322,8 +322,12 @@ class ShardHost:
             for update in output:
                 parts[shard_of(tuple(update[0][c] for c in columns), self.shards)][0].append(update)
             owned = self._exchange(step, INDEX_EXCHANGE, parts)
-            indexed = normalizer(graph.output_types).apply(
-                [[update for part in owned for update in part[0]]]
+            # Consolidated: two tasks may have made the same row at the same time (a root
+            # that is not keyed by row), and the index's history is read back as changes.
+            indexed = consolidate(
+                normalizer(graph.output_types).apply(
+                    [[update for part in owned for update in part[0]]]
+                )
             )
             hosted.index.apply(indexed, request.index_upper)
         if request.io is not None and request.io.output_collection:

@@ -430,7 +430,7 @@ class SparkDataflow(Dataflow):
         """The output's changes at times in ``[lower, upper)``, from the tasks' index."""
         if self.index_key_columns is None:
             raise FailedPrecondition(f"dataflow {self.dataflow_id!r} keeps no index")
-        return self.cluster.index_changes(self.dataflow_id, lower, upper)
+        return self._consolidated(self.cluster.index_changes(self.dataflow_id, lower, upper))
 
     def _consolidated(self, updates: list[Update]) -> list[Update]:
         return consolidate(normalizer(self.graph.output_types).apply([updates]))

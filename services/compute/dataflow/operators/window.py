@@ -95,15 +95,14 @@ class WindowState(SpillingGroupedState):
         self.group_key = spec.partition_key
         self.groups: SpillingMap[WindowPartition] = SpillingMap(_partition_bytes)
         self.rows_held = 0
-        self.values_held = 0
+        self.bytes_held = 0
+        """The partitions' sizes summed (``_partition_bytes``: as the budget counts them)."""
 
     def row_count(self) -> int:
         return self.rows_held
 
     def held_bytes(self) -> int:
-        # The rows, and the output: each row again, extended by one value per function.
-        extended = self.values_held + self.rows_held * len(self.spec.functions)
-        return rows_bytes(self.rows_held, self.values_held) + rows_bytes(self.rows_held, extended)
+        return self.bytes_held
 
     def _update_group(
         self, key: Key, changes: list[tuple[Row, int]], time: int, out: list[Update]
@@ -120,11 +119,10 @@ class WindowState(SpillingGroupedState):
         size_before = 0 if fresh else _partition_bytes(key, partition)
         sort_key = self.spec.sort_key
         rows = partition.rows
-        rows_before, values_before = len(rows.counts), rows.values
+        rows_before = len(rows.counts)
         for row, diff in changes:
             rows.update(row, diff, sort_key)
         self.rows_held += len(rows.counts) - rows_before
-        self.values_held += rows.values - values_before
         copies = list(rows.copies())
         self.work.rows_visited += len(copies)
         output = evaluate_partition(copies, self.spec.peer_key, self.spec.functions)
@@ -138,10 +136,12 @@ class WindowState(SpillingGroupedState):
                 out.append((row, time, -count))
         partition.output = output
         if not rows:
+            self.bytes_held -= size_before
             if not fresh:
                 groups.discard(bucket, key, size_before)
         else:
             size_after = _partition_bytes(key, partition)
+            self.bytes_held += size_after - size_before
             if fresh:
                 groups.add(bucket, key, partition, size_after)
             elif size_after != size_before:
