@@ -60,6 +60,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory, hold_directory: Path) -> Ite
     with running_stack(
         tmp_path_factory.mktemp("restore"),
         compute_env={HOLD_ENV: f"{HELD}@2@{hold_directory}"},
+        # An output part a surviving task wrote before the loss showed waits uncommitted
+        # for the rebuild in flight (20-40 s for a fresh process's first Spark jobs): the
+        # tests' 4 s orphan grace would sweep it, where the default is ten minutes.
+        storage_extra=("--orphan-grace", "300"),
     ) as running:
         yield running
 

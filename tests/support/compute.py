@@ -132,10 +132,11 @@ def running_stack(
     spark_master: str = SPARK_MASTER,
     compute_extra: Sequence[str] = (),
     compute_env: dict[str, str] | None = None,
+    storage_extra: Sequence[str] = (),
 ) -> Iterator[Stack]:
     """Storage (+ oracle and catalog when ``catalog``) and one compute process per cluster,
-    all killed on exit."""
-    storage = start_storage(embedded_backends(directory), extra=STORAGE_SETTINGS)
+    all killed on exit. ``storage_extra`` overrides storage's settings."""
+    storage = start_storage(embedded_backends(directory), extra=(*STORAGE_SETTINGS, *storage_extra))
     stack = Stack(
         directory,
         storage,
