@@ -37,6 +37,7 @@ from tidemark.errors import (
     Unavailable,
 )
 from tidemark.frontier import Antichain, u64_frontier
+from tidemark.rpc.identity import COMPUTE, Identity
 
 R = TypeVar("R")
 
@@ -420,16 +421,33 @@ def acquire_critical(new_id: str, holder: str, policy: Policy) -> Operation[Capa
     return run
 
 
+def _derived(writer: str) -> bool:
+    """Whether a collection with this writer holds derived contents: a compute cluster's
+    output, which its dataflow can compute again."""
+    try:
+        return bool(writer) and Identity.parse(writer).kind == COMPUTE
+    except ValueError:
+        return False
+
+
 def reset_history(new_id: str, holder: str) -> Operation[CapabilityRecord]:
     """Start the history afresh at the upper: no batches, no capabilities but ``holder``'s new
-    critical read capability, ``since = upper``. The discarded batches' blobs are retired (the
-    garbage collector deletes them once older readers are done)."""
+    critical read capability, ``since = upper``. Only for a collection a compute cluster
+    writes (derived contents, which its dataflow computes again). The discarded batches'
+    blobs are retired (the garbage collector deletes them once older readers are done)."""
     _critical(new_id, MINIMUM, holder)
 
     def run(state: ShardState, now_ms: int) -> tuple[ShardState, CapabilityRecord]:
         existing = state.capability(new_id)
         if existing is not None:  # this very reset already landed
             return state, existing
+        if not _derived(state.writer):
+            # Only derived contents can be written again from scratch: a table's rows, a
+            # source's, or the catalog's log would be lost for good.
+            raise FailedPrecondition(
+                f"collection {state.collection_id} is not written by a compute cluster (it is "
+                "not a materialized view's output); its history cannot be reset"
+            )
         if state.upper.is_empty():
             raise FailedPrecondition(
                 f"collection {state.collection_id} is closed (its upper is {{}}); there is "

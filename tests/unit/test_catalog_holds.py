@@ -180,7 +180,7 @@ async def test_a_lost_history_is_reported_not_papered_over(core: StorageCore, cl
         HoldSettings(history_ms=HISTORY_MS),
         clock_ms=clock,
     )
-    read, _ = await core.create("u1", SCHEMA)
+    read, _ = await core.create("u1", SCHEMA, writer="tidemark://compute/db/default")
     await core.drop("u1", read.id)  # the runaway: since {}
     report = await holds.reconcile()
     assert report.lost == ["u1"] and report.taken == []

@@ -53,6 +53,10 @@ class Clock:
         return self.now
 
 
+VIEW_WRITER = "tidemark://compute/db/default"
+"""The writer of a materialized view's output (a collection whose history may be reset)."""
+
+
 @pytest.fixture
 def clock() -> Clock:
     return Clock()
@@ -429,7 +433,7 @@ async def test_a_critical_hold_outlives_every_lease_and_only_a_drop_releases_it(
 async def test_reset_history_starts_a_lost_collection_afresh_at_its_upper(
     core: StorageCore, clock: Clock
 ) -> None:
-    read, write = await core.create("u1", SCHEMA)
+    read, write = await core.create("u1", SCHEMA, writer=VIEW_WRITER)
     await core.append("u1", write.id, table([((1, "a"), 0, 1)]), u64_frontier(5))
     await core.drop("u1", read.id)  # the since runs away: {}
     assert (await core.describe("u1")).state.since.is_empty()
@@ -444,10 +448,30 @@ async def test_reset_history_starts_a_lost_collection_afresh_at_its_upper(
     _, new_write = await core.acquire("u1", holder="rebuilder")
     await core.append("u1", new_write.id, table([((7, "z"), 5, 1)]), u64_frontier(6))
     assert version_from_table((await core.snapshot("u1", hold.id, 5)).table) == {(7, "z"): 1}
-    _, closed_write = await core.create("u2", SCHEMA)
+    _, closed_write = await core.create("u2", SCHEMA, writer=VIEW_WRITER)
     await core.append("u2", closed_write.id, None, u64_frontier())  # upper {}: closed
     with pytest.raises(FailedPrecondition, match="closed"):
         await core.reset_history("u2", "catalog")
+
+
+async def test_a_collection_without_a_writer_never_has_its_history_reset(
+    core: StorageCore,
+) -> None:
+    """A table's rows, a source's or the catalog's log (written by the catalog) cannot be
+    written again from anything: a reset would lose them for good, so it is refused and
+    changes nothing."""
+    for collection_id, writer in (("s1", "tidemark://catalog"), ("u3", "")):
+        read, write = await core.create(collection_id, SCHEMA, writer=writer)
+        await core.append(collection_id, write.id, table([((1, "a"), 0, 1)]), u64_frontier(5))
+        with pytest.raises(FailedPrecondition, match="cannot be reset"):
+            await core.reset_history(collection_id, "catalog")
+        state = (await core.describe(collection_id)).state
+        assert len(state.batches) == 1 and {c.id for c in state.capabilities} == {
+            read.id,
+            write.id,
+        }
+        snapshot = await core.snapshot(collection_id, read.id, 4)
+        assert version_from_table(snapshot.table) == {(1, "a"): 1}
 
 
 async def test_orphans_and_retired_blobs_are_deleted_referenced_ones_kept(
