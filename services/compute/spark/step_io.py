@@ -69,14 +69,7 @@ def write_share(io: StepIO, share: list[Update]) -> StepWritten:
     written = loop.run_until_complete(
         put_part(_open(loop, io.blob_url), io.output_collection, table)
     )
-    times = [time for _, time, _ in updates]
-    return StepWritten(
-        (written.key, written.rows, written.bytes),
-        min(times),
-        max(times),
-        sum(diff for _, _, diff in updates),
-        rows,
-    )
+    return _answer((written.key, written.rows, written.bytes), updates, rows)
 
 
 def kept_share(share: list[Update]) -> StepWritten:
@@ -85,8 +78,15 @@ def kept_share(share: list[Update]) -> StepWritten:
     the driver counts the output without the rows."""
     if not share:
         return StepWritten(None, 0, 0, 0, None)
+    return _answer(None, share, None)
+
+
+def _answer(
+    part: tuple[str, int, int] | None, share: list[Update], rows: list[Update] | None
+) -> StepWritten:
+    """A non-empty share's answer: its part, least and greatest time and sum of diffs."""
     times = [time for _, time, _ in share]
-    return StepWritten(None, min(times), max(times), sum(diff for _, _, diff in share), None)
+    return StepWritten(part, min(times), max(times), sum(diff for _, _, diff in share), rows)
 
 
 def _read(io: StepIO, keys: list[str]) -> dict[str, pa.Table]:
