@@ -19,7 +19,7 @@ from services.compute.spark import requests as rq
 from services.compute.spark.liveness import Channel, Liveness, collect
 from services.compute.spark.mesh import MESH_LOST, PEER_FAILED, Mesh, MeshLost
 from services.compute.spark.shard_host import HOLD_ENV, ShardHost
-from services.compute.spark.wire import TOKEN_BYTES
+from services.compute.spark.wire import TOKEN_BYTES, ConnectionLost
 from tests.spark.test_spark_dataflow import history, orders_by_region
 from tidemark.columnar import ColumnType as T
 from tidemark.columnar import RelationSchema
@@ -33,7 +33,9 @@ SHARDS = 3
 
 
 class Tasks:
-    """Three hosts serving in threads, joined into one mesh, and the driver's channels."""
+    """Three hosts serving in threads, joined into one mesh, and the driver's channels. Like
+    the real driver, it pings every host each heartbeat: a host gives up a driver silent for
+    the deadline, and the test may build its inputs for longer than that between requests."""
 
     def __init__(self, tls: TlsSettings | None = None, replace_s: float | None = None) -> None:
         self.token = secrets.token_bytes(TOKEN_BYTES)
@@ -43,6 +45,8 @@ class Tasks:
         self.threads: list[threading.Thread] = []
         for host in self.hosts:
             self.channels.append(self.serve(host))
+        self._stopping = threading.Event()
+        threading.Thread(target=self._ping, daemon=True).start()
         addresses = self.ask_all(rq.MeshAddress())
         self.addresses = [reply.value for reply in addresses]
         assert self.ask_all(rq.JoinMesh(tuple(self.addresses))) == [rq.Reply()] * 3
@@ -57,6 +61,14 @@ class Tasks:
         thread.start()
         self.threads.append(thread)
         return Channel(driver, LIVENESS.deadline_s)
+
+    def _ping(self) -> None:
+        while not self._stopping.wait(LIVENESS.heartbeat_s):
+            for channel in list(self.channels):
+                try:
+                    channel.send(rq.Ping())
+                except ConnectionLost:  # a test that ends a host on purpose
+                    pass
 
     def replace(self, shard: int, steps: int) -> None:
         """A new host for ``shard`` joins the mesh in the old one's place."""
@@ -95,6 +107,7 @@ class Tasks:
         return consolidate(update for reply in replies for update in reply.value)
 
     def stop(self) -> None:
+        self._stopping.set()
         for channel in self.channels:
             channel.send(rq.Stop())
         for thread in self.threads:
@@ -271,6 +284,7 @@ def test_large_parts_cross_both_ways_over_tls_at_once(tmp_path: Path) -> None:
         plan = pb.reduce(pb.get("numbers", numbers), [0], [pb.aggregate("count")])
         tasks.ask_all(rq.Install("v", plan.SerializeToString(), True))
         reference = Dataflow(plan, as_of=0)
+        clock.sleep(3)
         updates = [((n % 40_000, "x" * 40), 0, 1) for n in range(120_000)]
         expected, _ = reference.hydrate({"numbers": updates})
         got = tasks.step("v", _by_node(reference, {"numbers": updates}), 0, 1)
