@@ -373,6 +373,65 @@ def test_a_task_lost_again_while_a_rebuild_waits_gets_it_done_for_the_newer_task
         resident.stop()
 
 
+@pytest.mark.parametrize("second", ["new task", "survivor"])
+def test_a_task_lost_while_the_step_in_flight_is_rebuilt_starts_the_replacement_over(
+    spark: SparkSession, cluster: ResidentCluster, second: str
+) -> None:
+    """A task dies under a step; while the dataflow in flight is rebuilt on its replacement
+    (under the request lock, the survivor waiting on the mesh for the step), a second task
+    dies. The new one: the replacement starts over with a third task. The survivor: it is
+    found lost when the step is sent again, and replaced in turn. Either way the step
+    completes exactly, and later steps too. The keepalive is slow here, so that the step,
+    not the keepalive, finds the first loss."""
+    slow = Liveness(heartbeat_s=30.0, deadline_s=60.0)
+    resident = ResidentCluster(spark, 2, liveness=slow, replace_lost=True)
+    resident.start()
+    try:
+        flow = SparkDataflow(counted(), as_of=0, cluster=resident, index_key_columns=[0])
+        history: list[Update] = [((n % 4,), 0, 1) for n in range(10)]
+        flow.hydrate({"numbers": list(history)})
+        survivor, victim = resident.task_pids
+        killed: list[int] = []
+        rebuilds: list[tuple[int, str]] = []
+
+        def second_loss() -> None:
+            # On the step's own thread: the rebuild of the dataflow in flight.
+            rebuilds.append((resident.task_pids[1], threading.current_thread().name))
+            if not killed:
+                killed.append(resident.task_pids[1] if second == "new task" else survivor)
+                os.kill(killed[0], signal.SIGKILL)
+                time.sleep(0.2)
+
+        flow.rebuild = rebuilt_in_process(flow, history, second_loss)
+        os.kill(victim, signal.SIGKILL)
+        step: list[Update] = [((n % 6,), 1, 1) for n in range(12)]
+        out, _ = flow.step({"numbers": step}, 2)
+        before = canonical(evaluate(counted(), {"numbers": contents_at(history, 0)}))
+        history += step
+        after = canonical(evaluate(counted(), {"numbers": contents_at(history, 1)}))
+        assert canonical(contents_at(out, 1)) == {
+            row: after.get(row, 0) - before.get(row, 0)
+            for row in after.keys() | before.keys()
+            if after.get(row, 0) != before.get(row, 0)
+        }
+        assert {thread for _, thread in rebuilds} == {threading.current_thread().name}
+        # Two rebuilds: of shard 1 on the first new task, which either dies (and shard 1 is
+        # rebuilt on a third) or survives (and shard 0 is rebuilt on the survivor's
+        # replacement, found lost when the step is sent again).
+        assert len(rebuilds) == 2
+        assert resident.failure is None
+        assert flow.shard_restores == (1 if second == "new task" else 2)
+        pids = resident.task_pids
+        assert not {victim, *killed} & set(pids)
+        assert (pids[0] == survivor) == (second == "new task")
+        outputs_at(flow, history, range(flow.index_floor, 2))
+        flow.step({"numbers": [((9,), 2, 1)]}, 3)
+        history.append(((9,), 2, 1))
+        outputs_at(flow, history, range(flow.index_floor, 3))
+    finally:
+        resident.stop()
+
+
 def test_a_rebuild_that_fails_gives_up_its_dataflow_alone(
     spark: SparkSession, cluster: ResidentCluster
 ) -> None:

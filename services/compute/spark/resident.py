@@ -730,17 +730,7 @@ class ResidentCluster:
             raise Unavailable(self._failure or "")
         log.warning("resident_task_lost", shards=sorted(lost), reason=cause)
         try:
-            try:
-                self._replace(sorted(lost), None if requests is None else requests[0])
-            except Exception:
-                # Another task of a dead executor whose end showed only later: replace it
-                # with the others, once.
-                known = set(lost)
-                self._find_lost(lost, replied)
-                if set(lost) == known:
-                    raise
-                log.warning("resident_task_lost", shards=sorted(lost), reason="found later")
-                self._replace(sorted(lost), None if requests is None else requests[0])
+            self._replace_while_lost(lost, None if requests is None else requests[0], replied)
             for shard in lost:
                 # The new task answers the round instead (a lost task's answer, if it came,
                 # is dropped: the new task ran the request again from the same state).
@@ -754,6 +744,48 @@ class ResidentCluster:
         except Exception as error:
             self._fail(f"{cause}, and replacing it failed ({error})")
             raise Unavailable(self._failure or "") from error
+
+    def _replace_while_lost(
+        self, lost: dict[int, str], request: rq.Request | None, replied: dict[int, object]
+    ) -> None:
+        """Replaces the tasks of ``lost``. A task lost while that runs (another task of a dead
+        executor whose end shows only later, a second executor dying, or a new task dying
+        while it joins or while the dataflow in flight is rebuilt on it) is added to
+        ``lost``, and the replacement starts over for them all, up to ``start_attempts``
+        times: the rebuilds are queued per shard and generation, so a newer replacement
+        supersedes what the last one left undone."""
+        for attempt in range(1, self._start_attempts + 1):
+            try:
+                self._replace(sorted(lost), request)
+                return
+            except Exception as error:
+                known = set(lost)
+                self._find_lost(lost, replied)
+                new_lost = [shard for shard in known if self._ended(shard)]
+                lost_again = (
+                    set(lost) != known or new_lost or isinstance(error, ConnectionLost | PeerLost)
+                )
+                if not lost_again or attempt == self._start_attempts:
+                    raise
+                log.warning(
+                    "resident_task_lost",
+                    shards=sorted(lost),
+                    reason=f"lost again while being replaced ({_describe(error)})",
+                    attempt=attempt,
+                )
+
+    def _ended(self, shard: int) -> bool:
+        """Whether the connection to the task of ``shard`` has ended (what it sent before
+        is dropped: the task is being replaced)."""
+        channel = self._channels[shard]
+        if channel.sock.fileno() < 0:
+            return False  # the lost task's own channel, closed: no new task came up
+        try:
+            while channel.readable(0):
+                channel.receive()
+        except ConnectionLost:
+            return True
+        return False
 
     def _find_lost(self, lost: dict[int, str], replied: dict[int, object]) -> None:
         """Adds to ``lost`` the other tasks whose connection has ended, keeping any answer
