@@ -249,13 +249,13 @@ async def run(orders: int, steps: int, warmup: int, small_steps: int) -> dict[st
                 "step": timers["parts"][0].summary(),
                 "engine": timers["parts"][1].summary(),
             },
-            "one_update_rows_path": {
-                "step": timers["rows-1"][0].summary(),
-                "engine": timers["rows-1"][1].summary(),
-            },
-            "one_update_parts_path": {
-                "step": timers["parts-1"][0].summary(),
-                "engine": timers["parts-1"][1].summary(),
+            **{
+                name: {"step": timers[kind][0].summary(), "engine": timers[kind][1].summary()}
+                for name, kind in (
+                    ("one_update_rows_path", "rows-1"),
+                    ("one_update_parts_path", "parts-1"),
+                )
+                if small_steps  # --small-steps 0: none timed
             },
             "step_latency_rows": Latency.of(timers["rows"][0].wall).__dict__,
             "step_latency_parts": Latency.of(timers["parts"][0].wall).__dict__,
