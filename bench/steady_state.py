@@ -360,6 +360,9 @@ def parse_settings(argv: Sequence[str] | None) -> tuple[Settings, Path]:
         "--output", type=Path, default=REPO_ROOT / "bench" / "results" / "steady_state.json"
     )
     args = parser.parse_args(argv)
+    if args.profile_steps < 1 or args.steps < 1:
+        # A profile (or a latency summary) of no step has nothing to report.
+        parser.error("--steps and --profile-steps must be at least 1")
     settings = Settings(
         rows=int(args.rows),
         steps=args.steps,
