@@ -284,7 +284,6 @@ def test_large_parts_cross_both_ways_over_tls_at_once(tmp_path: Path) -> None:
         plan = pb.reduce(pb.get("numbers", numbers), [0], [pb.aggregate("count")])
         tasks.ask_all(rq.Install("v", plan.SerializeToString(), True))
         reference = Dataflow(plan, as_of=0)
-        clock.sleep(3)
         updates = [((n % 40_000, "x" * 40), 0, 1) for n in range(120_000)]
         expected, _ = reference.hydrate({"numbers": updates})
         got = tasks.step("v", _by_node(reference, {"numbers": updates}), 0, 1)

@@ -761,9 +761,11 @@ class ResidentCluster:
             except Exception as error:
                 known = set(lost)
                 self._find_lost(lost, replied)
-                new_lost = [shard for shard in known if self._ended(shard)]
+                replacement_ended = any(self._ended(shard) for shard in known)
                 lost_again = (
-                    set(lost) != known or new_lost or isinstance(error, ConnectionLost | PeerLost)
+                    set(lost) != known
+                    or replacement_ended
+                    or isinstance(error, ConnectionLost | PeerLost)
                 )
                 if not lost_again or attempt == self._start_attempts:
                     raise
