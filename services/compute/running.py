@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from services.compute.changes import ChangeFeed, Step
@@ -101,6 +101,9 @@ class RunningDataflow:
         self.state = HYDRATING
         self.index_since = as_of
         """Index peeks before this are refused (only moves forward, see ``_compact_index``)."""
+        self._read_holds: dict[int, int] = {}
+        """Times index reads in progress need (how many at each): compaction stops at the
+        least (see ``read_hold``)."""
         self.error = ""
         self.restarts = 0
         """How many failed dataflows of this id came before this one (see the host)."""
@@ -511,6 +514,8 @@ class RunningDataflow:
             # end of time would refuse every real time.
             return
         target = self.upper - 1 - self.settings.index_history_ms
+        if self._read_holds:
+            target = min(target, min(self._read_holds))
         if not self.has_index or target <= self.index_since or self.state == FAILED:
             return
         # Advertised before the engine compacts, so Status never shows a since the index can
@@ -547,8 +552,12 @@ class RunningDataflow:
                 async with asyncio.timeout(remaining):
                     await moved.wait()
 
-    async def peek(self, timestamp: int, deadline: float) -> dict[Row, int]:
-        """The output at ``timestamp`` from the index, once complete there."""
+    @contextlib.contextmanager
+    def read_hold(self, timestamp: int) -> Iterator[None]:
+        """Keeps the index readable at ``timestamp`` while held: a compaction round stops
+        short of it, so a read that passed the since check is not refused half-way by a
+        compaction that started after it. ``FailedPrecondition`` when ``timestamp`` is before
+        the since already (checked and held with no await between, on the event loop)."""
         if not self.has_index:
             raise FailedPrecondition(f"dataflow {self.dataflow_id!r} keeps no index")
         if timestamp < self.since:
@@ -556,12 +565,23 @@ class RunningDataflow:
                 f"timestamp {timestamp} is before the since {self.since} of dataflow "
                 f"{self.dataflow_id!r}"
             )
-        await self.wait_past(timestamp, deadline)
+        self._read_holds[timestamp] = self._read_holds.get(timestamp, 0) + 1
         try:
-            return await self.engine.peek(timestamp)
-        except Unavailable as exc:
-            self._fail(exc)
-            raise
+            yield
+        finally:
+            left = self._read_holds.pop(timestamp) - 1
+            if left:
+                self._read_holds[timestamp] = left
+
+    async def peek(self, timestamp: int, deadline: float) -> dict[Row, int]:
+        """The output at ``timestamp`` from the index, once complete there."""
+        with self.read_hold(timestamp):
+            await self.wait_past(timestamp, deadline)
+            try:
+                return await self.engine.peek(timestamp)
+            except Unavailable as exc:
+                self._fail(exc)
+                raise
 
     async def index_changes(self, lower: int, upper: int) -> list[Update]:
         """The output's changes at times in ``[lower, upper)`` from the index's history (all

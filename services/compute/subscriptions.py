@@ -12,7 +12,8 @@ read with a capability taken for the stream's lifetime.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import contextlib
+from collections.abc import AsyncGenerator, Sequence
 
 from services.compute.running import RunningDataflow
 from tidemark.cdc import Progress
@@ -34,7 +35,7 @@ async def output_changes(
     as_of: int | None,
     snapshot: bool,
     deadline: float,
-) -> AsyncIterator[common_pb2.CdcMessage]:
+) -> AsyncGenerator[common_pb2.CdcMessage, None]:
     """``as_of`` unset: the dataflow's latest complete time (once hydrated, within
     ``deadline``)."""
     if as_of is None:
@@ -43,53 +44,67 @@ async def output_changes(
         as_of = running.upper - 1
     # Changes the feed no longer holds (steps whose rows stayed on the Spark tasks, which
     # write the output collection themselves) are in the output collection.
+    messages: AsyncGenerator[common_pb2.CdcMessage, None]
     if running.has_index and (running.writer is None or running.feed.covers(as_of)):
         messages = _from_index(running, as_of, snapshot, deadline)
     else:
         messages = _from_collection(running, storage, holder, as_of, snapshot)
-    async for message in messages:
-        yield message
+    # Closed with this one: a subscriber gone leaves no listener or capability behind
+    # until the inner generator happens to be collected.
+    async with contextlib.aclosing(messages):
+        async for message in messages:
+            yield message
 
 
 async def _from_index(
     running: RunningDataflow, as_of: int, snapshot: bool, deadline: float
-) -> AsyncIterator[common_pb2.CdcMessage]:
-    if as_of < running.since:
-        raise FailedPrecondition(
-            f"as_of {as_of} is before the since {running.since} of dataflow {running.dataflow_id!r}"
-        )
-    await running.wait_past(running.as_of, deadline)
-    # Listening before the peek: a step landing meanwhile is queued, not lost. Steps whose
-    # rows stayed on the tasks (nobody was listening) are read from the index's history.
-    feed = running.feed
-    if feed.covers(as_of):
-        listener, live_from = feed.listen(as_of), as_of + 1
-    else:
-        listener, live_from = feed.follow(as_of)
-    contents = await running.peek(as_of, deadline) if snapshot else {}
-    start = [(row, as_of, n) for row, n in contents.items()]
-    if start:
-        yield _updates_message(running.schema, start)
-    counts = [(as_of, len(start))] if start else []
-    yield cdc_to_proto(Progress(u64_frontier(0), u64_frontier(as_of + 1), counts))
-    if live_from > as_of + 1:
-        missed = await running.index_changes(as_of + 1, live_from)
-        if missed:
-            yield _updates_message(running.schema, missed)
-        yield cdc_to_proto(
-            Progress(u64_frontier(as_of + 1), u64_frontier(live_from), _counts(missed))
-        )
-    async for step in listener.steps():
-        if step.updates:
-            yield _updates_message(running.schema, step.updates)
-        yield cdc_to_proto(
-            Progress(u64_frontier(step.lower), u64_frontier(step.upper), _counts(step.updates))
-        )
+) -> AsyncGenerator[common_pb2.CdcMessage, None]:
+    # The index's history from as_of on is read under a hold, so that a compaction round
+    # starting meanwhile stops short of as_of rather than fail the reads half-way.
+    with running.read_hold(as_of):
+        await running.wait_past(running.as_of, deadline)
+        # Listening before the peek: a step landing meanwhile is queued, not lost. Steps
+        # whose rows stayed on the tasks (nobody was listening) are read from the index's
+        # history.
+        feed = running.feed
+        if feed.covers(as_of):
+            listener, live_from = feed.listen(as_of), as_of + 1
+        else:
+            listener, live_from = feed.follow(as_of)
+        try:
+            contents = await running.peek(as_of, deadline) if snapshot else {}
+            missed = (
+                await running.index_changes(as_of + 1, live_from) if live_from > as_of + 1 else []
+            )
+        except BaseException:
+            feed.remove(listener)
+            raise
+    try:
+        start = [(row, as_of, n) for row, n in contents.items()]
+        if start:
+            yield _updates_message(running.schema, start)
+        counts = [(as_of, len(start))] if start else []
+        yield cdc_to_proto(Progress(u64_frontier(0), u64_frontier(as_of + 1), counts))
+        if live_from > as_of + 1:
+            if missed:
+                yield _updates_message(running.schema, missed)
+            yield cdc_to_proto(
+                Progress(u64_frontier(as_of + 1), u64_frontier(live_from), _counts(missed))
+            )
+        async for step in listener.steps():
+            if step.updates:
+                yield _updates_message(running.schema, step.updates)
+            yield cdc_to_proto(
+                Progress(u64_frontier(step.lower), u64_frontier(step.upper), _counts(step.updates))
+            )
+    finally:
+        # A subscriber gone before the live steps leaves no listener behind.
+        feed.remove(listener)
 
 
 async def _from_collection(
     running: RunningDataflow, storage: StorageClient, holder: str, as_of: int, snapshot: bool
-) -> AsyncIterator[common_pb2.CdcMessage]:
+) -> AsyncGenerator[common_pb2.CdcMessage, None]:
     writer = running.writer
     assert writer is not None
     pair = await storage.acquire(writer.collection_id, holder)
