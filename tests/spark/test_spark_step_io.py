@@ -291,6 +291,9 @@ def test_a_view_is_exact_at_every_time_with_no_row_through_the_driver(
             assert counters.input_rows == 0, "the driver dealt input rows"
             assert counters.output_rows == 0, "output rows came back to the driver"
             assert counters.input_parts > 0
+            # A step's big orders part is read by key partition: no order passes between
+            # the tasks before the join (its key is a plain column).
+            assert counters.input_parts_by_key > 0
             assert all(f.rows_received == 0 and f.fallback_rows == 0 for f in running.followers)
             assert sum(f.parts_received for f in running.followers) > 0
             # Each step's output batch is the tasks' parts, one per task with output (an

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
 
-from services.compute.dataflow.graph import Graph
+from services.compute.dataflow.graph import GetSource, Graph
 from services.compute.dataflow.keys import shards_of
 from services.compute.dataflow.operators.distinct import DistinctOperator
 from services.compute.dataflow.operators.join import JoinOperator
@@ -53,6 +53,30 @@ def route_columns(graph: Graph, node_id: int, position: int) -> tuple[int, ...] 
     if all(isinstance(c, int) and 0 <= c < width for c in projected):
         return projected
     return None
+
+
+def keyed_sources(graph: Graph) -> dict[int, tuple[int, ...]]:
+    """The source nodes whose step rows a task can keep by key as it reads them, each with
+    its key's columns: a source read by one stateful node only, at one of its inputs, whose
+    route is plain columns (``route_columns``). Every task then keeps the rows of the key
+    partition it owns (``owned_rows``), and the exchange before that node moves none of
+    them: it would have sent each row to the task owning its key, the same one."""
+    consumers: dict[int, list[tuple[int, int]]] = {}
+    for node in graph.nodes:
+        for position, input_id in enumerate(node.inputs):
+            consumers.setdefault(input_id, []).append((node.id, position))
+    keyed = {}
+    for node in graph.nodes:
+        uses = consumers.get(node.id, [])
+        if not isinstance(node.operator, GetSource) or len(uses) != 1 or node.id == graph.root:
+            continue
+        consumer_id, position = uses[0]
+        if not graph.nodes[consumer_id].is_stateful:
+            continue
+        columns = route_columns(graph, consumer_id, position)
+        if columns is not None:
+            keyed[node.id] = columns
+    return keyed
 
 
 def owned_rows(table: pa.Table, key_columns: Sequence[int], shard: int, shards: int) -> pa.Table:

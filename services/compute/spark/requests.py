@@ -56,7 +56,9 @@ class StepIO:
     (``step_io.py``). ``parts[node_id]``: the parts of that source's collection this task
     reads, each as ``(key, lower, upper, slice, slices)``: only its updates at times in
     ``[lower, upper)`` count (a part may hold others), and of those only the ``slice``-th of
-    ``slices`` equal runs of rows (a part dealt to several tasks; ``0, 1``: all of them).
+    ``slices`` equal runs of rows (a part dealt to several tasks; ``0, 1``: all of them;
+    ``0, 0``: every task reads all of it and keeps the rows of its key partition, for a
+    source in ``part_shares.keyed_sources``).
     ``output_collection``: where the task writes its share
     of the output as one Parquet part (``""``: it answers with the updates instead);
     ``output_schema`` is that collection's serialized ``RelationSchema``; ``return_rows``:

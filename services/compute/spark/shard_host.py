@@ -10,7 +10,7 @@ import os
 import socket
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 import pyarrow as pa
@@ -28,7 +28,12 @@ from services.compute.dataflow.spill import StateBudget
 from services.compute.dataflow.worker import ShardWorker
 from services.compute.spark.liveness import Channel, Liveness, heartbeats
 from services.compute.spark.mesh import MESH_LOST, PEER_FAILED, Mesh, MeshLost, PeerFailed
-from services.compute.spark.part_shares import owned_rows, read_share, route_columns
+from services.compute.spark.part_shares import (
+    keyed_sources,
+    owned_rows,
+    read_share,
+    route_columns,
+)
 from services.compute.spark.requests import (
     ApplyIndex,
     CompactIndex,
@@ -107,6 +112,9 @@ class HostedDataflow:
     rows_owned: bool = False
     """Whether a task's output is disjoint by row from the others' as the graph leaves it
     (``_rows_owned``): it then writes it without exchanging it by row first."""
+    keyed_sources: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """The sources whose parts a step may deal by key partition, with their key's columns
+    (``part_shares.keyed_sources``)."""
 
 
 INDEX_EXCHANGE = -2
@@ -247,7 +255,11 @@ class ShardHost:
             if self.budget is not None:
                 index.attach(self.budget)
         self.dataflows[request.dataflow_id] = HostedDataflow(
-            graph, ShardWorker(graph, self.shard, budget=self.budget), index, _rows_owned(graph)
+            graph,
+            ShardWorker(graph, self.shard, budget=self.budget),
+            index,
+            _rows_owned(graph),
+            keyed_sources(graph),
         )
 
     def _step(self, request: Step) -> list[Update] | StepWritten:
@@ -276,13 +288,18 @@ class ShardHost:
                 raise Internal(f"injected fault ({FAULT_ENV}) in Step {self._fault_count}")
         graph = hosted.graph
         nodes = graph.nodes
-        sources = self._step_sources(request)
+        sources, by_key = self._step_sources(request, hosted)
         held: dict[int, list[Update]] = {}
+        # Per source node, its updates already in this task's key partition for the one
+        # stateful node reading it: they skip the routing and stay here.
+        kept: dict[int, list[Update]] = {}
         pending = {node.id: node.consumers for node in nodes}
         for node in nodes:
             op = node.operator
             if isinstance(op, GetSource):
                 output = op.normalize.apply([sources.get(node.id, [])])
+                if node.id in by_key:
+                    kept[node.id] = op.normalize.apply([by_key[node.id]])
             elif isinstance(op, ConstantSource):
                 at = request.constants_at
                 output = (
@@ -298,6 +315,9 @@ class ShardHost:
                     partition(held[i], route, self.shards)
                     for i, route in zip(node.inputs, op.routes, strict=True)
                 ]
+                for position, i in enumerate(node.inputs):
+                    if i in kept:
+                        routed[position][self.shard].extend(kept.pop(i))
                 received = self._exchange(
                     step, node.id, [tuple(parts[p] for parts in routed) for p in range(self.shards)]
                 )
@@ -339,15 +359,20 @@ class ShardHost:
             return kept_share(indexed)
         return output
 
-    def _step_sources(self, request: Step) -> dict[int, list[Update]]:
+    def _step_sources(
+        self, request: Step, hosted: HostedDataflow
+    ) -> tuple[dict[int, list[Update]], dict[int, list[Update]]]:
         """The step's source updates this task holds: those the driver sent, and those of
         the input parts it dealt this task (read first, so a part that is gone fails the
-        step before any state changed)."""
+        step before any state changed); apart, those of parts read by key partition, which
+        are this task's to keep (``step_io.read_sources``)."""
         sources = {node_id: list(updates) for node_id, updates in request.sources.items()}
-        if request.io is not None:
-            for node_id, updates in read_sources(request.io).items():
-                sources.setdefault(node_id, []).extend(updates)
-        return sources
+        if request.io is None:
+            return sources, {}
+        read, owned = read_sources(request.io, hosted.keyed_sources, self.shard, self.shards)
+        for node_id, updates in read.items():
+            sources.setdefault(node_id, []).extend(updates)
+        return sources, owned
 
     def _write_output(
         self,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from time import perf_counter
 
@@ -28,6 +28,7 @@ from services.compute.dataflow.guard import UNGUARDED, Guard, row_bytes
 from services.compute.dataflow.keys import shard_of
 from services.compute.dataflow.work import StateSize, Work
 from services.compute.dataflow.worker import ShardWorker
+from services.compute.spark.part_shares import keyed_sources
 from services.compute.spark.parts_source import missing_part
 from services.compute.spark.requests import (
     Hydrate,
@@ -91,10 +92,12 @@ class IoStep:
 @dataclass
 class IoCounters:
     """What passed through the driver in ``step_io`` steps: input rows it dealt (the rows
-    path), input parts it dealt, output rows the tasks sent it."""
+    path), input parts it dealt (of which dealt to every task by key partition), output rows
+    the tasks sent it."""
 
     input_rows: int = 0
     input_parts: int = 0
+    input_parts_by_key: int = 0
     output_rows: int = 0
 
 
@@ -115,6 +118,8 @@ class SparkDataflow(Dataflow):
         self.cluster = cluster
         self.dataflow_id = dataflow_id or f"dataflow-{secrets.token_hex(8)}"
         self.index_key_columns = None if index_key_columns is None else tuple(index_key_columns)
+        self._keyed_sources = frozenset(keyed_sources(self.graph))
+        """The sources whose big parts the tasks read by key partition (``_deal``)."""
         cluster.install(
             self.dataflow_id, plan, index_key_columns=self.index_key_columns, index_since=as_of
         )
@@ -365,7 +370,7 @@ class SparkDataflow(Dataflow):
                 )
             kept = sink is not None or self._rows_kept(return_rows)
             return IoStep(input_upper, None if kept and not return_rows else [])
-        dealt = _deal(windows, self.shards)
+        dealt = _deal(windows, self.shards, self._keyed_sources)
         shares: list[dict[int, list[Update]]] = [{} for _ in range(self.shards)]
         for node_id, updates in rows.items():
             size = -(-len(updates) // self.shards)
@@ -396,6 +401,9 @@ class SparkDataflow(Dataflow):
         self._upper = input_upper
         self.io_counters.input_rows += sum(len(updates) for updates in rows.values())
         self.io_counters.input_parts += len(windows)
+        self.io_counters.input_parts_by_key += sum(
+            1 for windows_dealt in dealt[0].values() for window in windows_dealt if not window[4]
+        )
         if sink is None and not self._rows_kept(return_rows):
             output = self._consolidated(
                 [update for result in results for update in result]  # type: ignore[attr-defined]
@@ -484,21 +492,30 @@ def index_share(
 
 
 def _deal(
-    windows: Sequence[tuple[int, PartWindow]], shards: int
+    windows: Sequence[tuple[int, PartWindow]], shards: int, keyed: Collection[int] = ()
 ) -> list[dict[int, list[tuple[str, int, int, int, int]]]]:
     """Each part to the shard with the fewest bytes dealt so far (then the fewest parts),
     largest first: a balanced share of the reading, decoding and linear work. A part larger
     than a shard's even share of the step (a step's one new part, typically) is dealt to
     every shard instead, each decoding one slice of its rows: one task alone would decode
-    it and run the linear operators on it while the others waited at the first exchange."""
+    it and run the linear operators on it while the others waited at the first exchange.
+    For a source in ``keyed`` (``part_shares.keyed_sources``) the slice is the task's key
+    partition rather than a run of rows, so the exchange after it moves none of them."""
     dealt: list[dict[int, list[tuple[str, int, int, int, int]]]] = [{} for _ in range(shards)]
     load = [(0, 0)] * shards
     even = sum(window.bytes for _, window in windows) / shards
     for node_id, window in sorted(windows, key=lambda item: -item[1].bytes):
         if shards > 1 and window.bytes > even:
+            by_key = node_id in keyed
             for shard in range(shards):
                 dealt[shard].setdefault(node_id, []).append(
-                    (window.key, window.lower, window.upper, shard, shards)
+                    (
+                        window.key,
+                        window.lower,
+                        window.upper,
+                        0 if by_key else shard,
+                        0 if by_key else shards,
+                    )
                 )
                 load[shard] = (load[shard][0] + window.bytes // shards, load[shard][1] + 1)
             continue

@@ -18,42 +18,60 @@ import asyncio
 import functools
 import os
 import threading
+from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from services.compute.dataflow.batch import Update, consolidate
+from services.compute.spark.part_shares import owned_rows
 from services.compute.spark.parts_source import MISSING_PART, MissingPart, read_parts
 from services.compute.spark.parts_writer import put_part
 from services.compute.spark.requests import StepIO, StepWritten
 from tidemark.blob import Blob, open_blob
-from tidemark.columnar import RelationSchema, select_times, table_from_updates, updates_from_table
+from tidemark.columnar import (
+    RelationSchema,
+    data_columns,
+    select_times,
+    table_from_updates,
+    updates_from_table,
+)
 from tidemark.v1 import common_pb2
 
 
-def read_sources(io: StepIO) -> dict[int, list[Update]]:
+def read_sources(
+    io: StepIO, keyed: Mapping[int, Sequence[int]], shard: int, shards: int
+) -> tuple[dict[int, list[Update]], dict[int, list[Update]]]:
     """The updates of the parts dealt to this task, per source node, each part's only at
-    times in its window (and in its slice of them). A part gone from the blob store raises
-    ``MissingPart`` before any state changed (the driver then runs the step from rows)."""
+    times in its window (and in its slice of them), as two maps: those to route before the
+    next stateful node, and those already in this task's key partition (a part dealt to
+    every task by key: ``keyed[node_id]`` are the key's columns). A part gone from the blob
+    store raises ``MissingPart`` before any state changed (the driver then runs the step
+    from rows)."""
     keys = [window[0] for windows in io.parts.values() for window in windows]
     if not keys:
-        return {}
+        return {}, {}
     tables = _read(io, keys)
     sources: dict[int, list[Update]] = {}
+    owned: dict[int, list[Update]] = {}
     for node_id, windows in io.parts.items():
-        held: list[Update] = []
         for key, lower, upper, piece, pieces in windows:
             chosen = select_times(tables[key], lower, upper)
-            if pieces > 1:
+            held = sources
+            if pieces == 0:
+                # Every task was dealt this part: each keeps the rows whose key it owns.
+                names = data_columns(chosen)
+                columns = [chosen.schema.get_field_index(names[c]) for c in keyed[node_id]]
+                chosen = owned_rows(chosen, columns, shard, shards)
+                held = owned
+            elif pieces > 1:
                 # Every task dealt this part selects the same rows: each takes its run.
                 start = piece * chosen.num_rows // pieces
                 chosen = chosen.slice(start, (piece + 1) * chosen.num_rows // pieces - start)
             if chosen.num_rows:
-                held.extend(updates_from_table(chosen))
-        if held:
-            sources[node_id] = held
-    return sources
+                held.setdefault(node_id, []).extend(updates_from_table(chosen))
+    return sources, owned
 
 
 def write_share(io: StepIO, share: list[Update]) -> StepWritten:
