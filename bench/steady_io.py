@@ -24,7 +24,13 @@ alone (``step`` / ``step_io``, which benchmark (g) times). The rows path's whole
 from reading the interval to the commit. The parts path's runs, in wall time, from the moment
 the followers hold the interval to the commit, and in CPU from before the append (all the
 followers' work on receiving the interval included) to the commit. Then as many steps of one
-changed order each way (the fixed cost of a step). Each run records the load average. The
+changed order each way (the fixed cost of a step). The resident tasks' CPU per step each way
+(their pids' user + system time, summed over the timed steps).
+
+``--compare keyed`` runs the parts path both ways instead: with and without reading a
+step's big input part by key partition (``part_shares.keyed_sources``; without it each task
+decodes a run of the part's rows and routes them through the mesh), reported as
+``parts_path`` and ``parts_path_unkeyed``. Each run records the load average. The
 output collection must equal the view evaluated in-process at the end, or the run stops.
 Writes ``bench/results/steady_io.json``.
 """
@@ -34,12 +40,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import resource
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +108,18 @@ class Timer:
         }
 
 
-async def run(orders: int, steps: int, warmup: int, small_steps: int) -> dict[str, Any]:
+def _task_cpu(pids: Sequence[int]) -> float:
+    """The user + system CPU seconds of the processes ``pids`` so far."""
+    ticks = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+async def run(
+    orders: int, steps: int, warmup: int, small_steps: int, compare: str = "rows"
+) -> dict[str, Any]:
     directory = Path(tempfile.mkdtemp(prefix="steady-io-"))
     storage = start_storage(
         embedded_backends(directory),
@@ -140,6 +158,8 @@ async def run(orders: int, steps: int, warmup: int, small_steps: int) -> dict[st
             sink = OutputSink("u103", listing.blob_url, schema)
             environment = s3_credentials()
             timers = {name: (Timer(), Timer()) for name in ("rows", "parts", "rows-1", "parts-1")}
+            task_cpu = {"rows": 0.0, "parts": 0.0}
+            keyed = dataflow._keyed_sources
             loads: list[float] = []
             appender = await Appender.start(storage.address, orders, pairs)
             arrived = asyncio.Event()
@@ -220,7 +240,12 @@ async def run(orders: int, steps: int, warmup: int, small_steps: int) -> dict[st
                 timed = number >= 2 * warmup and (bool(suffix) or number < 2 * (warmup + steps))
                 if timed:
                     loads.append(load_average())
-                if number % 2 == 0:
+                way = "rows" if number % 2 == 0 else "parts"
+                before = _task_cpu(cluster.task_pids)
+                if compare == "keyed":
+                    dataflow._keyed_sources = keyed if way == "parts" else frozenset()
+                    await parts_step(upper, timed, way + suffix)
+                elif way == "rows":
                     appender.send()
                     # The followers' part keys of this step are the rows path's to ignore.
                     await interval_held(upper)
@@ -230,6 +255,8 @@ async def run(orders: int, steps: int, warmup: int, small_steps: int) -> dict[st
                     await rows_step(lower, upper, timed, "rows" + suffix)
                 else:
                     await parts_step(upper, timed, "parts" + suffix)
+                if timed and not suffix:
+                    task_cpu[way] += _task_cpu(cluster.task_pids) - before
             for follower in followers:
                 await follower.stop()
             await appender.close()
@@ -237,22 +264,26 @@ async def run(orders: int, steps: int, warmup: int, small_steps: int) -> dict[st
             if final != {row: n for row, n in want.items() if n}:
                 raise SystemExit("the output collection is not the view: the run is worthless")
             dataflow.drop()
+        other = "parts_path_unkeyed" if compare == "keyed" else "rows_path"
         return {
             "orders": orders,
             "steps_each": steps,
+            "compare": compare,
             "load_average": round(sum(loads) / len(loads), 2),
-            "rows_path": {
+            other: {
                 "step": timers["rows"][0].summary(),
                 "engine": timers["rows"][1].summary(),
+                "tasks_cpu_ms_per_step": round(task_cpu["rows"] / steps * 1000, 2),
             },
             "parts_path": {
                 "step": timers["parts"][0].summary(),
                 "engine": timers["parts"][1].summary(),
+                "tasks_cpu_ms_per_step": round(task_cpu["parts"] / steps * 1000, 2),
             },
             **{
                 name: {"step": timers[kind][0].summary(), "engine": timers[kind][1].summary()}
                 for name, kind in (
-                    ("one_update_rows_path", "rows-1"),
+                    ("one_update_" + other, "rows-1"),
                     ("one_update_parts_path", "parts-1"),
                 )
                 if small_steps  # --small-steps 0: none timed
@@ -357,8 +388,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--small-steps", type=int, default=60, help="1-update steps, each way")
+    parser.add_argument(
+        "--compare",
+        choices=("rows", "keyed"),
+        default="rows",
+        help="the other way: the rows path, or the parts path without reading by key",
+    )
     args = parser.parse_args()
-    result = asyncio.run(run(args.orders, args.steps, args.warmup, args.small_steps))
+    result = asyncio.run(run(args.orders, args.steps, args.warmup, args.small_steps, args.compare))
     print(json.dumps(result, indent=2))
     runs = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
     runs.append(result)
