@@ -15,12 +15,11 @@ from typing import cast
 
 import pyarrow as pa
 
-from services.compute.dataflow.batch import Update, consolidate
+from services.compute.dataflow.batch import Row, Update, consolidate
 from services.compute.dataflow.exchange import partition
 from services.compute.dataflow.graph import ConstantSource, GetSource, Graph
 from services.compute.dataflow.index import Index, with_index
-from services.compute.dataflow.keys import shard_of
-from services.compute.dataflow.lower import lower
+from services.compute.dataflow.lower import columns_key, lower
 from services.compute.dataflow.operators.base import LinearOperator, StatefulOperator
 from services.compute.dataflow.operators.distinct import DistinctOperator
 from services.compute.dataflow.operators.reduce import ReduceOperator
@@ -337,11 +336,8 @@ class ShardHost:
         output = consolidate(held[graph.root])
         indexed: list[Update] | None = None
         if hosted.index is not None:
-            columns = hosted.index.key_columns
-            parts: list[tuple[list[Update], ...]] = [([],) for _ in range(self.shards)]
-            for update in output:
-                parts[shard_of(tuple(update[0][c] for c in columns), self.shards)][0].append(update)
-            owned = self._exchange(step, INDEX_EXCHANGE, parts)
+            shares = partition(output, columns_key(hosted.index.key_columns), self.shards)
+            owned = self._exchange(step, INDEX_EXCHANGE, [(share,) for share in shares])
             # Consolidated: two tasks may have made the same row at the same time (a root
             # that is not keyed by row), and the index's history is read back as changes.
             indexed = consolidate(
@@ -387,10 +383,8 @@ class ShardHost:
         root that keeps each row on one task); without it, those whose row it owns, after
         an exchange by the whole row."""
         if indexed is None:
-            parts: list[tuple[list[Update], ...]] = [([],) for _ in range(self.shards)]
-            for update in output:
-                parts[shard_of(update[0], self.shards)][0].append(update)
-            owned = self._exchange(step, OUTPUT_EXCHANGE, parts)
+            shares = partition(output, _whole_row, self.shards)
+            owned = self._exchange(step, OUTPUT_EXCHANGE, [(share,) for share in shares])
             indexed = normalizer(graph.output_types).apply(
                 [[update for part in owned for update in part[0]]]
             )
@@ -508,6 +502,10 @@ class ShardHost:
         if index is None:
             raise FailedPrecondition(f"dataflow {dataflow_id!r} was installed without an index")
         return index
+
+
+def _whole_row(row: Row) -> Row:
+    return row
 
 
 def _rows_owned(graph: Graph) -> bool:

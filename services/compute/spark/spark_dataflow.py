@@ -23,9 +23,10 @@ from time import perf_counter
 
 from services.compute.dataflow.batch import Row, Update, consolidate
 from services.compute.dataflow.dataflow import Batches, Dataflow
+from services.compute.dataflow.exchange import partition
 from services.compute.dataflow.graph import Graph
 from services.compute.dataflow.guard import UNGUARDED, Guard, row_bytes
-from services.compute.dataflow.keys import shard_of
+from services.compute.dataflow.lower import columns_key
 from services.compute.dataflow.work import StateSize, Work
 from services.compute.dataflow.worker import ShardWorker
 from services.compute.spark.part_shares import keyed_sources
@@ -484,11 +485,7 @@ def index_share(
 ) -> list[Update]:
     """The updates of ``output`` whose index key ``shard`` owns (as a step's last exchange
     routes them)."""
-    return [
-        update
-        for update in output
-        if shard_of(tuple(update[0][c] for c in key_columns), shards) == shard
-    ]
+    return partition(output, columns_key(key_columns), shards)[shard]
 
 
 def _deal(
