@@ -288,7 +288,9 @@ async def run(
                 )
                 if small_steps  # --small-steps 0: none timed
             },
-            "step_latency_rows": Latency.of(timers["rows"][0].wall).__dict__,
+            "step_latency_" + ("parts_unkeyed" if compare == "keyed" else "rows"): Latency.of(
+                timers["rows"][0].wall
+            ).__dict__,
             "step_latency_parts": Latency.of(timers["parts"][0].wall).__dict__,
             "python": platform.python_version(),
         }

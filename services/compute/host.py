@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -515,8 +515,13 @@ class DataflowManager:
         plan, schema = checked_plan(finishing, {i: r.schema for i, r in indexes.items()})
         watch.waiting_for = list(indexes.values())
         contents_by_index = {}
-        for index_id, running in indexes.items():
-            contents_by_index[index_id] = await running.peek(timestamp, deadline)
+        with contextlib.ExitStack() as holds:
+            # Every index held before the first read waits: none compacts past the time
+            # while another is read.
+            for running in indexes.values():
+                holds.enter_context(running.read_hold(timestamp))
+            for index_id, running in indexes.items():
+                contents_by_index[index_id] = await running.peek(timestamp, deadline)
         watch.evaluating()
         read = collections_read(plan)
         result = await self.one_shots.evaluate_finishing(
@@ -648,16 +653,15 @@ class DataflowManager:
         watch.evaluating(sum(len(i.listing.parts) for i in chosen), sum(i.rows for i in chosen))
         return await queries.evaluate(plan, schema, chosen, timestamp, listing)
 
-    async def subscribe(
+    def subscribe(
         self, dataflow_id: str, as_of: int | None, snapshot: bool
-    ) -> AsyncIterator[common_pb2.CdcMessage]:
-        """The output's contents at ``as_of`` (default: upper - 1), then every change."""
+    ) -> AsyncGenerator[common_pb2.CdcMessage, None]:
+        """The output's contents at ``as_of`` (default: upper - 1), then every change; the
+        caller closes it (``aclose``) when done, which releases what it holds at once."""
         running = self._get(dataflow_id)
-        messages = output_changes(
+        return output_changes(
             running, self.storage, self.settings.holder, as_of, snapshot, self.deadline(0, None)
         )
-        async for message in messages:
-            yield message
 
     # -- status -----------------------------------------------------------------------------------
 

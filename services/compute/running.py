@@ -519,7 +519,7 @@ class RunningDataflow:
         if not self.has_index or target <= self.index_since or self.state == FAILED:
             return
         # Advertised before the engine compacts, so Status never shows a since the index can
-        # no longer serve; a peek already past the check gets FAILED_PRECONDITION from the index.
+        # no longer serve; reads past their check hold the target back (``read_hold``).
         self.index_since = target
         try:
             await self.engine.compact_index(target)

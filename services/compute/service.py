@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 
 import grpc.aio
@@ -128,10 +129,11 @@ class ComputeServicer(compute_pb2_grpc.ComputeServicer):
         self, request: compute_pb2.ComputeSubscribeRequest, context: Context
     ) -> AsyncIterator[common_pb2.CdcMessage]:
         as_of = request.as_of if request.HasField("as_of") else None
-        async for message in self.host.subscribe(
-            request.dataflow_id, as_of, snapshot=not request.no_snapshot
-        ):
-            yield message
+        messages = self.host.subscribe(request.dataflow_id, as_of, snapshot=not request.no_snapshot)
+        # Closed with the call: a subscriber gone releases its listener and holds at once.
+        async with contextlib.aclosing(messages):
+            async for message in messages:
+                yield message
 
     async def AdvanceCatalogFrontier(
         self, request: compute_pb2.AdvanceCatalogFrontierRequest, context: Context

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import socket
 import threading
+from pathlib import Path
 
 import pytest
 
 from services.compute.dataflow import Dataflow
 from services.compute.spark import requests as rq
+from services.compute.spark.part_shares import keyed_sources
 from services.compute.spark.shard_host import ShardHost
 from services.compute.spark.wire import receive_message, send_message
 from tidemark.columnar import ColumnType as T
-from tidemark.columnar import RelationSchema
+from tidemark.columnar import RelationSchema, table_from_updates, to_parquet
 from tidemark.errors import FailedPrecondition
 from tidemark.plan import builders as pb
+from tidemark.plan import derive_schema
 
 VALUES = RelationSchema.of(("k", T.INT64), ("x", T.FLOAT64))
 
@@ -87,3 +90,29 @@ def test_compacting_the_index_shard_keeps_later_contents_and_drops_history() -> 
         host.handle(rq.Peek("v", 5))
     with pytest.raises(FailedPrecondition, match="cannot move back"):
         host.handle(rq.CompactIndex("v", 4))
+
+
+def test_a_part_read_by_key_partition_reaches_its_stateful_node_with_the_drivers_rows(
+    tmp_path: Path,
+) -> None:
+    """A step whose source part is dealt by key (``slices`` 0) and whose source also has
+    rows from the driver: the part's rows go through the filter and the projection on
+    the way to the reduce, skip the routing, and count there with the driver's rows."""
+    orders = RelationSchema.of(("o_id", T.INT64), ("cust", T.INT64), ("amount", T.INT64))
+    positive = pb.filter(pb.get("orders", orders), pb.call("gt", 2, pb.literal(0, T.INT64)))
+    root = pb.reduce(pb.project(positive, 1, 2), [0], [pb.aggregate("sum", 1)])
+    plan = pb.plan(root, derive_schema(root))
+    local = Dataflow(plan, as_of=0)
+    source_id = local.graph.inputs["orders"]
+    assert keyed_sources(local.graph) == {source_id: (1,)}
+    in_part = [((i, i % 3, i - 2), 1 + i % 4, 1) for i in range(40)]
+    from_driver = [((100 + i, i % 5, 7), 2, 1) for i in range(10)]
+    (tmp_path / "part").write_bytes(to_parquet(table_from_updates(orders, in_part)))
+    host = ShardHost(shard=0, shards=1)
+    host.handle(rq.Install("v", plan.SerializeToString(), False))
+    io = rq.StepIO(f"file://{tmp_path}", {}, {source_id: [("part", 1, 4, 0, 0)]}, "", b"", True)
+    got = host.handle(rq.Step("v", {source_id: from_driver}, None, 4, io))
+    window = [update for update in in_part if update[1] < 4]
+    local.hydrate({"orders": []})
+    want, _ = local.step({"orders": window + from_driver}, 4)
+    assert sorted(got) == sorted(want) and want

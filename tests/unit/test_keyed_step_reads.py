@@ -67,21 +67,37 @@ def test_sources_read_straight_by_a_stateful_node_on_plain_columns_are_keyed() -
     assert _sources(pb.distinct(customers)) == {"customers": (0, 1)}
 
 
-def test_sources_with_work_or_readers_between_them_and_the_key_are_not_keyed() -> None:
+def test_sources_reach_their_key_through_operators_that_keep_its_values() -> None:
     orders, customers = pb.get("orders", ORDERS), pb.get("customers", CUSTOMERS)
-    # A filter first: its rows reach the join through a linear operator.
+    # A filter, a projection that moves the key, a map that appends a column, a negation.
     filtered = pb.filter(orders, pb.call("is_null", 2))
-    assert _sources(pb.join(filtered, customers, [1], [0])) == {
-        "orders": None,
-        "customers": (0,),
-    }
+    assert _sources(pb.join(filtered, customers, [1], [0]))["orders"] == (1,)
+    projected = pb.project(orders, 2, 1)
+    assert _sources(pb.join(projected, customers, [1], [0]))["orders"] == (1,)
+    plus_one = pb.call("add", 1, pb.literal(1, ColumnType.INT64))
+    mapped = pb.negate(pb.map(orders, plus_one))
+    assert _sources(pb.reduce(mapped, [0, 1], [pb.aggregate("count")]))["orders"] == (0, 1)
+    # ...but not a key the map computes.
+    assert _sources(pb.reduce(mapped, [3], [pb.aggregate("count")]))["orders"] is None
+
+
+def test_sources_with_a_computed_key_or_other_readers_are_not_keyed() -> None:
+    orders, customers = pb.get("orders", ORDERS), pb.get("customers", CUSTOMERS)
     # A join on an expression: its key is computed.
     plus_one = pb.call("add", 1, pb.literal(1, ColumnType.INT64))
     assert _sources(pb.join(orders, customers, [plus_one], [0]))["orders"] is None
     # One source read twice (a self-join on different keys): no single partition fits both.
     assert _sources(pb.join(orders, orders, [0], [1])) == {"orders": None}
+    # A union on the way: its other input's rows are not keyed.
+    both = pb.union(pb.project(orders, 1), pb.project(customers, 0))
+    assert _sources(pb.reduce(both, [0], [pb.aggregate("count")])) == {
+        "orders": None,
+        "customers": None,
+    }
     # A source that is the output itself has no exchange to skip.
     assert _sources(orders) == {"orders": None}
+    # No key at all (a global aggregate): one task would own every row.
+    assert _sources(pb.reduce(orders, [], [pb.aggregate("count")])) == {"orders": None}
 
 
 def test_a_big_part_of_a_keyed_source_is_dealt_to_every_task_by_key() -> None:

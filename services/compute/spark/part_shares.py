@@ -19,10 +19,11 @@ from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
 
-from services.compute.dataflow.graph import GetSource, Graph
+from services.compute.dataflow.graph import GetSource, Graph, Node
 from services.compute.dataflow.keys import shards_of
 from services.compute.dataflow.operators.distinct import DistinctOperator
 from services.compute.dataflow.operators.join import JoinOperator
+from services.compute.dataflow.operators.linear import Filter, Map, Negate, Normalize, Project
 from services.compute.dataflow.operators.reduce import ReduceOperator
 from services.compute.dataflow.operators.topk import TopKOperator
 from services.compute.dataflow.operators.window import WindowOperator
@@ -57,26 +58,68 @@ def route_columns(graph: Graph, node_id: int, position: int) -> tuple[int, ...] 
 
 def keyed_sources(graph: Graph) -> dict[int, tuple[int, ...]]:
     """The source nodes whose step rows a task can keep by key as it reads them, each with
-    its key's columns: a source read by one stateful node only, at one of its inputs, whose
-    route is plain columns (``route_columns``). Every task then keeps the rows of the key
-    partition it owns (``owned_rows``), and the exchange before that node moves none of
-    them: it would have sent each row to the task owning its key, the same one."""
-    consumers: dict[int, list[tuple[int, int]]] = {}
+    its key's columns (in the source's rows): a source whose rows reach one stateful node
+    only, at one of its inputs, through a chain of operators that keep every row's values
+    (filters, projections, maps, negations: ``_carried_columns``), and whose route there
+    is plain columns (``route_columns``) that the chain carries from the source. Every task
+    then keeps the rows of the key partition it owns (``owned_rows``), and the exchange
+    before that node moves none of them: it would have sent each row to the task owning its
+    key, the same one."""
+    uses: dict[int, list[tuple[int, int]]] = {}
     for node in graph.nodes:
         for position, input_id in enumerate(node.inputs):
-            consumers.setdefault(input_id, []).append((node.id, position))
+            uses.setdefault(input_id, []).append((node.id, position))
     keyed = {}
-    for node in graph.nodes:
-        uses = consumers.get(node.id, [])
-        if not isinstance(node.operator, GetSource) or len(uses) != 1 or node.id == graph.root:
+    for source in graph.nodes:
+        if not isinstance(source.operator, GetSource):
             continue
-        consumer_id, position = uses[0]
-        if not graph.nodes[consumer_id].is_stateful:
-            continue
-        columns = route_columns(graph, consumer_id, position)
-        if columns is not None:
-            keyed[node.id] = columns
+        # Per operator along the chain, where each of its columns comes from in its input.
+        chain: list[list[int | None]] = []
+        current = source.id
+        while len(uses.get(current, ())) == 1 and current != graph.root:
+            ((consumer_id, position),) = uses[current]
+            consumer = graph.nodes[consumer_id]
+            if consumer.is_stateful:
+                columns = route_columns(graph, consumer_id, position)
+                # No key (a global aggregate): one task owns every row, and would decode
+                # and carry them all alone while the others wait.
+                if columns:
+                    traced = _traced(columns, chain)
+                    if traced is not None:
+                        keyed[source.id] = traced
+                break
+            carried = _carried_columns(consumer, len(graph.nodes[current].types))
+            if carried is None:
+                break
+            chain.append(carried)
+            current = consumer_id
     return keyed
+
+
+def _carried_columns(node: Node, input_width: int) -> list[int | None] | None:
+    """For a linear operator that keeps its one input's values, the input column each of its
+    output columns holds (``None``: computed); ``None`` for any other operator."""
+    operator = node.operator
+    if isinstance(operator, Filter | Negate | Normalize):
+        return list(range(input_width))
+    if isinstance(operator, Project):
+        return list(operator.columns)
+    if isinstance(operator, Map):
+        return [*range(input_width), *([None] * len(operator.expressions))]
+    return None
+
+
+def _traced(
+    columns: Sequence[int], chain: Sequence[Sequence[int | None]]
+) -> tuple[int, ...] | None:
+    """``columns`` of the chain's last rows as columns of its first (``None`` if one is
+    computed on the way)."""
+    traced: list[int | None] = list(columns)
+    for carried in reversed(chain):
+        traced = [None if column is None else carried[column] for column in traced]
+    if any(column is None for column in traced):
+        return None
+    return tuple(column for column in traced if column is not None)
 
 
 def owned_rows(table: pa.Table, key_columns: Sequence[int], shard: int, shards: int) -> pa.Table:

@@ -289,8 +289,8 @@ class ShardHost:
         nodes = graph.nodes
         sources, by_key = self._step_sources(request, hosted)
         held: dict[int, list[Update]] = {}
-        # Per source node, its updates already in this task's key partition for the one
-        # stateful node reading it: they skip the routing and stay here.
+        # Per node from a keyed source to its stateful node, its updates already in this
+        # task's key partition for that node: they skip the routing and stay here.
         kept: dict[int, list[Update]] = {}
         pending = {node.id: node.consumers for node in nodes}
         for node in nodes:
@@ -308,6 +308,10 @@ class ShardHost:
                 )
             elif isinstance(op, LinearOperator):
                 output = op.apply([held[i] for i in node.inputs])
+                if len(node.inputs) == 1 and node.inputs[0] in kept:
+                    # On the way from a keyed source to its stateful node: the operator
+                    # keeps the key's values, so the rows stay this task's.
+                    kept[node.id] = op.apply([kept.pop(node.inputs[0])])
             else:
                 assert isinstance(op, StatefulOperator)
                 routed = [
