@@ -15,6 +15,11 @@ Key: TypeAlias = tuple[Any, ...]
 KeyFunction: TypeAlias = Callable[[Row], Key]
 
 
+def whole_row(row: Row) -> Key:
+    """The key that is the row itself (a distinct's route, an exchange by row)."""
+    return row
+
+
 def consolidate(updates: Iterable[Update]) -> list[Update]:
     """Sums the diffs of equal ``(row, time)`` and drops zeros, then sorts canonically: by
     row (column by column, NULLs last, NaN above other floats), then time. Equal inputs give

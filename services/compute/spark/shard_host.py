@@ -15,7 +15,7 @@ from typing import cast
 
 import pyarrow as pa
 
-from services.compute.dataflow.batch import Row, Update, consolidate
+from services.compute.dataflow.batch import Update, consolidate, whole_row
 from services.compute.dataflow.exchange import partition
 from services.compute.dataflow.graph import ConstantSource, GetSource, Graph
 from services.compute.dataflow.index import Index, with_index
@@ -387,7 +387,7 @@ class ShardHost:
         root that keeps each row on one task); without it, those whose row it owns, after
         an exchange by the whole row."""
         if indexed is None:
-            shares = partition(output, _whole_row, self.shards)
+            shares = partition(output, whole_row, self.shards)
             owned = self._exchange(step, OUTPUT_EXCHANGE, [(share,) for share in shares])
             indexed = normalizer(graph.output_types).apply(
                 [[update for part in owned for update in part[0]]]
@@ -506,10 +506,6 @@ class ShardHost:
         if index is None:
             raise FailedPrecondition(f"dataflow {dataflow_id!r} was installed without an index")
         return index
-
-
-def _whole_row(row: Row) -> Row:
-    return row
 
 
 def _rows_owned(graph: Graph) -> bool:

@@ -8,15 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from services.compute.dataflow.batch import Row, Update, by_time
+from services.compute.dataflow.batch import Row, Update, by_time, whole_row
 from services.compute.dataflow.guard import row_bytes, rows_bytes
 from services.compute.dataflow.operators.base import OperatorState, StatefulOperator
 from services.compute.dataflow.spill import StateBudget
 from services.compute.dataflow.spilling_map import SpillingMap
-
-
-def _whole_row(row: Row) -> Row:
-    return row
 
 
 class DistinctOperator(StatefulOperator):
@@ -25,7 +21,7 @@ class DistinctOperator(StatefulOperator):
 
     def __init__(self, threshold: bool) -> None:
         self.threshold = threshold
-        self.routes = (_whole_row,)
+        self.routes = (whole_row,)
 
     def new_state(self) -> DistinctState:
         return DistinctState(self.threshold)
