@@ -31,7 +31,12 @@ from services.compute.spark import requests as rq
 from services.compute.spark.hydration import OutputTarget, Staged, early_loads, stage
 from services.compute.spark.jobs import SparkJobs
 from services.compute.spark.liveness import ClusterStart
-from services.compute.spark.parts_source import LISTING_ATTEMPTS, missing_part, s3_credentials
+from services.compute.spark.parts_source import (
+    LISTING_ATTEMPTS,
+    listing_backoff,
+    missing_part,
+    s3_credentials,
+)
 from services.compute.spark.queries import SparkQueries, translated_job_error
 from services.compute.spark.spark_dataflow import IoCounters, IoStep, OutputSink, PartWindow
 from services.compute.spark.staging import delete_prefix, run_prefix
@@ -365,9 +370,9 @@ class SparkEngineDataflow:
         self._loop = asyncio.get_running_loop()
         self._dataflow.rebuild = self._rebuild_shard
 
-    def _rebuild_shard(self, shard: int, time: int, ask: Callable[[rq.Request], object]) -> None:
-        """Rebuilds shard ``shard`` as of ``time`` on the task ``ask`` talks to, by the bulk
-        path: the inputs' parts at ``time``, one Spark job staging that shard's rows alone,
+    def _rebuild_shard(self, shard: int, as_of: int, ask: Callable[[rq.Request], object]) -> None:
+        """Rebuilds shard ``shard`` as of ``as_of`` on the task ``ask`` talks to, by the bulk
+        path: the inputs' parts at ``as_of``, one Spark job staging that shard's rows alone,
         and a ``Hydrate`` of the task. Nothing is written to the output. Runs in the thread
         that replaces the task (the event loop is free; the listing runs there)."""
         lister, loop, dataflow = self._lister, self._loop, self._dataflow
@@ -377,9 +382,9 @@ class SparkEngineDataflow:
             # Listed again after a part was compacted away under the job or the task's own
             # read of it (as queries do). The task reads every input before it loads any, so
             # a load that failed so left its state empty.
-            listings = asyncio.run_coroutine_threadsafe(lister(time), loop).result()
+            listings = asyncio.run_coroutine_threadsafe(lister(as_of), loop).result()
             try:
-                staged, staging_url, prefix = self._stage_shard(listings, shard, time)
+                staged, staging_url, prefix = self._stage_shard(listings, shard, as_of)
                 try:
                     ask(staged.loads[shard])
                 finally:
@@ -391,6 +396,7 @@ class SparkEngineDataflow:
                 log.info(
                     "shard_rebuild_listed_again", dataflow=dataflow.dataflow_id, attempt=attempt
                 )
+                time.sleep(listing_backoff(attempt))
                 attempt += 1
 
     def _stage_shard(

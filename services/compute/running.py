@@ -32,7 +32,7 @@ from services.compute.inputs import MAX_TIME, InputFollower
 from services.compute.metrics import STEP_SECONDS
 from services.compute.output import OutputWriter, read_back
 from services.compute.spark.hydration import OutputTarget
-from services.compute.spark.parts_source import LISTING_ATTEMPTS, missing_part
+from services.compute.spark.parts_source import LISTING_ATTEMPTS, listing_backoff, missing_part
 from services.compute.spark.spark_dataflow import OutputSink
 from services.compute.spec import DataflowSpec
 from tidemark.clients.storage import Capability, PartsListing, StorageClient
@@ -354,6 +354,7 @@ class RunningDataflow:
                     if not missing_part(exc) or attempt >= LISTING_ATTEMPTS:
                         raise
                     log.info("hydration_listed_again", dataflow=self.dataflow_id, attempt=attempt)
+                    await asyncio.sleep(listing_backoff(attempt))
                     attempt += 1
                     listings = await self._list_parts(as_of)
             if writer is not None and target is not None:

@@ -44,6 +44,7 @@ class ServiceProcess:
             text=True,
         )
         self.stderr_lines: list[str] = []
+        self._copy = _log_copy(module, self.process.pid)
         self._changed = threading.Condition()
         self._stdout: queue.Queue[str] = queue.Queue()
         assert self.process.stdout is not None and self.process.stderr is not None
@@ -60,6 +61,9 @@ class ServiceProcess:
         threading.Thread(target=run, daemon=True).start()
 
     def _add_stderr(self, line: str) -> None:
+        if self._copy is not None:
+            self._copy.write(line + "\n")
+            self._copy.flush()
         with self._changed:
             self.stderr_lines.append(line)
             self._changed.notify_all()
@@ -126,3 +130,13 @@ class EchoProcess(ServiceProcess):
         env: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__("tests.support.echo_service", args, env)
+
+
+def _log_copy(module: str, pid: int) -> IO[str] | None:
+    """A file keeping the process's stderr, when ``TIDEMARK_TEST_LOGS`` names a directory:
+    the services' logs (and Spark's, for compute) outlive the test that failed."""
+    directory = os.environ.get("TIDEMARK_TEST_LOGS")
+    if not directory:
+        return None
+    os.makedirs(directory, exist_ok=True)
+    return open(os.path.join(directory, f"{module}-{pid}.log"), "a", encoding="utf-8")

@@ -68,6 +68,15 @@ LISTING_ATTEMPTS = 5
 """Listings a Spark job over parts tries before giving up on parts compacted away under it."""
 
 
+def listing_backoff(attempt: int) -> float:
+    """Seconds to wait before listing again after run ``attempt`` found a part gone.
+
+    Compaction retires parts in bursts of rounds after writes; listing again at once can land
+    inside the same burst and lose the same race. The wait doubles from 0.1 s (1.5 s in all
+    over :data:`LISTING_ATTEMPTS`)."""
+    return 0.1 * (1 << (attempt - 1))
+
+
 class MissingPart(Exception):
     """A listed part is gone: compaction replaced it and its grace period ran out."""
 
@@ -76,12 +85,20 @@ def missing_part(error: BaseException) -> bool:
     """Whether a failed Spark job failed because a listed part was gone (list again)."""
     if MISSING_PART in str(error):
         return True
-    # Spark's own Parquet reader: the path is gone when the job is planned, or when it runs.
+    # Spark's own Parquet reader: the path is gone when the job is planned, or when a task
+    # opens it, or (FAILED_READ_FILE.NO_HINT, caused by the file system's own error) while it
+    # reads it.
     condition = getattr(error, "getCondition", lambda: None)()
-    return condition in _FILE_GONE or any(c in str(error) for c in _FILE_GONE if c)
+    text = str(error)
+    return condition in _FILE_GONE or any(marker in text for marker in _FILE_GONE)
 
 
-_FILE_GONE = ("PATH_NOT_FOUND", "FAILED_READ_FILE.FILE_NOT_EXIST")
+_FILE_GONE = (
+    "PATH_NOT_FOUND",
+    "FAILED_READ_FILE.FILE_NOT_EXIST",
+    "java.nio.file.NoSuchFileException",
+    "java.io.FileNotFoundException",
+)
 
 
 def spark_type(column: RelationColumn) -> DataType:

@@ -8,12 +8,15 @@ driver receives only the answer, as Arrow. The run is a job group of its own
 
 A listed part may be compacted away (and, after storage's grace period, deleted) while a long
 query runs; the query then lists its inputs again and runs once more, as storage's own reads
-do. Spark running out of memory is ResourceExhausted (SQLSTATE 53200 at the adapter); Spark
-spills the shuffles and aggregations that fit on disk first.
+do, waiting a little longer before each listing. One that loses that race on every run fails
+as a race (Aborted: SQLSTATE 40001 at the adapter, run it again), not as a fault. Spark
+running out of memory is ResourceExhausted (SQLSTATE 53200 at the adapter); Spark spills the
+shuffles and aggregations that fit on disk first.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -25,18 +28,20 @@ from pyspark.sql import DataFrame, SparkSession
 from services.compute.spark.jobs import JobProgress, SparkJobs
 from services.compute.spark.lowering import DIFF, lower, release
 from services.compute.spark.lowering.errors import translate
-from services.compute.spark.parts_source import collection_frame, missing_part
+from services.compute.spark.parts_source import (
+    LISTING_ATTEMPTS,
+    collection_frame,
+    listing_backoff,
+    missing_part,
+)
 from tidemark.clients.storage import PartsListing
 from tidemark.columnar import RelationSchema
 from tidemark.columnar.schema import TIME_COLUMN, TIME_TYPE
-from tidemark.errors import ResourceExhausted, TidemarkError
+from tidemark.errors import Aborted, ResourceExhausted, TidemarkError
 from tidemark.logging import get_logger
 from tidemark.v1 import plan_pb2
 
 log = get_logger("compute.spark.queries")
-
-MAX_ATTEMPTS = 3
-"""Runs of one query, when listed parts keep being compacted away under it."""
 
 _OUT_OF_MEMORY = ("java.lang.OutOfMemoryError", "SparkOutOfMemoryError", "UNABLE_TO_ACQUIRE_MEMORY")
 
@@ -82,7 +87,7 @@ class SparkQueries:
         (= ``timestamp``) and ``diff`` (each row once, its multiplicity)."""
         started = time.monotonic()
         rows_in = sum(i.rows for i in inputs)
-        for attempt in range(1, MAX_ATTEMPTS + 1):
+        for attempt in range(1, LISTING_ATTEMPTS + 1):
             group = self.jobs.new_group()
             description = (
                 f"one-shot at {timestamp} over {', '.join(i.collection_id for i in inputs)}"
@@ -91,11 +96,18 @@ class SparkQueries:
                 answer = functools.partial(self._answer, plan, schema, list(inputs), timestamp)
                 table = await self.jobs.run(answer, description, group=group)
             except Exception as exc:
-                if missing_part(exc) and attempt < MAX_ATTEMPTS:
-                    log.info("one_shot_relisting", group=group, attempt=attempt)
-                    inputs = [replace(i, listing=await relist(i.collection_id)) for i in inputs]
-                    continue
-                raise translated_job_error(exc) from exc
+                if not missing_part(exc):
+                    raise translated_job_error(exc) from exc
+                if attempt == LISTING_ATTEMPTS:
+                    # A lost race, not a fault: the same query run again reads new parts.
+                    raise Aborted(
+                        f"the parts of {', '.join(i.collection_id for i in inputs)} were "
+                        f"compacted away under the query {attempt} times in a row; run it again"
+                    ) from exc
+                log.info("one_shot_relisting", group=group, attempt=attempt)
+                await asyncio.sleep(listing_backoff(attempt))
+                inputs = [replace(i, listing=await relist(i.collection_id)) for i in inputs]
+                continue
             log.info(
                 "spark_one_shot_done",
                 group=group,

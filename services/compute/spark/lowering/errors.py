@@ -13,6 +13,9 @@ from pyspark.sql import DataFrame, Row
 
 from services.compute.spark.lowering.types import INT64_SUM_OVERFLOW, MULTIPLICITY_OVERFLOW
 from tidemark.errors import Cancelled, Internal, ResourceExhausted, TidemarkError
+from tidemark.logging import get_logger
+
+log = get_logger("compute.spark.errors")
 
 
 def translate(error: Exception) -> TidemarkError | None:
@@ -29,7 +32,23 @@ def translate(error: Exception) -> TidemarkError | None:
         return Cancelled("the Spark job was cancelled")
     if "OutOfMemory" in text or "Not enough memory" in text:
         return ResourceExhausted(f"Spark ran out of memory: {text.splitlines()[0]}")
-    return Internal(f"Spark failed: {text.splitlines()[0] if text else type(error).__name__}")
+    # The first line of a Java error is often only the call that failed ("An error occurred
+    # while calling o123.getResult"): the cause is further down, so the log keeps it whole.
+    log.warning("spark_failed", error_type=type(error).__name__, error=text)
+    return Internal(f"Spark failed: {_summary(text) or type(error).__name__}")
+
+
+def _summary(text: str) -> str:
+    """The first line of ``text`` and, for a Java error, the error it wraps."""
+    lines = text.splitlines()
+    if not lines:
+        return ""
+    cause = next((line.strip(": ") for line in lines[1:] if line.startswith(": ")), "")
+    summary = f"{lines[0]} {cause}" if cause else lines[0]
+    return summary if len(summary) <= _SUMMARY_CHARS else summary[: _SUMMARY_CHARS - 1] + "…"
+
+
+_SUMMARY_CHARS = 400
 
 
 def collect(df: DataFrame) -> list[Row]:
