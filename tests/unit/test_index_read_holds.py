@@ -4,8 +4,9 @@ A peek or a subscription checks its time against the dataflow's since, then read
 index (for a subscription, the snapshot and then the history up to the live steps). A
 compaction round starting between the check and the read used to move the index past the
 time and fail the read with FailedPrecondition; a read in progress now holds the compaction
-at its time. The engine here is a stand-in index that refuses reads before its since, as the
-real ones do, and whose reads wait until the test lets them go.
+at its time, and a peek over several indexes holds them all before it reads the first. The
+engine here is a stand-in index that refuses reads before its since, as the real ones do,
+and whose reads wait until the test lets them go.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, cast
 import pytest
 
 from services.compute.dataflow import Row, Update
+from services.compute.host import DataflowManager
 from services.compute.running import RUNNING, RunningDataflow, RunSettings
 from services.compute.spec import DataflowSpec
 from services.compute.subscriptions import output_changes
@@ -26,6 +28,7 @@ from tidemark.cdc.proto import from_proto as cdc_from_proto
 from tidemark.columnar import ColumnType, RelationSchema, from_ipc, updates_from_table
 from tidemark.errors import FailedPrecondition
 from tidemark.frontier import u64_frontier
+from tidemark.plan import builders
 from tidemark.v1 import common_pb2, plan_pb2
 
 SCHEMA = RelationSchema.of(("k", ColumnType.INT64), ("v", ColumnType.INT64))
@@ -65,8 +68,8 @@ class GatedIndex:
         self.since = max(self.since, since)
 
 
-def running_dataflow(index: GatedIndex) -> RunningDataflow:
-    spec = DataflowSpec("df", plan_pb2.Plan(), (), index_key_columns=(0,))
+def running_dataflow(index: GatedIndex, dataflow_id: str = "df") -> RunningDataflow:
+    spec = DataflowSpec(dataflow_id, plan_pb2.Plan(), (), index_key_columns=(0,))
     running = RunningDataflow(
         spec,
         spec.plan,
@@ -142,6 +145,49 @@ async def test_a_subscription_reading_history_holds_the_compaction_at_its_as_of(
     assert not running.feed.has_listeners
     await running._compact_index()
     assert running.since == UPPER - 1 - HISTORY
+
+
+class Union:
+    """The one-shot evaluator's finishing step, for a union of the indexes read."""
+
+    async def evaluate_finishing(
+        self, plan: Any, timestamp: int, inputs: dict[str, dict[Row, int]], budget: int
+    ) -> dict[Row, int]:
+        out: dict[Row, int] = {}
+        for contents in inputs.values():
+            for row, count in contents.items():
+                out[row] = out.get(row, 0) + count
+        return out
+
+
+class Watch:
+    waiting_for: list[Any] = []
+
+    def evaluating(self) -> None:
+        pass
+
+
+async def test_a_peek_over_two_indexes_holds_both_before_reading_either() -> None:
+    first, second = GatedIndex(), GatedIndex()
+    dataflows = {"a": running_dataflow(first, "a"), "b": running_dataflow(second, "b")}
+    manager = cast(Any, DataflowManager.__new__(DataflowManager))
+    manager._dataflows, manager.one_shots = dataflows, Union()
+    finishing = builders.plan(builders.union(builders.get("a", SCHEMA), builders.get("b", SCHEMA)))
+    peek = asyncio.create_task(
+        manager._peek_index(Watch(), "a", 500, finishing, time.monotonic() + 10, 0)
+    )
+    await first.reading.wait()
+    # While "a" is read, a compaction round on "b" (not read yet) stops at the peek's time.
+    await dataflows["b"]._compact_index()
+    assert (dataflows["b"].since, second.since) == (500, 500)
+    first.release.set()
+    second.release.set()
+    answer = await peek
+    rows = updates_from_table(answer.table)
+    assert sorted(rows) == sorted(((t, t), 500, 2) for t in range(501))
+    for running in dataflows.values():
+        await running._compact_index()
+        assert running.since == UPPER - 1 - HISTORY
 
 
 async def _next(messages: AsyncGenerator[common_pb2.CdcMessage, None]) -> common_pb2.CdcMessage:
