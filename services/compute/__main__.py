@@ -8,6 +8,14 @@ installing and dropping the dataflows the catalog assigns to this cluster.
 
 from __future__ import annotations
 
+import os
+
+# PySpark launches the JVM by fork and exec while gRPC's threads are busy. With gRPC's fork
+# handlers on (they serve children that go on using gRPC), that launch often failed: the
+# gateway exited before reporting its port, and the session start's retries hid it. This
+# process never uses gRPC in a child, so they are off, set before gRPC is first imported.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 import asyncio
 from dataclasses import dataclass
 
