@@ -25,7 +25,10 @@ from reading the interval to the commit. The parts path's runs, in wall time, fr
 the followers hold the interval to the commit, and in CPU from before the append (all the
 followers' work on receiving the interval included) to the commit. Then as many steps of one
 changed order each way (the fixed cost of a step). The resident tasks' CPU per step each way
-(their pids' user + system time, summed over the timed steps).
+(their pids' user + system time, summed over the timed steps). The parts path's whole-step
+driver CPU is also split in three (``driver_cpu_ms_per_step_by_part``): following the inputs
+until both hold the interval, the engine call, and the commit; next to it, what those
+interactions cost bare on the same machine (``bench/grpc_floor.py``, ``grpc_floor_cpu_ms``).
 
 ``--compare keyed`` runs the parts path both ways instead: with and without reading a
 step's big input part by key partition (``part_shares.keyed_sources``; without it each task
@@ -46,6 +49,7 @@ import resource
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -54,6 +58,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))  # for bench.* and tests.support when run as a script
 
+from bench import grpc_floor  # noqa: E402
 from bench.common import Latency, load_average, percentile  # noqa: E402
 from bench.compute_view import (  # noqa: E402
     CUSTOMERS,
@@ -108,6 +113,15 @@ class Timer:
         }
 
 
+def _by_part(shares: Sequence[tuple[float, float, float]]) -> dict[str, float]:
+    """The mean driver CPU per step (ms) of each part of the whole step."""
+    names = ("following_inputs", "engine_call", "commit")
+    return {
+        name: round(sum(share[i] for share in shares) / len(shares) * 1000, 3)
+        for i, name in enumerate(names)
+    }
+
+
 def _task_cpu(pids: Sequence[int]) -> float:
     """The user + system CPU seconds of the processes ``pids`` so far."""
     ticks = 0
@@ -159,6 +173,9 @@ async def run(
             environment = s3_credentials()
             timers = {name: (Timer(), Timer()) for name in ("rows", "parts", "rows-1", "parts-1")}
             task_cpu = {"rows": 0.0, "parts": 0.0}
+            # The parts path's whole-step driver CPU in three: until the followers hold the
+            # interval, the engine call (dealing included), the commit.
+            shares: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
             keyed = dataflow._keyed_sources
             loads: list[float] = []
             appender = await Appender.start(storage.address, orders, pairs)
@@ -204,6 +221,7 @@ async def run(
                 cpu = _cpu()
                 appender.send()
                 held = await interval_held(upper)
+                followed = _cpu()
                 windows = {
                     f.collection_id: taken for f in followers if (taken := f.take_parts(upper))
                 }
@@ -224,10 +242,12 @@ async def run(
 
                 done = await (engine.timed(call) if timed else call())
                 times = (done.least or 0, done.greatest or 0)
+                stepped = _cpu()
                 await writer.write_parts(done.parts, times, upper)
                 if timed:
                     whole.cpu.append(_cpu() - cpu)
                     whole.wall.append(time.perf_counter() - held)
+                    shares[kind].append((followed - cpu, stepped - followed, _cpu() - stepped))
                 await appender.confirm(upper)
 
             plan_steps = [(DELTA_UPDATES, DELTA_TIMES, "")] * (2 * (warmup + steps))
@@ -274,11 +294,17 @@ async def run(
                 "step": timers["rows"][0].summary(),
                 "engine": timers["rows"][1].summary(),
                 "tasks_cpu_ms_per_step": round(task_cpu["rows"] / steps * 1000, 2),
+                **(
+                    {"driver_cpu_ms_per_step_by_part": _by_part(shares["rows"])}
+                    if compare == "keyed"
+                    else {}
+                ),
             },
             "parts_path": {
                 "step": timers["parts"][0].summary(),
                 "engine": timers["parts"][1].summary(),
                 "tasks_cpu_ms_per_step": round(task_cpu["parts"] / steps * 1000, 2),
+                "driver_cpu_ms_per_step_by_part": _by_part(shares["parts"]),
             },
             **{
                 name: {"step": timers[kind][0].summary(), "engine": timers[kind][1].summary()}
@@ -397,7 +423,11 @@ def main() -> None:
         help="the other way: the rows path, or the parts path without reading by key",
     )
     args = parser.parse_args()
+    # The bare cost of the step's interactions on this machine, to print next to its split
+    # (first: a failure here costs seconds, not the run).
+    floor = asyncio.run(grpc_floor.measure())
     result = asyncio.run(run(args.orders, args.steps, args.warmup, args.small_steps, args.compare))
+    result["grpc_floor_cpu_ms"] = floor
     print(json.dumps(result, indent=2))
     runs = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
     runs.append(result)

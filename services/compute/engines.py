@@ -31,12 +31,7 @@ from services.compute.spark import requests as rq
 from services.compute.spark.hydration import OutputTarget, Staged, early_loads, stage
 from services.compute.spark.jobs import SparkJobs
 from services.compute.spark.liveness import ClusterStart
-from services.compute.spark.parts_source import (
-    LISTING_ATTEMPTS,
-    listing_backoff,
-    missing_part,
-    s3_credentials,
-)
+from services.compute.spark.parts_source import Relisting, missing_part, s3_credentials
 from services.compute.spark.queries import SparkQueries, translated_job_error
 from services.compute.spark.spark_dataflow import IoCounters, IoStep, OutputSink, PartWindow
 from services.compute.spark.staging import delete_prefix, run_prefix
@@ -377,7 +372,7 @@ class SparkEngineDataflow:
         that replaces the task (the event loop is free; the listing runs there)."""
         lister, loop, dataflow = self._lister, self._loop, self._dataflow
         assert lister is not None and loop is not None
-        attempt = 1
+        relisting = Relisting(log, "shard_rebuild_listed_again", dataflow=dataflow.dataflow_id)
         while True:
             # Listed again after a part was compacted away under the job or the task's own
             # read of it (as queries do). The task reads every input before it loads any, so
@@ -391,13 +386,10 @@ class SparkEngineDataflow:
                     self._delete_staged(staging_url, prefix)
                 break
             except Exception as exc:
-                if not missing_part(exc) or attempt >= LISTING_ATTEMPTS:
+                wait = relisting.wait_before_next(exc)
+                if wait is None:
                     raise translated_job_error(exc) from exc
-                log.info(
-                    "shard_rebuild_listed_again", dataflow=dataflow.dataflow_id, attempt=attempt
-                )
-                time.sleep(listing_backoff(attempt))
-                attempt += 1
+                time.sleep(wait)
 
     def _stage_shard(
         self, listings: Mapping[str, PartsListing], shard: int, time: int

@@ -32,7 +32,7 @@ from services.compute.inputs import MAX_TIME, InputFollower
 from services.compute.metrics import STEP_SECONDS
 from services.compute.output import OutputWriter, read_back
 from services.compute.spark.hydration import OutputTarget
-from services.compute.spark.parts_source import LISTING_ATTEMPTS, listing_backoff, missing_part
+from services.compute.spark.parts_source import Relisting, missing_part
 from services.compute.spark.spark_dataflow import OutputSink
 from services.compute.spec import DataflowSpec
 from tidemark.clients.storage import Capability, PartsListing, StorageClient
@@ -343,19 +343,16 @@ class RunningDataflow:
                 parts=parts_total,
                 rows=rows_total,
             )
-            attempt = 1
+            relisting = Relisting(log, "hydration_listed_again", dataflow=self.dataflow_id)
             while True:
                 try:
                     done = await self.engine.hydrate_from_parts(listings, target, on_progress)
                     break
                 except TidemarkError as exc:
-                    # A part compacted away under the jobs (past storage's grace period):
-                    # its replacement holds the same updates.
-                    if not missing_part(exc) or attempt >= LISTING_ATTEMPTS:
+                    wait = relisting.wait_before_next(exc)
+                    if wait is None:
                         raise
-                    log.info("hydration_listed_again", dataflow=self.dataflow_id, attempt=attempt)
-                    await asyncio.sleep(listing_backoff(attempt))
-                    attempt += 1
+                    await asyncio.sleep(wait)
                     listings = await self._list_parts(as_of)
             if writer is not None and target is not None:
                 await writer.write_parts(done.output_parts, (as_of, as_of), done.upper)

@@ -49,16 +49,25 @@ class ServiceProcess:
         self._stdout: queue.Queue[str] = queue.Queue()
         assert self.process.stdout is not None and self.process.stderr is not None
         self._pump(self.process.stdout, self._stdout.put)
-        self._pump(self.process.stderr, self._add_stderr)
+        self._pump(self.process.stderr, self._add_stderr, self._close_copy)
         self.port = self._read_port()
         self.address = f"127.0.0.1:{self.port}"
 
-    def _pump(self, stream: IO[str], sink: Callable[[str], None]) -> None:
+    def _pump(
+        self, stream: IO[str], sink: Callable[[str], None], ended: Callable[[], None] = lambda: None
+    ) -> None:
         def run() -> None:
-            for line in stream:
-                sink(line.rstrip("\n"))
+            try:
+                for line in stream:
+                    sink(line.rstrip("\n"))
+            finally:
+                ended()  # closed: the process (and any child sharing it) has exited
 
         threading.Thread(target=run, daemon=True).start()
+
+    def _close_copy(self) -> None:
+        if self._copy is not None:
+            self._copy.close()
 
     def _add_stderr(self, line: str) -> None:
         if self._copy is not None:

@@ -18,6 +18,7 @@ from services.compute.spark.lowering.errors import translate
 from services.compute.spark.parts_source import (
     LISTING_ATTEMPTS,
     MISSING_PART,
+    Relisting,
     listing_backoff,
     missing_part,
 )
@@ -26,9 +27,11 @@ from tidemark.clients.storage import PartsListing
 from tidemark.columnar import Column, ColumnType, RelationSchema
 from tidemark.errors import Aborted, Internal
 from tidemark.frontier import Antichain
+from tidemark.logging import get_logger
 from tidemark.v1 import plan_pb2
 
 SCHEMA = RelationSchema((Column("k", ColumnType.INT64),))
+LOG = get_logger("compute.test")
 
 
 def listing(generation: int) -> PartsListing:
@@ -99,8 +102,15 @@ async def test_a_query_lists_again_until_a_run_finds_its_parts(no_waiting: list[
     answer = pa.table({"k": [1], "time": pa.array([7], pa.uint64()), "diff": [1]})
     jobs = FailingJobs(LISTING_ATTEMPTS - 1, answer)
     relisted: list[int] = []
-    assert await evaluate(queries_with(jobs), relisted) is answer
+    with structlog.testing.capture_logs() as logs:
+        assert await evaluate(queries_with(jobs), relisted) is answer
     assert jobs.runs == LISTING_ATTEMPTS
+    # Each relisting is logged with the job group of the run that lost its parts.
+    assert [
+        (e["attempt"], e["group"], e["component"])
+        for e in logs
+        if e["event"] == "one_shot_relisting"
+    ] == [(a, f"group-{a - 1}", "compute.spark.queries") for a in range(1, LISTING_ATTEMPTS)]
     assert relisted == list(range(1, LISTING_ATTEMPTS))
     # The waits double: listing again at once tends to land in the same compaction burst.
     assert no_waiting == [round(listing_backoff(a) * 1000) for a in range(1, LISTING_ATTEMPTS)]
@@ -115,6 +125,27 @@ async def test_a_query_that_loses_every_run_is_an_aborted_race() -> None:
     assert jobs.runs == LISTING_ATTEMPTS
     assert len(relisted) == LISTING_ATTEMPTS - 1
     assert "u1" in failure.value.message and "run it again" in failure.value.message
+    assert f"{LISTING_ATTEMPTS} times in a row" in failure.value.message
+
+
+class BrokenJobs(FailingJobs):
+    """Fails every run as a job that hit a fault (not a part gone) does."""
+
+    async def run(self, action: Callable[[], Any], description: str, *, group: str) -> pa.Table:
+        self.runs += 1
+        raise Py4JJavaError(
+            "An error occurred while calling o1.getResult.\n"
+            ": org.apache.spark.SparkException: Job aborted: executor lost"
+        )
+
+
+async def test_a_query_that_fails_otherwise_fails_at_once_with_the_cause() -> None:
+    jobs = BrokenJobs(0, pa.table({"k": [1]}))
+    relisted: list[int] = []
+    with pytest.raises(Internal) as failure:
+        await evaluate(queries_with(jobs), relisted)
+    assert jobs.runs == 1 and relisted == []
+    assert "Job aborted: executor lost" in failure.value.message
 
 
 def test_a_java_error_names_its_cause_and_is_logged_whole() -> None:
@@ -174,3 +205,36 @@ def test_other_read_failures_are_not_a_missing_part() -> None:
         "Caused by: org.apache.parquet.io.ParquetDecodingException: Can not read value at 0"
     )
     assert not missing_part(Py4JJavaError(text))
+
+
+# -- Relisting: the retry policy the query, hydration and a shard's rebuild share -------------
+
+
+def gone(run: int) -> Exception:
+    return Py4JJavaError(f"An error occurred.\n: {MISSING_PART}: u1/part-{run} (compacted away)")
+
+
+def test_relisting_waits_longer_each_run_and_stops_after_the_last() -> None:
+    relisting = Relisting(LOG, "rebuild_listed_again", dataflow="d1")
+    with structlog.testing.capture_logs() as logs:
+        waits = [relisting.wait_before_next(gone(run)) for run in range(1, LISTING_ATTEMPTS + 2)]
+    allowed = [listing_backoff(a) for a in range(1, LISTING_ATTEMPTS)]
+    # Runs 1..LISTING_ATTEMPTS-1 are followed by another; the last one's failure stands, and
+    # so does any asked about after it.
+    assert waits == [*allowed, None, None]
+    assert allowed == sorted(allowed) and allowed[0] == 0.1
+    assert relisting.used_up and relisting.attempt == LISTING_ATTEMPTS
+    # Logged by the caller's logger (its component), with the caller's fields.
+    assert [(e["event"], e["attempt"], e["dataflow"], e["component"]) for e in logs] == [
+        ("rebuild_listed_again", a, "d1", "compute.test") for a in range(1, LISTING_ATTEMPTS)
+    ]
+
+
+def test_relisting_lets_any_other_failure_stand_at_once() -> None:
+    relisting = Relisting(LOG, "hydration_listed_again")
+    decoding = Py4JJavaError("Caused by: org.apache.parquet.io.ParquetDecodingException: bad")
+    assert relisting.wait_before_next(decoding) is None
+    assert relisting.attempt == 1 and not relisting.used_up
+    # The count is the runs': a real failure does not use one up.
+    assert relisting.wait_before_next(gone(1)) == listing_backoff(1)
+    assert relisting.attempt == 2

@@ -34,6 +34,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import DataType, DecimalType, LongType, StructField, StructType
+from structlog.typing import FilteringBoundLogger
 
 from services.compute.spark.lowering.types import spark_type as scalar_spark_type
 from tidemark.clients.storage import PartsListing
@@ -82,23 +83,54 @@ class MissingPart(Exception):
 
 
 def missing_part(error: BaseException) -> bool:
-    """Whether a failed Spark job failed because a listed part was gone (list again)."""
-    if MISSING_PART in str(error):
-        return True
-    # Spark's own Parquet reader: the path is gone when the job is planned, or when a task
-    # opens it, or (FAILED_READ_FILE.NO_HINT, caused by the file system's own error) while it
-    # reads it.
-    condition = getattr(error, "getCondition", lambda: None)()
+    """Whether a failed Spark job failed because a listed part was gone (list again).
+
+    Besides :data:`MISSING_PART` (this source's own reads), Spark's Parquet reader says so
+    in three ways: the path is gone when the job is planned, or when a task opens it, or
+    (FAILED_READ_FILE.NO_HINT, caused by the file system's own error) while it reads it.
+    Spark's errors carry their condition in their text, so the text alone tells."""
     text = str(error)
-    return condition in _FILE_GONE or any(marker in text for marker in _FILE_GONE)
+    return any(marker in text for marker in _FILE_GONE)
 
 
 _FILE_GONE = (
+    MISSING_PART,
     "PATH_NOT_FOUND",
     "FAILED_READ_FILE.FILE_NOT_EXIST",
     "java.nio.file.NoSuchFileException",
     "java.io.FileNotFoundException",
 )
+
+
+class Relisting:
+    """The runs of one piece of work over listed parts (a one-shot query, a hydration, a
+    shard's rebuild): after a run failed, whether to list the parts again and run once more,
+    and how long to wait first. A part compacted away under a run is a lost race, not a
+    fault: the parts listed again hold the same updates. Every other failure stands, and so
+    does the last of :data:`LISTING_ATTEMPTS` runs. The caller lists and runs; this counts,
+    logs ``event`` (with ``fields``) to the caller's ``log`` and picks the wait."""
+
+    def __init__(self, log: FilteringBoundLogger, event: str, **fields: object) -> None:
+        self.log = log
+        self.event = event
+        self.fields = fields
+        self.attempt = 1
+
+    def wait_before_next(self, error: BaseException, **run: object) -> float | None:
+        """After the current run failed with ``error``: the seconds to wait before listing
+        again and running once more, or ``None`` when the failure stands (see
+        :attr:`used_up` for why). ``run``: what the log says of this run alone."""
+        if not missing_part(error) or self.used_up:
+            return None
+        self.log.info(self.event, **{**self.fields, **run, "attempt": self.attempt})
+        wait = listing_backoff(self.attempt)
+        self.attempt += 1
+        return wait
+
+    @property
+    def used_up(self) -> bool:
+        """Whether the current run is the last one allowed."""
+        return self.attempt >= LISTING_ATTEMPTS
 
 
 def spark_type(column: RelationColumn) -> DataType:

@@ -28,12 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 from services.compute.spark.jobs import JobProgress, SparkJobs
 from services.compute.spark.lowering import DIFF, lower, release
 from services.compute.spark.lowering.errors import translate
-from services.compute.spark.parts_source import (
-    LISTING_ATTEMPTS,
-    collection_frame,
-    listing_backoff,
-    missing_part,
-)
+from services.compute.spark.parts_source import Relisting, collection_frame, missing_part
 from tidemark.clients.storage import PartsListing
 from tidemark.columnar import RelationSchema
 from tidemark.columnar.schema import TIME_COLUMN, TIME_TYPE
@@ -87,7 +82,8 @@ class SparkQueries:
         (= ``timestamp``) and ``diff`` (each row once, its multiplicity)."""
         started = time.monotonic()
         rows_in = sum(i.rows for i in inputs)
-        for attempt in range(1, LISTING_ATTEMPTS + 1):
+        relisting = Relisting(log, "one_shot_relisting")
+        while True:
             group = self.jobs.new_group()
             description = (
                 f"one-shot at {timestamp} over {', '.join(i.collection_id for i in inputs)}"
@@ -96,18 +92,19 @@ class SparkQueries:
                 answer = functools.partial(self._answer, plan, schema, list(inputs), timestamp)
                 table = await self.jobs.run(answer, description, group=group)
             except Exception as exc:
+                wait = relisting.wait_before_next(exc, group=group)
+                if wait is not None:
+                    await asyncio.sleep(wait)
+                    inputs = [replace(i, listing=await relist(i.collection_id)) for i in inputs]
+                    continue
                 if not missing_part(exc):
                     raise translated_job_error(exc) from exc
-                if attempt == LISTING_ATTEMPTS:
-                    # A lost race, not a fault: the same query run again reads new parts.
-                    raise Aborted(
-                        f"the parts of {', '.join(i.collection_id for i in inputs)} were "
-                        f"compacted away under the query {attempt} times in a row; run it again"
-                    ) from exc
-                log.info("one_shot_relisting", group=group, attempt=attempt)
-                await asyncio.sleep(listing_backoff(attempt))
-                inputs = [replace(i, listing=await relist(i.collection_id)) for i in inputs]
-                continue
+                # A lost race, not a fault: the same query run again reads new parts.
+                raise Aborted(
+                    f"the parts of {', '.join(i.collection_id for i in inputs)} were "
+                    f"compacted away under the query {relisting.attempt} times in a row; "
+                    "run it again"
+                ) from exc
             log.info(
                 "spark_one_shot_done",
                 group=group,
@@ -116,7 +113,6 @@ class SparkQueries:
                 seconds=round(time.monotonic() - started, 3),
             )
             return table
-        raise AssertionError("unreachable")  # the last attempt returns or raises
 
     def _answer(
         self,
