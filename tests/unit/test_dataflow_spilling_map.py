@@ -4,7 +4,9 @@ the views stay exactly what they are in memory."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -236,3 +238,48 @@ def test_a_map_filled_before_its_budget_splits_and_spills_when_attached() -> Non
     finally:
         spilling.release()
         budget.close()
+
+
+@contextlib.contextmanager
+def _two_entries_each(keys: list[Any]) -> Iterator[SpillingMap[list[int]]]:
+    """A map over a budget of 12 entries, buckets of 3, holding ``[2, 2]`` under each key."""
+    budget = StateBudget(12 * ENTRY)
+    spilling: SpillingMap[list[int]] = SpillingMap(_size, bucket_bytes=3 * ENTRY)
+    spilling.attach(budget)
+    try:
+        for key in keys:
+            bucket = spilling.bucket(key)
+            spilling.add(bucket, key, [2, 2], 2 * ENTRY)
+            spilling.settle()
+        assert dict(spilling.items()) == {key: [2, 2] for key in keys}
+        yield spilling
+    finally:
+        spilling.release()
+        budget.close()
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        # Python hashes -1 and -2 alike, and so tuples of them: no split can part these.
+        [(-1, "a"), (-2, "a")],
+        [-1, -2],
+        # Hashes sharing their low 30 bits: parted only past the bits a split may use.
+        [5, 5 + (1 << 30), 5 + (2 << 30)],
+    ],
+)
+def test_keys_no_split_can_part_share_a_growing_bucket(keys: list[Any]) -> None:
+    """Big entries under keys whose hashes agree on every bit a split may use: the bucket just
+    grows, instead of the directory doubling once per shared bit until memory runs out."""
+    with _two_entries_each(keys) as spilling:
+        assert len(spilling._directory) <= 1 << spilling_map.MAX_DEPTH
+        assert len({id(spilling.bucket(key)) for key in keys}) == 1
+
+
+def test_keys_parted_by_a_high_bit_split_as_far_as_it() -> None:
+    """Keys whose hashes first differ at bit 12 still split apart, the directory growing to
+    that depth only."""
+    keys = [7, 7 + (1 << 12)]
+    with _two_entries_each(keys) as spilling:
+        assert spilling.bucket(keys[0]) is not spilling.bucket(keys[1])
+        assert len(spilling._directory) == 1 << 13

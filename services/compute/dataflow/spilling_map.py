@@ -42,9 +42,14 @@ BUCKET_BYTES = 4096
 buckets keep a read of one spilled key small, but each costs a bucket object and its
 directory slots: at this size they are a few per cent of what they hold."""
 
-MAX_DEPTH = 48
-"""Hash bits a bucket may split on: past them its keys' hashes are equal, and the bucket just
-grows."""
+MAX_DEPTH = 22
+"""Hash bits a bucket may split on. Past them, or when its keys' hashes are equal on all the
+bits left to split on, a bucket just grows. The directory has a slot per combination of the
+bits split on, so this bounds it (4M slots, 32 MiB): two keys whose hashes share many low bits
+(in Python, -1 and -2 hash alike) would otherwise double it once per shared bit."""
+
+ORDER_BITS = 48
+"""Hash bits :func:`_bucket_order` sorts on (more than ``MAX_DEPTH``)."""
 
 _SPILL_BATCH = 256
 """Buckets examined per round when choosing what to spill."""
@@ -56,14 +61,23 @@ _REVERSED_16 = [int(f"{n:016b}"[::-1], 2) for n in range(1 << 16)]
 
 
 def _bucket_order(key: Any) -> int:
-    """The low ``MAX_DEPTH`` bits of the key's hash, reversed: sorted by this, the keys of any
-    one bucket are consecutive, at every depth."""
+    """The low ``ORDER_BITS`` bits of the key's hash, reversed: sorted by this, the keys of
+    any one bucket are consecutive, at every depth."""
     hashed = hash(key)
     return (
         _REVERSED_16[hashed & 0xFFFF] << 32
         | _REVERSED_16[(hashed >> 16) & 0xFFFF] << 16
         | _REVERSED_16[(hashed >> 32) & 0xFFFF]
     )
+
+
+def _differ_past(entries: Collection[Any], depth: int) -> bool:
+    """Whether the hashes of ``entries``' keys differ in some bit a split may still use (from
+    ``depth`` up to ``MAX_DEPTH``)."""
+    bits = ((1 << MAX_DEPTH) - 1) & ~((1 << depth) - 1)
+    keys = iter(entries)
+    first = hash(next(keys)) & bits
+    return any(hash(key) & bits != first for key in keys)
 
 
 class Bucket(Generic[V]):
@@ -288,6 +302,8 @@ class SpillingMap(Generic[V]):
             if bucket.bytes <= self._bucket_bytes or len(entries) < 2 or bucket.depth >= MAX_DEPTH:
                 continue
             depth = bucket.depth
+            if not _differ_past(entries, depth):
+                continue  # no split can part these keys: the bucket grows
             if (1 << depth) > self._mask:
                 self._directory = self._directory + self._directory
                 self._mask = len(self._directory) - 1
