@@ -1,10 +1,10 @@
 """What one gRPC interaction costs the caller's CPU, with nothing of Tidemark's around it:
 ``.venv/bin/python bench/grpc_floor.py``.
 
-The whole step of the parts path (``bench/steady_io.py``) makes three such interactions in the
-driver: a message on each of the two inputs' ``SubscribeParts`` streams, arriving after the
-driver sat idle, and one unary ``AppendParts`` that storage answers some milliseconds later;
-and it hands the engine call to a thread and back. This measures those shapes bare, against
+The whole step of the parts path (``bench/steady_io.py``) makes two such interactions in the
+driver: a message on the inputs' ``SubscribePartsJointly`` stream, arriving after the driver
+sat idle, and one unary ``AppendParts`` that storage answers some milliseconds later; and it
+hands the engine call to a thread and back. This measures those shapes bare, against
 an echo server in a process of its own (raw bytes, no protobuf), in the caller's process CPU
 (``getrusage``, all its threads, gRPC's own included):
 

@@ -11,10 +11,10 @@ ways alternating step by step, so both see the same load:
   as ``InputFollower`` does), deals them out (``SparkDataflow.step``), gets the tasks' output
   shares back, consolidates them and appends them (``OutputWriter.write``);
 - **parts** (after): as ``RunningDataflow._step_io`` does, ``InputFollower``s of both inputs
-  (``parts=True``) keep a ``SubscribeParts`` stream open and hold the part keys of each
-  interval; the driver takes them, deals them out (``SparkDataflow.step_io``: the tasks read
-  the part and write the output's parts), and commits the parts
-  (``OutputWriter.write_parts``). No output row comes back.
+  (``parts=True``), fed by one ``PartsFeed`` (a ``SubscribePartsJointly`` stream open over
+  both), hold the part keys of each interval; the driver takes them, deals them out
+  (``SparkDataflow.step_io``: the tasks read the part and write the output's parts), and
+  commits the parts (``OutputWriter.write_parts``). No output row comes back.
 
 The inputs' appends come from a process of their own (``--appender``, the same seeded
 workload), so that this process's CPU is the driver's alone. Per step: the wall time and the
@@ -69,7 +69,7 @@ from bench.compute_view import (  # noqa: E402
     view_plan,
 )
 from services.compute.dataflow import Dataflow  # noqa: E402
-from services.compute.inputs import InputFollower  # noqa: E402
+from services.compute.inputs import InputFollower, PartsFeed  # noqa: E402
 from services.compute.output import OutputWriter  # noqa: E402
 from services.compute.spark import ResidentCluster, SparkDataflow, spark_session  # noqa: E402
 from services.compute.spark.parts_source import s3_credentials  # noqa: E402
@@ -184,8 +184,8 @@ async def run(
                 InputFollower(client, pair.read, 0, arrived.set, snapshot=False, parts=True)
                 for pair in pairs.values()
             ]
-            for follower in followers:
-                follower.start()
+            feed = PartsFeed(client, followers, arrived.set)
+            feed.start()
 
             async def interval_held(upper: int) -> float:
                 """Waits until every follower holds the interval up to ``upper``; when."""
@@ -277,8 +277,7 @@ async def run(
                     await parts_step(upper, timed, "parts" + suffix)
                 if timed and not suffix:
                     task_cpu[way] += _task_cpu(cluster.task_pids) - before
-            for follower in followers:
-                await follower.stop()
+            await feed.stop()
             await appender.close()
             final = (await client.snapshot(output.read, upper - 1)).version()
             if final != {row: n for row, n in want.items() if n}:

@@ -10,12 +10,13 @@ carries the contents at ``as_of`` (at time ``as_of``) and every later update up 
 at its own time. A broken stream is resumed at the upper already seen (``as_of = upper - 1``
 without the snapshot), which the dataflow's read hold (at most its upper - 1) allows.
 
-A follower of ``parts`` (a dataflow whose resident tasks read storage themselves) follows
-``SubscribeParts`` instead, from after ``as_of``: it holds, instead of rows, the parts that
-hold each interval's updates, each with the window of times it counts for, and hands them
-over the same way (a part whose window a step boundary cuts is handed over in both steps,
-each with its side). ``read_rows`` reads an interval's rows after all, for a step whose part
-is gone from the blob store.
+A follower of ``parts`` (a dataflow whose resident tasks read storage themselves) holds,
+instead of rows, the parts that hold each interval's updates after ``as_of``, each with the
+window of times it counts for, and hands them over the same way (a part whose window a step
+boundary cuts is handed over in both steps, each with its side). ``read_rows`` reads an
+interval's rows after all, for a step whose part is gone from the blob store. A dataflow's
+parts followers are fed together by one ``PartsFeed`` over ``SubscribePartsJointly``: one
+message, and one waking of the driver, each time the least of the inputs' uppers moves.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import pyarrow as pa
 
 from services.compute.spark.spark_dataflow import PartWindow
 from tidemark.cdc import Progress
-from tidemark.clients.storage import Capability, StorageClient
+from tidemark.clients.storage import Capability, PartsInterval, StorageClient
 from tidemark.columnar import RowUpdate, frontier_bound, select_times, updates_from_table
 from tidemark.errors import Cancelled, TidemarkError, Unavailable
 from tidemark.logging import get_logger
@@ -80,6 +81,8 @@ class InputFollower:
         """Set when the stream failed for good (the capability was lost)."""
 
     def start(self) -> None:
+        """Follows the rows (a follower of ``parts`` is fed by a ``PartsFeed``)."""
+        assert not self.parts, "a parts follower is fed by a PartsFeed"
         self._task = asyncio.create_task(self._follow(), name=f"input-{self.collection_id}")
 
     async def stop(self) -> None:
@@ -125,7 +128,7 @@ class InputFollower:
         self.fallback_rows += len(rows)
         return rows
 
-    async def _read_snapshot(self) -> None:
+    async def read_snapshot(self) -> None:
         """The contents at ``as_of`` as rows at time ``as_of`` (a dataflow small enough to
         hydrate through this process, whose steps then go by parts); the parts follow from
         after ``as_of``."""
@@ -147,9 +150,6 @@ class InputFollower:
         return sum(table.num_rows for table in self._tables)
 
     async def _follow(self) -> None:
-        if self.parts:
-            await self._follow_parts()
-            return
         backoff = RESUBSCRIBE.backoffs()
         while True:
             if self.upper is None:
@@ -182,36 +182,83 @@ class InputFollower:
     def _resumable(self, error: TidemarkError) -> bool:
         """Whether a stream that ended with ``error`` is picked up again; otherwise the
         follower failed for good (the capability was lost) and says so."""
-        if isinstance(error, (Unavailable, Cancelled)):
-            log.info("input_stream_broken", collection=self.collection_id, error=error.message)
+        if resumable(error, self.collection_id):
             return True
-        log.warning("input_stream_failed", collection=self.collection_id, error=error.message)
-        self.error = error
-        self._on_change()
+        self.fail(error)
         return False
 
-    async def _follow_parts(self) -> None:
+    def fail(self, error: TidemarkError) -> None:
+        self.error = error
+        self._on_change()
+
+    def receive_parts(self, interval: PartsInterval) -> None:
+        """Holds ``interval``'s parts, each for the interval's window of times."""
+        upper = MAX_TIME if interval.upper is None else interval.upper
+        self.blob_url = interval.blob_url
+        self._windows.extend(
+            PartWindow(part.key, interval.lower, upper, part.bytes) for part in interval.parts
+        )
+        self.parts_received += len(interval.parts)
+        self.upper = upper
+
+
+def resumable(error: TidemarkError, collections: str) -> bool:
+    """Whether an input stream that ended with ``error`` is picked up again (it broke), or
+    failed for good (the capability was lost); logs which."""
+    if isinstance(error, (Unavailable, Cancelled)):
+        log.info("input_stream_broken", collection=collections, error=error.message)
+        return True
+    log.warning("input_stream_failed", collection=collections, error=error.message)
+    return False
+
+
+class PartsFeed:
+    """Feeds a dataflow's parts followers over one ``SubscribePartsJointly`` stream: each
+    message holds every input's intervals up to the new meet of their uppers, and wakes the
+    dataflow once. A follower that starts with the snapshot reads it first, as rows. A broken
+    stream is picked up again at the followers' upper (the same for all, once one message
+    came); one that fails for good fails every follower with its error."""
+
+    def __init__(
+        self, storage: StorageClient, followers: list[InputFollower], on_change: Callable[[], None]
+    ) -> None:
+        assert followers and all(f.parts for f in followers)
+        self.storage = storage
+        self.followers = followers
+        self._on_change = on_change
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._follow(), name="input-parts")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            await cancel_and_wait(self._task)
+
+    async def _follow(self) -> None:
         backoff = RESUBSCRIBE.backoffs()
+        collections = ",".join(f.collection_id for f in self.followers)
         while True:
-            as_of = self.as_of if self.upper is None else self.upper - 1
             try:
-                if self.upper is None and self.snapshot:
-                    await self._read_snapshot()
-                    continue
-                async for interval in self.storage.subscribe_parts(self.capability, as_of=as_of):
-                    upper = MAX_TIME if interval.upper is None else interval.upper
-                    self.blob_url = interval.blob_url
-                    self._windows.extend(
-                        PartWindow(part.key, interval.lower, upper, part.bytes)
-                        for part in interval.parts
-                    )
-                    self.parts_received += len(interval.parts)
-                    self.upper = upper
+                for follower in self.followers:
+                    if follower.upper is None and follower.snapshot:
+                        await follower.read_snapshot()
+                inputs = [
+                    (f.capability, f.as_of if f.upper is None else f.upper - 1)
+                    for f in self.followers
+                ]
+                async for joint in self.storage.subscribe_parts_jointly(inputs):
+                    for follower, intervals in zip(self.followers, joint.inputs, strict=True):
+                        for interval in intervals:
+                            follower.receive_parts(interval)
+                        follower.upper = MAX_TIME if joint.upper is None else joint.upper
                     self._on_change()
                     backoff = RESUBSCRIBE.backoffs()
-                    if interval.upper is None:
+                    if joint.upper is None:
                         return
             except TidemarkError as exc:
-                if not self._resumable(exc):
+                if not resumable(exc, collections):
+                    for follower in self.followers:
+                        follower.fail(exc)
                     return
             await backoff.sleep()

@@ -7,7 +7,8 @@ arrived in between (one step may span many times). Each step's output goes to th
 collection (``output.OutputWriter``), then to subscribers; only then does the dataflow's
 upper move, so an index peek never sees a time its collection output does not have yet. A
 dataflow that hydrates from parts (Spark) steps from parts too (``_step_io``): its followers
-hold part keys, its tasks read them and write the output's parts, and this commits them.
+hold part keys, fed together by one stream (``inputs.PartsFeed``), its tasks read them and
+write the output's parts, and this commits them.
 
 In the background it renews its capabilities' leases and moves its read holds up to
 ``upper - 1``: what a restart at the output's upper needs, and nothing older. At the same
@@ -28,7 +29,7 @@ from services.compute.changes import ChangeFeed, Step
 from services.compute.dataflow import Row, Update
 from services.compute.dataflow.work import StateSize
 from services.compute.engines import EngineDataflow
-from services.compute.inputs import MAX_TIME, InputFollower
+from services.compute.inputs import MAX_TIME, InputFollower, PartsFeed
 from services.compute.metrics import STEP_SECONDS
 from services.compute.output import OutputWriter, read_back
 from services.compute.spark.hydration import OutputTarget
@@ -139,6 +140,10 @@ class RunningDataflow:
             )
             for capability in inputs
         ]
+        self.parts_feed = (
+            PartsFeed(storage, self.followers, self._wake.set) if self.steps_from_parts else None
+        )
+        """Feeds the followers when they follow parts (all of them together)."""
         self._task: asyncio.Task[None] | None = None
 
     # -- description --------------------------------------------------------------------------
@@ -182,8 +187,7 @@ class RunningDataflow:
         capabilities (DropView), otherwise leaves the holds to expire (process shutdown)."""
         if self._task is not None:
             await cancel_and_wait(self._task)
-        for follower in self.followers:
-            await follower.stop()
+        await self._stop_following()
         self.feed.close(NotFound(f"dataflow {self.dataflow_id!r} was dropped"))
         if not release:
             return
@@ -229,8 +233,11 @@ class RunningDataflow:
             capabilities.append(self.writer.capability)
         self.engine.list_parts_with(self._list_parts)
         try:
-            for follower in self.followers:
-                follower.start()
+            if self.parts_feed is not None:
+                self.parts_feed.start()
+            else:
+                for follower in self.followers:
+                    follower.start()
             async with self.storage.keep_alive(capabilities, self.settings.renew_interval_s):
                 holds = asyncio.create_task(self._move_holds())
                 try:
@@ -246,8 +253,13 @@ class RunningDataflow:
             log.exception("dataflow_crashed", dataflow=self.dataflow_id)
             self._fail(Unavailable(f"{type(exc).__name__}: {exc}"))
         finally:
-            for follower in self.followers:
-                await follower.stop()
+            await self._stop_following()
+
+    async def _stop_following(self) -> None:
+        if self.parts_feed is not None:
+            await self.parts_feed.stop()
+        for follower in self.followers:
+            await follower.stop()
 
     # -- hydration and steps ------------------------------------------------------------------
 

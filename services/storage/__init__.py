@@ -9,7 +9,8 @@ Layout, from the bottom up:
 - ``batches``: Parquet blobs under never-reused keys, with a cache of decoded tables;
 - ``reads``: snapshots and time ranges read from one consistent set of batches;
 - ``watch``: pushing state changes to local subscribers; ``subscriptions``: SubscribeAt and
-  SubscribeParts;
+  SubscribeParts; ``joint_parts``: SubscribePartsJointly, several inputs' parts moving with
+  their meet;
 - ``shaping``: column projection and row filters;
 - ``compaction``, ``garbage``, ``maintenance``: the background work;
 - ``core``: every API call in Python terms; ``service``: its gRPC face; ``__main__``: the

@@ -10,14 +10,20 @@ import pyarrow as pa
 
 from services.storage import access
 from services.storage.core import StorageCore
+from services.storage.joint_parts import subscribe_jointly
 from services.storage.operations import short_id
 from services.storage.shards import Versioned
 from services.storage.state import CapabilityRecord, PartRef, StoredBatch
-from services.storage.subscriptions import MAX_MESSAGE_DATA_BYTES, PartsEvent, SubscribeSpec
+from services.storage.subscriptions import (
+    MAX_MESSAGE_DATA_BYTES,
+    Event,
+    PartsEvent,
+    SubscribeSpec,
+)
 from tidemark.cdc import Progress
 from tidemark.cdc.proto import frontier_from_proto, frontier_to_proto
 from tidemark.cdc.proto import to_proto as cdc_to_proto
-from tidemark.columnar import RelationSchema, from_ipc, slices, to_ipc
+from tidemark.columnar import RelationSchema, bound_frontier, from_ipc, slices, to_ipc
 from tidemark.errors import InvalidArgument
 from tidemark.frontier import Antichain, u64_frontier
 from tidemark.rpc import Service
@@ -304,21 +310,47 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
     async def SubscribeParts(
         self, request: storage_pb2.SubscribeRequest, context: Context
     ) -> AsyncIterator[storage_pb2.PartsInterval]:
+        async for event in await self._subscribe_parts(request):
+            assert isinstance(event, PartsEvent)
+            yield self._parts_interval(event)
+
+    async def SubscribePartsJointly(
+        self, request: storage_pb2.SubscribePartsJointlyRequest, context: Context
+    ) -> AsyncIterator[storage_pb2.JointPartsInterval]:
+        if not request.inputs:
+            raise InvalidArgument("a joint subscription names at least one input")
+        for item in request.inputs:
+            if item.options.HasField("stop_at"):
+                raise InvalidArgument("a joint subscription's inputs take no stop_at")
+        streams = [await self._subscribe_parts(item) for item in request.inputs]
+        async for event in subscribe_jointly(streams):
+            yield storage_pb2.JointPartsInterval(
+                lower=frontier_to_proto(u64_frontier(event.lower)),
+                upper=frontier_to_proto(bound_frontier(event.upper)),
+                inputs=[
+                    storage_pb2.InputPartsIntervals(
+                        intervals=[self._parts_interval(interval) for interval in intervals]
+                    )
+                    for intervals in event.inputs
+                ],
+            )
+
+    async def _subscribe_parts(self, request: storage_pb2.SubscribeRequest) -> AsyncIterator[Event]:
+        """A parts-only subscription, its access checked (it checks its request when first
+        iterated)."""
         ref = _ref(request)
         await self._check(ref.collection_id, access.check_read)
         spec = _subscribe_spec(request.options, parts_only=True)
-        grace_ms = self.core.settings.retired_grace_ms
-        async for event in self.core.subscribe(ref.collection_id, ref.id, spec):
-            assert isinstance(event, PartsEvent)
-            yield storage_pb2.PartsInterval(
-                lower=frontier_to_proto(u64_frontier(event.lower)),
-                upper=frontier_to_proto(
-                    u64_frontier() if event.upper is None else u64_frontier(event.upper)
-                ),
-                blob_url=self.core.blob_url,
-                parts=[batch_summary(b, part) for b in event.batches for part in b.parts],
-                retired_grace_ms=grace_ms,
-            )
+        return self.core.subscribe(ref.collection_id, ref.id, spec)
+
+    def _parts_interval(self, event: PartsEvent) -> storage_pb2.PartsInterval:
+        return storage_pb2.PartsInterval(
+            lower=frontier_to_proto(u64_frontier(event.lower)),
+            upper=frontier_to_proto(bound_frontier(event.upper)),
+            blob_url=self.core.blob_url,
+            parts=[batch_summary(b, part) for b in event.batches for part in b.parts],
+            retired_grace_ms=self.core.settings.retired_grace_ms,
+        )
 
     async def Snapshot(
         self, request: storage_pb2.SnapshotRequest, context: Context

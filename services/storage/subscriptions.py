@@ -35,7 +35,7 @@ from services.storage.shards import ShardStore
 from services.storage.state import CapabilityKind, ShardState, StoredBatch, frontier_text
 from services.storage.watch import ShardWatch
 from tidemark.cdc import Progress
-from tidemark.columnar import counts_by_time, frontier_bound, slices
+from tidemark.columnar import bound_frontier, counts_by_time, frontier_bound, slices
 from tidemark.errors import FailedPrecondition, InvalidArgument, PermissionDenied, TidemarkError
 from tidemark.frontier import Antichain, u64_frontier
 from tidemark.logging import get_logger
@@ -85,10 +85,6 @@ def _before(a: int | None, b: int | None) -> bool:
 
 def _earliest(a: int | None, b: int | None) -> int | None:
     return b if _before(b, a) else a
-
-
-def _frontier(bound: int | None) -> Antichain[int]:
-    return u64_frontier() if bound is None else u64_frontier(bound)
 
 
 class Subscriptions:
@@ -166,7 +162,7 @@ class Subscriptions:
                 for piece in slices(shaped, max_rows, MAX_MESSAGE_DATA_BYTES):
                     if piece.num_rows:
                         yield piece
-                yield Progress(u64_frontier(lower), _frontier(target), counts_by_time(shaped))
+                yield Progress(u64_frontier(lower), bound_frontier(target), counts_by_time(shaped))
                 started, sent = True, target
                 if target is None or target == stop:
                     return

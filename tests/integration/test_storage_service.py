@@ -27,9 +27,11 @@ from tests.support.storage import (
 )
 from tidemark.blob import open_blob
 from tidemark.cdc import CdcReader, Message, Progress, Updates, write_history
+from tidemark.cdc.proto import frontier_to_proto
 from tidemark.clients.storage import (
     CLOSED,
     Capability,
+    PartsInterval,
     StorageClient,
     row_filter,
     where,
@@ -54,6 +56,7 @@ from tidemark.frontier import u64_frontier
 from tidemark.lattice import U64
 from tidemark.retry import RetryPolicy
 from tidemark.rpc import call
+from tidemark.rpc.client import stream as stream_call
 from tidemark.updates import consolidate, read_updates
 from tidemark.v1 import common_pb2, storage_pb2
 
@@ -479,6 +482,91 @@ async def test_a_parts_subscription_names_the_parts_of_every_interval(
     assert sorted(updates_from_table(from_parquet(data))) == [((1, "a"), 3, -1), ((3, "c"), 3, 1)]
     with pytest.raises(PermissionDenied):
         await anext(client.subscribe_parts(pair.write))
+
+
+async def _read_window(interval: PartsInterval, lower: int, upper: int) -> list[Any]:
+    """The updates of ``interval``'s parts at times in ``[lower, upper)``, from the blob
+    store, as a reader of the parts keeps them."""
+    found = []
+    async with await open_blob(interval.blob_url) as blob:
+        for part in interval.parts:
+            data = await blob.get_existing(part.key)
+            found += [u for u in updates_from_table(from_parquet(data)) if lower <= u[1] < upper]
+    return found
+
+
+async def test_a_joint_parts_subscription_moves_with_the_inputs_meet(
+    client: StorageClient,
+) -> None:
+    left, right = await client.create(new_id(), SCHEMA), await client.create(new_id(), SCHEMA)
+    await client.append(left.write, [((1, "a"), 0, 1)], 1)
+    await client.append(right.write, [((2, "b"), 0, 1)], 1)
+    stream = client.subscribe_parts_jointly([(left.read, 0), (right.read, 0)])
+    # The left moves to 5 in two appends, the right to 3: one message, when the meet moves
+    # to 3; the left's second interval [3, 5) is cut there.
+    await client.append(left.write, [((3, "c"), 1, 1)], 3, expected_upper=1)
+    await client.append(left.write, [((4, "d"), 4, 1), ((1, "a"), 4, -1)], 5, expected_upper=3)
+    await client.append(right.write, [((5, "e"), 2, 1)], 3, expected_upper=1)
+    first = await asyncio.wait_for(anext(stream), 10)
+    assert (first.lower, first.upper) == (1, 3)
+    left_intervals, right_intervals = first.inputs
+    assert [(i.lower, i.upper) for i in left_intervals] == [(1, 3)]
+    assert [(i.lower, i.upper) for i in right_intervals] == [(1, 3)]
+    got_left = [u for i in left_intervals for u in await _read_window(i, i.lower, i.upper)]
+    assert got_left == [((3, "c"), 1, 1)]
+    assert await _read_window(right_intervals[0], 1, 3) == [((5, "e"), 2, 1)]
+    # The right catches up to 6: the meet moves to 5, with the left's cut side.
+    await client.append(right.write, [((6, "f"), 5, 1)], 6, expected_upper=3)
+    second = await asyncio.wait_for(anext(stream), 10)
+    assert (second.lower, second.upper) == (3, 5)
+    assert [(i.lower, i.upper) for i in second.inputs[0]] == [(3, 5)]
+    assert sorted(await _read_window(second.inputs[0][0], 3, 5)) == [
+        ((1, "a"), 4, -1),
+        ((4, "d"), 4, 1),
+    ]
+    assert [(i.lower, i.upper) for i in second.inputs[1]] == [(3, 5)]
+    assert await _read_window(second.inputs[1][0], 3, 5) == []
+    # A closed input counts as beyond every time: the meet is the right's upper.
+    await client.append(left.write, [], CLOSED, expected_upper=5)
+    third = await asyncio.wait_for(anext(stream), 10)
+    assert (third.lower, third.upper) == (5, 6)
+    assert [(i.lower, i.upper) for i in third.inputs[0]] == [(5, 6)]
+    assert await _read_window(third.inputs[1][0], 5, 6) == [((6, "f"), 5, 1)]
+    # Both closed: the last message's upper is empty, and the stream ends.
+    await client.append(right.write, [], CLOSED, expected_upper=6)
+    rest = [m async for m in stream]
+    assert [(m.lower, m.upper) for m in rest] == [(6, None)]
+    assert [[(i.lower, i.upper) for i in side] for side in rest[0].inputs] == [
+        [(6, None)],
+        [(6, None)],
+    ]
+
+
+async def test_a_joint_parts_subscription_refuses_what_one_input_would(
+    client: StorageClient,
+) -> None:
+    pair = await client.create(new_id(), SCHEMA)
+    await client.append(pair.write, [((1, "a"), 0, 1)], 2)
+    with pytest.raises(InvalidArgument, match="at least one input"):
+        await anext(client.subscribe_parts_jointly([]))
+    with pytest.raises(PermissionDenied):
+        await anext(client.subscribe_parts_jointly([(pair.read, 0), (pair.write, 0)]))
+    later = await client.downgrade(await client.clone(pair.read), 2)
+    with pytest.raises(FailedPrecondition, match=r"as_of 1 is before .* \{2\}"):
+        await anext(client.subscribe_parts_jointly([(pair.read, 0), (later, 1)]))
+    request = storage_pb2.SubscribePartsJointlyRequest(
+        inputs=[
+            storage_pb2.SubscribeRequest(
+                capability=pair.read.ref,
+                options=storage_pb2.SubscribeOptions(
+                    no_snapshot=True, stop_at=frontier_to_proto(u64_frontier(4))
+                ),
+            )
+        ]
+    )
+    with pytest.raises(InvalidArgument, match="no stop_at"):
+        async for _ in stream_call(client.stub.SubscribePartsJointly, request):
+            pass
 
 
 async def test_subscriber_is_pushed_appends_made_through_another_storage_process(

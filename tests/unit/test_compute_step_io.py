@@ -4,19 +4,29 @@ on the tasks."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, cast
 
 import pytest
 
 from services.compute.changes import ChangeFeed, Step
-from services.compute.inputs import InputFollower
+from services.compute.inputs import MAX_TIME, InputFollower, PartsFeed
 from services.compute.spark.spark_dataflow import PartWindow, _deal
-from tidemark.clients.storage import Capability, StorageClient
-from tidemark.errors import FailedPrecondition
+from tidemark.clients.storage import (
+    BatchInfo,
+    Capability,
+    JointPartsInterval,
+    PartsInterval,
+    StorageClient,
+)
+from tidemark.errors import FailedPrecondition, PermissionDenied, TidemarkError, Unavailable
+from tidemark.frontier import u64_frontier
 
 
 class _Capability:
-    collection_id = "u1"
+    def __init__(self, collection_id: str = "u1") -> None:
+        self.collection_id = collection_id
 
 
 def _follower(windows: list[PartWindow]) -> InputFollower:
@@ -118,3 +128,101 @@ async def test_a_follower_hears_only_live_steps_and_ended_listeners_hear_why() -
     assert live_from == 11
     feed.publish(Step(11, 12, []))
     assert await anext(later.steps()) == Step(11, 12, [])
+
+
+def _interval(lower: int, upper: int | None, *keys: str) -> PartsInterval:
+    frontier = u64_frontier(lower)
+    parts = [BatchInfo(key, frontier, frontier, frontier, 10, 100) for key in keys]
+    return PartsInterval(lower, upper, "file:///blobs", parts, 1000)
+
+
+class _JointStorage:
+    """``subscribe_parts_jointly`` answering each call with the next script: its messages,
+    then its ending error (``None``: the stream just ends)."""
+
+    def __init__(
+        self, scripts: list[tuple[list[JointPartsInterval], TidemarkError | None]]
+    ) -> None:
+        self.scripts = scripts
+        self.calls: list[list[tuple[str, int | None]]] = []
+
+    async def subscribe_parts_jointly(
+        self, inputs: Sequence[tuple[Capability, int | None]]
+    ) -> AsyncIterator[JointPartsInterval]:
+        self.calls.append([(c.collection_id, as_of) for c, as_of in inputs])
+        messages, error = self.scripts.pop(0)
+        for message in messages:
+            yield message
+        if error is not None:
+            raise error
+        await asyncio.Event().wait()  # open until stopped
+
+
+def _parts_followers(storage: _JointStorage, changes: list[int]) -> list[InputFollower]:
+    return [
+        InputFollower(
+            cast(StorageClient, storage),
+            cast(Capability, _Capability(cid)),
+            4,
+            lambda: changes.append(1),
+            snapshot=False,
+            parts=True,
+        )
+        for cid in ("u1", "u2")
+    ]
+
+
+async def test_one_joint_stream_feeds_every_parts_follower_and_resumes_at_their_upper() -> None:
+    storage = _JointStorage(
+        [
+            (
+                [
+                    JointPartsInterval(
+                        5, 7, [[_interval(5, 6, "a"), _interval(6, 7, "b")], [_interval(5, 7, "c")]]
+                    )
+                ],
+                Unavailable("storage restarted"),
+            ),
+            (
+                [
+                    JointPartsInterval(7, 9, [[_interval(7, 9, "d")], [_interval(7, 9, "e")]]),
+                    JointPartsInterval(9, None, [[_interval(9, None)], [_interval(9, None)]]),
+                ],
+                None,
+            ),
+        ]
+    )
+    changes: list[int] = []
+    followers = _parts_followers(storage, changes)
+    feed = PartsFeed(cast(StorageClient, storage), followers, lambda: changes.append(1))
+    feed.start()
+    await asyncio.wait_for(feed._task, 5)  # type: ignore[arg-type]
+    # From after as_of 4, then again from the upper both held when the stream broke.
+    assert storage.calls == [[("u1", 4), ("u2", 4)], [("u1", 6), ("u2", 6)]]
+    assert len(changes) == 3, "one waking per message, not per input"
+    assert [f.upper for f in followers] == [MAX_TIME, MAX_TIME]
+    assert followers[0].take_parts(8) == [
+        PartWindow("a", 5, 6, 100),
+        PartWindow("b", 6, 7, 100),
+        PartWindow("d", 7, 8, 100),
+    ]
+    assert followers[1].take_parts(MAX_TIME) == [
+        PartWindow("c", 5, 7, 100),
+        PartWindow("e", 7, 9, 100),
+    ]
+    assert [f.parts_received for f in followers] == [3, 2]
+    assert all(f.error is None and f.blob_url == "file:///blobs" for f in followers)
+    await feed.stop()
+
+
+async def test_a_joint_stream_that_fails_for_good_fails_every_follower() -> None:
+    lost = PermissionDenied("the read capability expired")
+    storage = _JointStorage([([], lost)])
+    changes: list[int] = []
+    followers = _parts_followers(storage, changes)
+    feed = PartsFeed(cast(StorageClient, storage), followers, lambda: changes.append(1))
+    feed.start()
+    await asyncio.wait_for(feed._task, 5)  # type: ignore[arg-type]
+    assert [f.error for f in followers] == [lost, lost]
+    assert changes, "the dataflow is woken to see the error"
+    await feed.stop()

@@ -212,6 +212,15 @@ class WrittenPart:
     bytes: int
 
 
+def _interval_bounds(
+    lower: common_pb2.Frontier, upper: common_pb2.Frontier
+) -> tuple[int, int | None]:
+    """An interval's bounds: ``lower`` is a time; ``upper`` ``None`` is no end (closed)."""
+    start = frontier_bound(frontier_from_proto(lower))
+    assert start is not None
+    return start, frontier_bound(frontier_from_proto(upper))
+
+
 @dataclass(frozen=True)
 class PartsInterval:
     """One interval of ``Storage.SubscribeParts``: the parts in the blob store at
@@ -226,14 +235,29 @@ class PartsInterval:
 
     @classmethod
     def from_proto(cls, proto: storage_pb2.PartsInterval) -> PartsInterval:
-        lower = frontier_bound(frontier_from_proto(proto.lower))
-        assert lower is not None
         return cls(
-            lower,
-            frontier_bound(frontier_from_proto(proto.upper)),
+            *_interval_bounds(proto.lower, proto.upper),
             proto.blob_url,
             [BatchInfo.from_proto(b) for b in proto.parts],
             proto.retired_grace_ms,
+        )
+
+
+@dataclass(frozen=True)
+class JointPartsInterval:
+    """One message of ``Storage.SubscribePartsJointly``: the inputs' meet moved from
+    ``lower`` to ``upper`` (``None``: every input is closed); ``inputs[i]`` holds the ``i``-th
+    input's intervals within it, in order."""
+
+    lower: int
+    upper: int | None
+    inputs: list[list[PartsInterval]]
+
+    @classmethod
+    def from_proto(cls, proto: storage_pb2.JointPartsInterval) -> JointPartsInterval:
+        return cls(
+            *_interval_bounds(proto.lower, proto.upper),
+            [[PartsInterval.from_proto(i) for i in item.intervals] for item in proto.inputs],
         )
 
 
@@ -712,6 +736,27 @@ class StorageClient(GrpcClient):
         request = storage_pb2.SubscribeRequest(capability=capability.ref, options=options)
         async for message in stream(self.stub.SubscribeParts, request, timeout=timeout):
             yield PartsInterval.from_proto(message)
+
+    async def subscribe_parts_jointly(
+        self,
+        inputs: Sequence[tuple[Capability, int | None]],
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (the gRPC deadline, passed through)
+    ) -> AsyncIterator[JointPartsInterval]:
+        """``Storage.SubscribePartsJointly``: the parts of several inputs, each ``(capability,
+        as_of)`` as for :meth:`subscribe_parts`, in one message each time the least of their
+        uppers moves. Stop iterating to cancel it."""
+        requests = []
+        for capability, as_of in inputs:
+            options = storage_pb2.SubscribeOptions(no_snapshot=True)
+            if as_of is not None:
+                options.as_of = as_of
+            requests.append(
+                storage_pb2.SubscribeRequest(capability=capability.ref, options=options)
+            )
+        request = storage_pb2.SubscribePartsJointlyRequest(inputs=requests)
+        async for message in stream(self.stub.SubscribePartsJointly, request, timeout=timeout):
+            yield JointPartsInterval.from_proto(message)
 
     async def subscribe_arrow(
         self, capability: Capability, **options: Any

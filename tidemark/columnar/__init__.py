@@ -24,6 +24,7 @@ from tidemark.columnar.schema import (
 from tidemark.columnar.updates import (
     advance_by,
     advance_times,
+    bound_frontier,
     concat,
     conform,
     consolidate,
@@ -48,6 +49,7 @@ __all__ = [
     "RowUpdate",
     "advance_by",
     "advance_times",
+    "bound_frontier",
     "concat",
     "conform",
     "consolidate",

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from tidemark.columnar.schema import DIFF_COLUMN, TIME_COLUMN, TIME_TYPE, RelationSchema
 from tidemark.errors import InvalidArgument
-from tidemark.frontier import Antichain
+from tidemark.frontier import Antichain, u64_frontier
 
 
 def data_columns(table: pa.Table) -> list[str]:
@@ -279,6 +279,12 @@ def frontier_bound(frontier: Antichain[int]) -> int | None:
     if len(elements) > 1:
         raise InvalidArgument(f"a u64 frontier has at most one element, got {frontier!r}")
     return elements[0] if elements else None
+
+
+def bound_frontier(bound: int | None) -> Antichain[int]:
+    """The u64 frontier ``{bound}``, or ``{}`` for ``None`` (the inverse of
+    ``frontier_bound``)."""
+    return u64_frontier() if bound is None else u64_frontier(bound)
 
 
 def advance_times(table: pa.Table, since: Antichain[int]) -> pa.Table:

@@ -1,0 +1,171 @@
+"""Several parts-only subscriptions followed as one (``joint_parts.subscribe_jointly``),
+checked against the intervals each input sent, cut by an independent reckoning of the meet."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any, cast
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.storage.joint_parts import JointPartsEvent, cut, subscribe_jointly
+from services.storage.subscriptions import Event, PartsEvent
+from tidemark.errors import FailedPrecondition
+
+Interval = tuple[int, int | None, str]
+"""An input's interval as its own subscription sends it: lower, upper, the part it names."""
+
+
+def _event(lower: int, upper: int | None, part: str) -> PartsEvent:
+    return PartsEvent(lower, upper, cast(Any, (part,)))
+
+
+def _plain(events: tuple[PartsEvent, ...]) -> list[Interval]:
+    return [(e.lower, e.upper, cast(Any, e.batches)[0]) for e in events]
+
+
+class _Released:
+    """Input streams whose events the test lets through one at a time."""
+
+    def __init__(self, count: int) -> None:
+        self.queues: list[asyncio.Queue[PartsEvent | Exception]] = [
+            asyncio.Queue() for _ in range(count)
+        ]
+        self.closed = [False] * count
+
+    async def stream(self, index: int) -> AsyncIterator[Event]:
+        try:
+            while True:
+                item = await self.queues[index].get()
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+                if item.upper is None:
+                    return
+        finally:
+            self.closed[index] = True
+
+
+async def _settle() -> None:
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+def test_cut_splits_an_interval_the_time_falls_inside() -> None:
+    intervals = [_event(1, 3, "a"), _event(3, 8, "b"), _event(8, None, "c")]
+    before, after = cut(intervals, 5)
+    assert _plain(tuple(before)) == [(1, 3, "a"), (3, 5, "b")]
+    assert _plain(tuple(after)) == [(5, 8, "b"), (8, None, "c")]
+    before, after = cut(intervals, None)
+    assert _plain(tuple(before)) == _plain(tuple(intervals)) and after == []
+    before, after = cut(intervals, 3)
+    assert _plain(tuple(before)) == [(1, 3, "a")]
+
+
+@st.composite
+def _histories(draw: st.DrawFn) -> tuple[list[list[Interval]], list[int]]:
+    """Each input's intervals (consecutive, from its own start, maybe ending closed), and an
+    order in which their events arrive (each input's in its own order)."""
+    inputs = []
+    for i in range(draw(st.integers(1, 3))):
+        lower = draw(st.integers(1, 4))
+        intervals: list[Interval] = []
+        for j in range(draw(st.integers(1, 5))):
+            upper = lower + draw(st.integers(1, 4))
+            intervals.append((lower, upper, f"p{i}.{j}"))
+            lower = upper
+        if draw(st.booleans()):
+            intervals.append((lower, None, f"p{i}.end"))
+        inputs.append(intervals)
+    tickets = [i for i, intervals in enumerate(inputs) for _ in intervals]
+    order = draw(st.permutations(tickets))
+    return inputs, list(order)
+
+
+def _pieces(intervals: list[Interval], lower: int, upper: int | None) -> list[Interval]:
+    """The sides of ``intervals`` within ``[lower, upper)`` (``None``: no end)."""
+    far = float("inf")
+    out: list[Interval] = []
+    for start, end, part in intervals:
+        low = max(start, lower)
+        high = min(far if end is None else end, far if upper is None else upper)
+        if low < high:
+            out.append((low, None if high == far else int(high), part))
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(_histories())
+def test_the_joint_stream_moves_once_per_move_of_the_meet_with_each_inputs_sides(
+    history: tuple[list[list[Interval]], list[int]],
+) -> None:
+    inputs, order = history
+
+    async def run() -> tuple[list[JointPartsEvent], list[int | None]]:
+        released = _Released(len(inputs))
+        joint = subscribe_jointly([released.stream(i) for i in range(len(inputs))])
+        received: list[JointPartsEvent] = []
+
+        async def consume() -> None:
+            async for event in joint:
+                received.append(event)
+
+        consumer = asyncio.create_task(consume())
+        # The meet as the test reckons it after each arrival, with inputs not yet heard
+        # from holding it back.
+        meets: list[int | None] = []
+        uppers: list[int | str | None] = ["unheard"] * len(inputs)
+        sent = [0] * len(inputs)
+        for index in order:
+            start, end, part = inputs[index][sent[index]]
+            sent[index] += 1
+            released.queues[index].put_nowait(_event(start, end, part))
+            uppers[index] = end
+            await _settle()
+            if "unheard" not in uppers:
+                finite = [u for u in uppers if isinstance(u, int)]
+                meet = min(finite) if finite else None
+                if not meets or meets[-1] != meet:
+                    meets.append(meet)
+        if all(intervals[-1][1] is None for intervals in inputs):
+            await asyncio.wait_for(consumer, 5)
+        else:
+            consumer.cancel()
+            await asyncio.gather(consumer, return_exceptions=True)
+            await joint.aclose()
+        assert all(released.closed), "every input's subscription ends with the joint one"
+        return received, meets
+
+    received, meets = asyncio.run(run())
+    first = min(intervals[0][0] for intervals in inputs)
+    # A first message once every input has spoken, then one per move of the meet, in
+    # order, back to back.
+    assert [event.upper for event in received] == meets
+    lowers = [first] + [cast(int, event.upper) for event in received[:-1]]
+    assert [event.lower for event in received] == lowers
+    for event in received:
+        for index, intervals in enumerate(inputs):
+            assert _plain(event.inputs[index]) == _pieces(intervals, event.lower, event.upper)
+
+
+async def _failing_after_one(released: _Released) -> list[JointPartsEvent]:
+    joint = subscribe_jointly([released.stream(0), released.stream(1)])
+    released.queues[0].put_nowait(_event(1, 3, "a"))
+    released.queues[1].put_nowait(_event(1, 2, "b"))
+    first = await anext(joint)
+    released.queues[1].put_nowait(FailedPrecondition("capability lost"))
+    released.queues[0].put_nowait(_event(3, 4, "c"))
+    try:
+        return [first, await anext(joint)]
+    finally:
+        await joint.aclose()
+
+
+def test_an_inputs_failure_ends_the_joint_stream_and_closes_the_others() -> None:
+    released = _Released(2)
+    with pytest.raises(FailedPrecondition, match="capability lost"):
+        asyncio.run(_failing_after_one(released))
+    assert released.closed == [True, True]
