@@ -31,7 +31,7 @@ from services.compute.spark.spark_dataflow import PartWindow
 from tidemark.cdc import Progress
 from tidemark.clients.storage import Capability, PartsInterval, StorageClient
 from tidemark.columnar import RowUpdate, frontier_bound, select_times, updates_from_table
-from tidemark.errors import Cancelled, TidemarkError, Unavailable
+from tidemark.errors import Cancelled, Internal, TidemarkError, Unavailable
 from tidemark.logging import get_logger
 from tidemark.retry import RetryPolicy
 from tidemark.tasks import cancel_and_wait
@@ -248,10 +248,18 @@ class PartsFeed:
                     for f in self.followers
                 ]
                 async for joint in self.storage.subscribe_parts_jointly(inputs):
+                    if len(joint.inputs) != len(self.followers):
+                        raise Internal(
+                            f"a joint parts message for {len(joint.inputs)} inputs, "
+                            f"not {len(self.followers)}"
+                        )
                     for follower, intervals in zip(self.followers, joint.inputs, strict=True):
                         for interval in intervals:
                             follower.receive_parts(interval)
-                        follower.upper = MAX_TIME if joint.upper is None else joint.upper
+                        # Every input has passed the meet; one that starts later has also
+                        # passed its own start (so it resumes there, not before).
+                        upper = MAX_TIME if joint.upper is None else joint.upper
+                        follower.upper = max(upper, follower.as_of + 1)
                     self._on_change()
                     backoff = RESUBSCRIBE.backoffs()
                     if joint.upper is None:

@@ -7,7 +7,7 @@ step, as their uppers move one after the other. ``subscribe_jointly`` merges the
 of their uppers moves (and a first one once every input has spoken, as each input's first
 one says it passed its starting time): every input's intervals up to it, the last cut at it
 (its later side goes with a later event). A waking costs the driver about as much CPU as a
-small step's own work, so this halves what following two inputs costs it.
+small step's own work: with two inputs, this cut what following them costs it by a quarter.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from services.storage.subscriptions import Event, PartsEvent
+from tidemark.errors import Internal
 from tidemark.tasks import cancel_and_wait
 
 
@@ -57,22 +58,68 @@ def cut(
 
 _ENDED = object()
 
+MAX_BATCHES_PER_MESSAGE = 10_000
+"""A move of the meet naming more batches than this (an input's upper stalled while the
+others moved on) goes out as several messages, split where the inputs' intervals end: a
+message stays far below gRPC's size limit however long the stall."""
+
+
+def _batches_before(held: Sequence[Sequence[PartsEvent]], bound: int | None) -> int:
+    return sum(
+        len(interval.batches)
+        for intervals in held
+        for interval in intervals
+        if bound is None or interval.lower < bound
+    )
+
+
+def _next_bound(
+    held: Sequence[Sequence[PartsEvent]], lower: int, meet: int | None, most: int
+) -> int | None:
+    """Where the next message of the move from ``lower`` to ``meet`` ends: the meet, or the
+    furthest end of an interval before it whose message names at most ``most`` batches
+    (at least the first such end, however many it names)."""
+    if _batches_before(held, meet) <= most:
+        return meet
+    ends = sorted(
+        {
+            interval.upper
+            for intervals in held
+            for interval in intervals
+            if interval.upper is not None
+            and interval.upper > lower
+            and (meet is None or interval.upper < meet)
+        }
+    )
+    chosen = ends[0] if ends else meet
+    for end in ends[1:]:
+        if _batches_before(held, end) > most:
+            break
+        chosen = end
+    return chosen
+
 
 async def subscribe_jointly(
-    streams: Sequence[AsyncIterator[Event]],
+    streams: Sequence[AsyncIterator[Event]], *, max_batches: int = MAX_BATCHES_PER_MESSAGE
 ) -> AsyncGenerator[JointPartsEvent, None]:
     """The parts-only subscriptions ``streams`` followed together (see the module). An
     error of any of them ends this with it, before anything of the time it failed at is
-    sent; ending early closes them all."""
+    sent; ending early closes them all. Events that came while a message was being sent go
+    out together, in one message."""
     queue: asyncio.Queue[tuple[int, object]] = asyncio.Queue()
 
     async def pump(index: int, stream: AsyncIterator[Event]) -> None:
+        outcome: object = _ENDED
         try:
             async for event in stream:
                 queue.put_nowait((index, event))
-            queue.put_nowait((index, _ENDED))
         except Exception as exc:  # handed to the consumer, which raises it
-            queue.put_nowait((index, exc))
+            outcome = exc
+        except BaseException as exc:  # cancelled: the consumer must not wait for it
+            outcome = exc
+            raise
+        finally:
+            queue.put_nowait((index, outcome))
 
     pumps = [
         asyncio.create_task(pump(i, s), name=f"joint-parts-{i}") for i, s in enumerate(streams)
@@ -84,19 +131,22 @@ async def subscribe_jointly(
     sent = False
     try:
         while True:
-            index, item = await queue.get()
-            if isinstance(item, Exception):
-                raise item
-            if item is _ENDED:
-                if uppers[index] is not None:  # ended without closing: nothing more comes
-                    raise RuntimeError(f"input {index}'s subscription ended before its close")
-                continue
-            assert isinstance(item, PartsEvent)
-            held[index].append(item)
-            uppers[index] = item.upper
-            if not heard[index]:
-                heard[index] = True
-                lower = item.lower if lower is None else min(lower, item.lower)
+            arrived = [await queue.get()]
+            while not queue.empty():
+                arrived.append(queue.get_nowait())
+            for index, item in arrived:
+                if isinstance(item, BaseException):
+                    raise item
+                if item is _ENDED:
+                    if uppers[index] is not None:  # ended without closing: nothing more comes
+                        raise Internal(f"input {index}'s subscription ended before it closed")
+                    continue
+                assert isinstance(item, PartsEvent)
+                held[index].append(item)
+                uppers[index] = item.upper
+                if not heard[index]:
+                    heard[index] = True
+                    lower = item.lower if lower is None else min(lower, item.lower)
             if not all(heard):
                 continue
             meet = min((u for u in uppers if u is not None), default=None)
@@ -106,14 +156,17 @@ async def subscribe_jointly(
             if sent and meet is not None and meet <= lower:
                 continue
             sent = True
-            taken = []
-            for i, intervals in enumerate(held):
-                before, held[i] = cut(intervals, meet)
-                taken.append(tuple(before))
-            yield JointPartsEvent(lower, meet, tuple(taken))
-            if meet is None:
-                return
-            lower = meet
+            while True:
+                bound = _next_bound(held, lower, meet, max_batches)
+                taken = []
+                for i, intervals in enumerate(held):
+                    before, held[i] = cut(intervals, bound)
+                    taken.append(tuple(before))
+                yield JointPartsEvent(lower, bound, tuple(taken))
+                if bound is None:
+                    return
+                lower = bound
+                if bound == meet:
+                    break
     finally:
-        for task in pumps:
-            await cancel_and_wait(task)
+        await cancel_and_wait(*pumps)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import grpc.aio
@@ -323,17 +324,19 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
             if item.options.HasField("stop_at"):
                 raise InvalidArgument("a joint subscription's inputs take no stop_at")
         streams = [await self._subscribe_parts(item) for item in request.inputs]
-        async for event in subscribe_jointly(streams):
-            yield storage_pb2.JointPartsInterval(
-                lower=frontier_to_proto(u64_frontier(event.lower)),
-                upper=frontier_to_proto(bound_frontier(event.upper)),
-                inputs=[
-                    storage_pb2.InputPartsIntervals(
-                        intervals=[self._parts_interval(interval) for interval in intervals]
-                    )
-                    for intervals in event.inputs
-                ],
-            )
+        # Closed here, when the call ends, rather than by the garbage collector later.
+        async with contextlib.aclosing(subscribe_jointly(streams)) as events:
+            async for event in events:
+                yield storage_pb2.JointPartsInterval(
+                    lower=frontier_to_proto(u64_frontier(event.lower)),
+                    upper=frontier_to_proto(bound_frontier(event.upper)),
+                    inputs=[
+                        storage_pb2.InputPartsIntervals(
+                            intervals=[self._parts_interval(interval) for interval in intervals]
+                        )
+                        for intervals in event.inputs
+                    ],
+                )
 
     async def _subscribe_parts(self, request: storage_pb2.SubscribeRequest) -> AsyncIterator[Event]:
         """A parts-only subscription, its access checked (it checks its request when first

@@ -158,17 +158,19 @@ class _JointStorage:
         await asyncio.Event().wait()  # open until stopped
 
 
-def _parts_followers(storage: _JointStorage, changes: list[int]) -> list[InputFollower]:
+def _parts_followers(
+    storage: _JointStorage, changes: list[int], as_ofs: tuple[int, int] = (4, 4)
+) -> list[InputFollower]:
     return [
         InputFollower(
             cast(StorageClient, storage),
             cast(Capability, _Capability(cid)),
-            4,
+            as_of,
             lambda: changes.append(1),
             snapshot=False,
             parts=True,
         )
-        for cid in ("u1", "u2")
+        for cid, as_of in zip(("u1", "u2"), as_ofs, strict=True)
     ]
 
 
@@ -225,4 +227,36 @@ async def test_a_joint_stream_that_fails_for_good_fails_every_follower() -> None
     await asyncio.wait_for(feed._task, 5)  # type: ignore[arg-type]
     assert [f.error for f in followers] == [lost, lost]
     assert changes, "the dataflow is woken to see the error"
+    await feed.stop()
+
+
+async def test_an_input_that_starts_later_resumes_at_its_own_start() -> None:
+    # u2 starts at 10: the first message moves the meet to 5 only (u1's upper).
+    storage = _JointStorage(
+        [
+            (
+                [JointPartsInterval(5, 5, [[_interval(5, 5)], [_interval(11, 11)]])],
+                Unavailable("storage restarted"),
+            ),
+            ([JointPartsInterval(5, None, [[_interval(5, None)], [_interval(11, None)]])], None),
+        ]
+    )
+    changes: list[int] = []
+    followers = _parts_followers(storage, changes, as_ofs=(4, 10))
+    feed = PartsFeed(cast(StorageClient, storage), followers, lambda: changes.append(1))
+    feed.start()
+    await asyncio.wait_for(feed._task, 5)  # type: ignore[arg-type]
+    assert storage.calls == [[("u1", 4), ("u2", 10)], [("u1", 4), ("u2", 10)]]
+    await feed.stop()
+
+
+async def test_a_joint_message_for_another_number_of_inputs_fails_the_followers() -> None:
+    storage = _JointStorage([([JointPartsInterval(5, 6, [[_interval(5, 6, "a")]])], None)])
+    changes: list[int] = []
+    followers = _parts_followers(storage, changes)
+    feed = PartsFeed(cast(StorageClient, storage), followers, lambda: changes.append(1))
+    feed.start()
+    await asyncio.wait_for(feed._task, 5)  # type: ignore[arg-type]
+    assert all(f.error is not None and "for 1 inputs, not 2" in f.error.message for f in followers)
+    assert followers[0].take_parts(MAX_TIME) == []
     await feed.stop()

@@ -11,7 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.storage.joint_parts import JointPartsEvent, cut, subscribe_jointly
+from services.storage.joint_parts import (
+    MAX_BATCHES_PER_MESSAGE,
+    JointPartsEvent,
+    cut,
+    subscribe_jointly,
+)
 from services.storage.subscriptions import Event, PartsEvent
 from tidemark.errors import FailedPrecondition
 
@@ -97,16 +102,17 @@ def _pieces(intervals: list[Interval], lower: int, upper: int | None) -> list[In
     return out
 
 
-@settings(max_examples=150, deadline=None)
-@given(_histories())
-def test_the_joint_stream_moves_once_per_move_of_the_meet_with_each_inputs_sides(
-    history: tuple[list[list[Interval]], list[int]],
-) -> None:
-    inputs, order = history
+def _joint_run(
+    inputs: list[list[Interval]], order: list[int], max_batches: int
+) -> tuple[list[JointPartsEvent], list[int | None]]:
+    """The joint stream's messages as each input's events arrive in ``order``, one at a time,
+    and the meets the test reckons along the way."""
 
     async def run() -> tuple[list[JointPartsEvent], list[int | None]]:
         released = _Released(len(inputs))
-        joint = subscribe_jointly([released.stream(i) for i in range(len(inputs))])
+        joint = subscribe_jointly(
+            [released.stream(i) for i in range(len(inputs))], max_batches=max_batches
+        )
         received: list[JointPartsEvent] = []
 
         async def consume() -> None:
@@ -114,8 +120,6 @@ def test_the_joint_stream_moves_once_per_move_of_the_meet_with_each_inputs_sides
                 received.append(event)
 
         consumer = asyncio.create_task(consume())
-        # The meet as the test reckons it after each arrival, with inputs not yet heard
-        # from holding it back.
         meets: list[int | None] = []
         uppers: list[int | str | None] = ["unheard"] * len(inputs)
         sent = [0] * len(inputs)
@@ -139,7 +143,16 @@ def test_the_joint_stream_moves_once_per_move_of_the_meet_with_each_inputs_sides
         assert all(released.closed), "every input's subscription ends with the joint one"
         return received, meets
 
-    received, meets = asyncio.run(run())
+    return asyncio.run(run())
+
+
+@settings(max_examples=150, deadline=None)
+@given(_histories())
+def test_the_joint_stream_moves_once_per_move_of_the_meet_with_each_inputs_sides(
+    history: tuple[list[list[Interval]], list[int]],
+) -> None:
+    inputs, order = history
+    received, meets = _joint_run(inputs, order, MAX_BATCHES_PER_MESSAGE)
     first = min(intervals[0][0] for intervals in inputs)
     # A first message once every input has spoken, then one per move of the meet, in
     # order, back to back.
@@ -149,6 +162,49 @@ def test_the_joint_stream_moves_once_per_move_of_the_meet_with_each_inputs_sides
     for event in received:
         for index, intervals in enumerate(inputs):
             assert _plain(event.inputs[index]) == _pieces(intervals, event.lower, event.upper)
+
+
+@settings(max_examples=100, deadline=None)
+@given(_histories())
+def test_a_move_naming_many_parts_goes_out_in_pieces_ending_where_intervals_end(
+    history: tuple[list[list[Interval]], list[int]],
+) -> None:
+    inputs, order = history
+    received, meets = _joint_run(inputs, order, max_batches=2)
+    first = min(intervals[0][0] for intervals in inputs)
+    assert [event.lower for event in received] == [first] + [
+        cast(int, event.upper) for event in received[:-1]
+    ]
+    assert set(meets) <= {event.upper for event in received}, "every meet is a message's end"
+    ends = {end for intervals in inputs for _, end, _ in intervals if end is not None}
+    for event in received:
+        for index, intervals in enumerate(inputs):
+            assert _plain(event.inputs[index]) == _pieces(intervals, event.lower, event.upper)
+        named = sum(len(pieces) for pieces in event.inputs)
+        inside = {
+            end for end in ends if end > event.lower and (event.upper is None or end < event.upper)
+        }
+        assert named <= 2 or not inside, "a bigger message spans no interval's end"
+
+
+async def test_events_that_came_while_a_message_was_out_go_in_one_message() -> None:
+    released = _Released(2)
+    joint = subscribe_jointly([released.stream(0), released.stream(1)])
+    released.queues[0].put_nowait(_event(1, 3, "a"))
+    released.queues[1].put_nowait(_event(1, 2, "b"))
+    first = await anext(joint)
+    assert (first.lower, first.upper) == (1, 2)
+    # Three more arrive before the reader asks again: one message, to the newest meet.
+    released.queues[0].put_nowait(_event(3, 5, "c"))
+    released.queues[1].put_nowait(_event(2, 4, "d"))
+    released.queues[1].put_nowait(_event(4, 6, "e"))
+    await _settle()
+    second = await anext(joint)
+    assert (second.lower, second.upper) == (2, 5)
+    assert _plain(second.inputs[0]) == [(2, 3, "a"), (3, 5, "c")]
+    assert _plain(second.inputs[1]) == [(2, 4, "d"), (4, 5, "e")]
+    await joint.aclose()
+    assert released.closed == [True, True]
 
 
 async def _failing_after_one(released: _Released) -> list[JointPartsEvent]:
