@@ -33,7 +33,10 @@ interactions cost bare on the same machine (``bench/grpc_floor.py``, ``grpc_floo
 ``--compare keyed`` runs the parts path both ways instead: with and without reading a
 step's big input part by key partition (``part_shares.keyed_sources``; without it each task
 decodes a run of the part's rows and routes them through the mesh), reported as
-``parts_path`` and ``parts_path_unkeyed``. Each run records the load average. The
+``parts_path`` and ``parts_path_unkeyed``. ``--compare commit`` runs the parts path with
+the commit sent as a message on the client's ``AppendStream`` (``parts_path``) and as an
+``AppendParts`` call of its own (``parts_path_unary_commit``). Each run records the load
+average. The
 output collection must equal the view evaluated in-process at the end, or the run stops.
 Writes ``bench/results/steady_io.json``.
 """
@@ -140,6 +143,9 @@ async def run(
         extra=("--lease-seconds", "600", "--retired-blob-grace", "600"),
     )
     client = StorageClient(storage.address, timeout=30.0)
+    # --compare commit: the other way commits through AppendParts calls (one per step)
+    # instead of messages on the AppendStream, on the same writer.
+    unary = StorageClient(storage.address, timeout=30.0, append_stream=False)
     spark = spark_session(min_slots=SHARDS + 4)
     workload = Workload(orders)
     plan = view_plan("u101", "u102")
@@ -265,6 +271,9 @@ async def run(
                 if compare == "keyed":
                     dataflow._keyed_sources = keyed if way == "parts" else frozenset()
                     await parts_step(upper, timed, way + suffix)
+                elif compare == "commit":
+                    writer.storage = client if way == "parts" else unary
+                    await parts_step(upper, timed, way + suffix)
                 elif way == "rows":
                     appender.send()
                     # The followers' part keys of this step are the rows path's to ignore.
@@ -283,7 +292,9 @@ async def run(
             if final != {row: n for row, n in want.items() if n}:
                 raise SystemExit("the output collection is not the view: the run is worthless")
             dataflow.drop()
-        other = "parts_path_unkeyed" if compare == "keyed" else "rows_path"
+        other = {"keyed": "parts_path_unkeyed", "commit": "parts_path_unary_commit"}.get(
+            compare, "rows_path"
+        )
         return {
             "orders": orders,
             "steps_each": steps,
@@ -295,7 +306,7 @@ async def run(
                 "tasks_cpu_ms_per_step": round(task_cpu["rows"] / steps * 1000, 2),
                 **(
                     {"driver_cpu_ms_per_step_by_part": _by_part(shares["rows"])}
-                    if compare == "keyed"
+                    if compare != "rows"
                     else {}
                 ),
             },
@@ -313,7 +324,7 @@ async def run(
                 )
                 if small_steps  # --small-steps 0: none timed
             },
-            "step_latency_" + ("parts_unkeyed" if compare == "keyed" else "rows"): Latency.of(
+            "step_latency_" + other.replace("_path", ""): Latency.of(
                 timers["rows"][0].wall
             ).__dict__,
             "step_latency_parts": Latency.of(timers["parts"][0].wall).__dict__,
@@ -321,6 +332,7 @@ async def run(
         }
     finally:
         await client.close()
+        await unary.close()
         storage.kill()
 
 
@@ -417,9 +429,10 @@ def main() -> None:
     parser.add_argument("--small-steps", type=int, default=60, help="1-update steps, each way")
     parser.add_argument(
         "--compare",
-        choices=("rows", "keyed"),
+        choices=("rows", "keyed", "commit"),
         default="rows",
-        help="the other way: the rows path, or the parts path without reading by key",
+        help="the other way: the rows path, the parts path without reading by key, or the "
+        "parts path committing through AppendParts calls",
     )
     args = parser.parse_args()
     # The bare cost of the step's interactions on this machine, to print next to its split

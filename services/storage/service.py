@@ -220,7 +220,13 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
         async def answer(
             message: storage_pb2.AppendStreamRequest,
         ) -> storage_pb2.AppendStreamResponse:
-            appended = await self._append(message.append)
+            kind = message.WhichOneof("kind")
+            if kind == "append":
+                appended = await self._append(message.append)
+            elif kind == "append_parts":
+                appended = await self._append_parts(message.append_parts)
+            else:
+                raise InvalidArgument("an AppendStream message holds an append or append_parts")
             return storage_pb2.AppendStreamResponse(sequence=message.sequence, appended=appended)
 
         def failed(
@@ -275,6 +281,11 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
 
     async def AppendParts(
         self, request: storage_pb2.AppendPartsRequest, context: Context
+    ) -> storage_pb2.AppendResponse:
+        return await self._append_parts(request)
+
+    async def _append_parts(
+        self, request: storage_pb2.AppendPartsRequest
     ) -> storage_pb2.AppendResponse:
         ref = _ref(request)
         await self._check(ref.collection_id, access.check_write)

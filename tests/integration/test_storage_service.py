@@ -33,6 +33,7 @@ from tidemark.clients.storage import (
     Capability,
     PartsInterval,
     StorageClient,
+    WrittenPart,
     row_filter,
     where,
 )
@@ -43,6 +44,7 @@ from tidemark.columnar import (
     from_parquet,
     table_from_updates,
     to_ipc,
+    to_parquet,
     updates_from_table,
 )
 from tidemark.errors import (
@@ -54,6 +56,7 @@ from tidemark.errors import (
 )
 from tidemark.frontier import u64_frontier
 from tidemark.lattice import U64
+from tidemark.part_keys import new_part_key
 from tidemark.retry import RetryPolicy
 from tidemark.rpc import call
 from tidemark.rpc.client import stream as stream_call
@@ -567,6 +570,61 @@ async def test_a_joint_parts_subscription_refuses_what_one_input_would(
     with pytest.raises(InvalidArgument, match="no stop_at"):
         async for _ in stream_call(client.stub.SubscribePartsJointly, request):
             pass
+
+
+async def _put_part(blob_url: str, collection_id: str, updates: list[Any]) -> WrittenPart:
+    """A Parquet part of ``updates`` written to the blob store as a compute task writes
+    one: under a key storage would make, not committed."""
+    data = to_parquet(table_from_updates(SCHEMA, updates))
+    key = new_part_key(collection_id, int(time.time() * 1000))
+    async with await open_blob(blob_url) as blob:
+        await blob.put(key, data)
+    return WrittenPart(key, len(updates), len(data))
+
+
+async def test_parts_commit_over_the_append_stream_or_as_calls(
+    append_client: StorageClient,
+) -> None:
+    """``append_parts`` through either way keeps AppendParts' rules: a commit lands once (its
+    retry is recognised), a refused one changes nothing, and the stream goes on after it."""
+    client = append_client
+    cid = new_id()
+    pair = await client.create(cid, SCHEMA)
+    await client.append(pair.write, [((0, "z"), 0, 1)], 1)
+    blob_url = (await client.list_parts(pair.read, 0)).blob_url
+    first = await _put_part(blob_url, cid, [((1, "a"), 1, 1), ((2, "b"), 2, 1)])
+    landed = await client.append_parts(
+        pair.write, [first], 3, times=(1, 2), token="step-1", expected_upper=1
+    )
+    assert landed.upper == u64_frontier(3) and not landed.already_committed
+    again = await client.append_parts(
+        pair.write, [first], 3, times=(1, 2), token="step-1", expected_upper=1
+    )
+    assert again.already_committed and again.upper == u64_frontier(3)
+    second = await _put_part(blob_url, cid, [((1, "a"), 3, -1)])
+    with pytest.raises(FailedPrecondition):
+        await client.append_parts(pair.write, [second], 4, times=(3, 3), expected_upper=1)
+    with pytest.raises(InvalidArgument, match="lies outside"):
+        await client.append_parts(pair.write, [second], 4, times=(3, 5), expected_upper=3)
+    assert (await client.describe(cid)).upper == u64_frontier(3)
+    await client.append_parts(pair.write, [second], 4, times=(3, 3), expected_upper=3)
+    assert (await client.snapshot(pair.read, 3)).version() == {(0, "z"): 1, (2, "b"): 1}
+
+
+async def test_an_append_stream_message_without_an_append_is_refused(
+    client: StorageClient,
+) -> None:
+    request = storage_pb2.AppendStreamRequest(sequence=7)
+
+    async def requests() -> AsyncIterator[storage_pb2.AppendStreamRequest]:
+        yield request
+
+    call = client.stub.AppendStream(requests())
+    answer = await asyncio.wait_for(anext(aiter(call)), 10)
+    assert answer.sequence == 7 and answer.WhichOneof("result") == "error"
+    assert answer.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "an append or append_parts" in answer.error.message
+    call.cancel()
 
 
 async def test_subscriber_is_pushed_appends_made_through_another_storage_process(

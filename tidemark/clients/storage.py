@@ -396,8 +396,10 @@ def row_filter(*predicates: storage_pb2.ColumnPredicate) -> storage_pb2.RowFilte
 
 
 def _append_message(
-    sequence: int, request: storage_pb2.AppendRequest
+    sequence: int, request: storage_pb2.AppendRequest | storage_pb2.AppendPartsRequest
 ) -> storage_pb2.AppendStreamRequest:
+    if isinstance(request, storage_pb2.AppendPartsRequest):
+        return storage_pb2.AppendStreamRequest(sequence=sequence, append_parts=request)
     return storage_pb2.AppendStreamRequest(sequence=sequence, append=request)
 
 
@@ -422,8 +424,9 @@ class StorageClient(GrpcClient):
         append_stream: bool = True,
         tls: TlsSettings | None = None,
     ) -> None:
-        """``append_stream``: send appends as messages of one long-lived ``AppendStream``
-        call (cheaper per append), rather than as ``Append`` calls."""
+        """``append_stream``: send appends (of updates or of parts) as messages of one
+        long-lived ``AppendStream`` call (cheaper per append), rather than as ``Append`` and
+        ``AppendParts`` calls."""
         super().__init__(address, timeout=timeout, retry=retry, tls=tls)
         self.stub = storage_pb2_grpc.StorageStub(self.channel)
         self._schemas: dict[str, RelationSchema] = {}
@@ -579,7 +582,7 @@ class StorageClient(GrpcClient):
     ) -> AppendResult:
         """Append the updates in Parquet ``parts`` written to the blob store elsewhere (see
         ``Storage.AppendParts``), as one batch; ``times``: their least and greatest update
-        time (required with parts). Retried like :meth:`append_ipc`, under one token."""
+        time (required with parts). Sent and retried like :meth:`append_ipc`, under one token."""
         request = storage_pb2.AppendPartsRequest(
             capability=capability.ref,
             parts=[storage_pb2.BatchSummary(key=p.key, rows=p.rows, bytes=p.bytes) for p in parts],
@@ -590,9 +593,13 @@ class StorageClient(GrpcClient):
             request.least_time, request.greatest_time = times
         if expected_upper is not None:
             request.expected_upper.CopyFrom(frontier_to_proto(frontier(expected_upper)))
-        return await self._until_known(
-            lambda seconds: self._call(self.stub.AppendParts, request, seconds)
-        )
+
+        async def send(seconds: float) -> storage_pb2.AppendResponse:
+            if self.append_stream:
+                return await self._appends.call(request, seconds)
+            return await self._call(self.stub.AppendParts, request, seconds)
+
+        return await self._until_known(send)
 
     async def append_table(
         self,
