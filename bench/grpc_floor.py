@@ -3,14 +3,17 @@
 
 The whole step of the parts path (``bench/steady_io.py``) makes two such interactions in the
 driver: a message on the inputs' ``SubscribePartsJointly`` stream, arriving after the driver
-sat idle, and one unary ``AppendParts`` that storage answers some milliseconds later; and it
-hands the engine call to a thread and back. This measures those shapes bare, against
+sat idle, and the commit, a message on the writer's ``AppendStream`` that storage answers some
+milliseconds later (before, a unary ``AppendParts`` call); and it hands the engine call to a
+thread and back. This measures those shapes bare, against
 an echo server in a process of its own (raw bytes, no protobuf), in the caller's process CPU
 (``getrusage``, all its threads, gRPC's own included):
 
 - ``unary_at_once``: a unary call the server answers at once;
 - ``unary_answered_later``: one the server answers after ``DELAY_S`` (as storage's commit);
 - ``stream_message_after_idle``: a server-stream message sent ``DELAY_S`` after the last;
+- ``bidi_message_answered_later``: a message written on an open two-way stream and answered
+  on it ``DELAY_S`` later (as the commit on ``AppendStream``);
 - ``thread_handoff``: ``asyncio.to_thread`` of a call that sleeps ``DELAY_S`` (the engine
   call's hand-off, without its work).
 
@@ -47,6 +50,13 @@ async def _serve() -> None:
             await asyncio.sleep(delay)
         return b"x" * 64
 
+    async def echo(
+        requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[bytes, bytes]
+    ) -> AsyncIterator[bytes]:
+        async for request in requests:
+            await asyncio.sleep(float(request.decode()))
+            yield b"x" * 64
+
     async def messages(
         request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]
     ) -> AsyncIterator[bytes]:
@@ -60,6 +70,7 @@ async def _serve() -> None:
         {
             "Answer": grpc.unary_unary_rpc_method_handler(answer),
             "Messages": grpc.unary_stream_rpc_method_handler(messages),
+            "Echo": grpc.stream_stream_rpc_method_handler(echo),
         },
     )
     server = grpc.aio.server()
@@ -100,6 +111,14 @@ async def measure(calls: int = CALLS, delay: float = DELAY_S) -> dict[str, float
             async for _message in stream(f"{calls} {delay}".encode()):
                 pass
         result["stream_message_after_idle"] = round((_cpu() - started) / calls * 1000, 3)
+        two_way = channel.stream_stream(f"/{_SERVICE}/Echo", None, None)(None)
+
+        async def exchange() -> object:
+            await two_way.write(str(delay).encode())
+            return await two_way.read()
+
+        result["bidi_message_answered_later"] = await _per_call(exchange, calls)
+        await two_way.done_writing()
         result["thread_handoff"] = await _per_call(
             lambda: asyncio.to_thread(time.sleep, delay), calls
         )

@@ -143,9 +143,6 @@ async def run(
         extra=("--lease-seconds", "600", "--retired-blob-grace", "600"),
     )
     client = StorageClient(storage.address, timeout=30.0)
-    # --compare commit: the other way commits through AppendParts calls (one per step)
-    # instead of messages on the AppendStream, on the same writer.
-    unary = StorageClient(storage.address, timeout=30.0, append_stream=False)
     spark = spark_session(min_slots=SHARDS + 4)
     workload = Workload(orders)
     plan = view_plan("u101", "u102")
@@ -272,7 +269,9 @@ async def run(
                     dataflow._keyed_sources = keyed if way == "parts" else frozenset()
                     await parts_step(upper, timed, way + suffix)
                 elif compare == "commit":
-                    writer.storage = client if way == "parts" else unary
+                    # The other way commits through AppendParts calls (one per step) instead
+                    # of messages on the AppendStream: the same writer, client and channel.
+                    client.append_stream = way == "parts"
                     await parts_step(upper, timed, way + suffix)
                 elif way == "rows":
                     appender.send()
@@ -332,7 +331,6 @@ async def run(
         }
     finally:
         await client.close()
-        await unary.close()
         storage.kill()
 
 
