@@ -36,8 +36,8 @@ decodes a run of the part's rows and routes them through the mesh), reported as
 ``parts_path`` and ``parts_path_unkeyed``. ``--compare commit`` runs the parts path with
 the commit sent as a message on the client's ``AppendStream`` (``parts_path``) and as an
 ``AppendParts`` call of its own (``parts_path_unary_commit``). Each run records the load
-average. The
-output collection must equal the view evaluated in-process at the end, or the run stops.
+average. The output collection must equal the view evaluated in-process at the end, or the
+run stops.
 Writes ``bench/results/steady_io.json``.
 """
 

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 import grpc.aio
 import pyarrow as pa
@@ -395,6 +395,10 @@ def row_filter(*predicates: storage_pb2.ColumnPredicate) -> storage_pb2.RowFilte
 # -- the client -------------------------------------------------------------------------------
 
 
+# The requests the append stream carries (``AppendStreamRequest.kind``).
+AppendLike = TypeVar("AppendLike", storage_pb2.AppendRequest, storage_pb2.AppendPartsRequest)
+
+
 def _append_message(
     sequence: int, request: storage_pb2.AppendRequest | storage_pb2.AppendPartsRequest
 ) -> storage_pb2.AppendStreamRequest:
@@ -542,11 +546,20 @@ class StorageClient(GrpcClient):
         )
         if expected_upper is not None:
             request.expected_upper.CopyFrom(frontier_to_proto(frontier(expected_upper)))
+        return await self._append_until_known(request, self.stub.Append)
+
+    async def _append_until_known(
+        self,
+        request: AppendLike,
+        unary: grpc.aio.UnaryUnaryMultiCallable[AppendLike, storage_pb2.AppendResponse],
+    ) -> AppendResult:
+        """``request`` as a message on the append stream (as a ``unary`` call without
+        ``append_stream``), sent again while its outcome is unknown (``_until_known``)."""
 
         async def send(seconds: float) -> storage_pb2.AppendResponse:
             if self.append_stream:
                 return await self._appends.call(request, seconds)
-            return await self._call(self.stub.Append, request, seconds)
+            return await self._call(unary, request, seconds)
 
         return await self._until_known(send)
 
@@ -593,13 +606,7 @@ class StorageClient(GrpcClient):
             request.least_time, request.greatest_time = times
         if expected_upper is not None:
             request.expected_upper.CopyFrom(frontier_to_proto(frontier(expected_upper)))
-
-        async def send(seconds: float) -> storage_pb2.AppendResponse:
-            if self.append_stream:
-                return await self._appends.call(request, seconds)
-            return await self._call(self.stub.AppendParts, request, seconds)
-
-        return await self._until_known(send)
+        return await self._append_until_known(request, self.stub.AppendParts)
 
     async def append_table(
         self,
