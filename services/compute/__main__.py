@@ -60,6 +60,14 @@ class ComputeConfig(ServiceConfig):
         "following the catalog at the oracle's catalog read time",
         metavar="HOST:PORT",
     )
+    catalog_timeline: str = setting(
+        timelines.CATALOG, help="the oracle timeline of catalog times (the catalog's --timeline)"
+    )
+    data_timeline: str = setting(
+        timelines.DATA,
+        help="the oracle timeline of data times, where the cluster publishes the times its "
+        "dataflows wrote (the adapter's --data-timeline)",
+    )
     engine: str = setting(
         "spark",
         help="where operator state lives: resident Spark tasks, or this process (local; "
@@ -271,7 +279,7 @@ def catalog_controller(
     oracle = OracleClient(config.oracle, tls=config.tls())
 
     async def start_time() -> int:
-        return await oracle.read_ts(timelines.CATALOG)
+        return await oracle.read_ts(config.catalog_timeline)
 
     return CatalogController(
         cluster_name=config.cluster, catalog=catalog, host=host, start_time=start_time
@@ -296,7 +304,7 @@ async def main(config: ComputeConfig) -> None:
         data_oracle = OracleClient(config.oracle, tls=tls)
 
         async def publish_time(timestamp: int) -> None:
-            await data_oracle.apply_write(timelines.DATA, timestamp)
+            await data_oracle.apply_write(config.data_timeline, timestamp)
 
         host.publish_time = publish_time
     if isinstance(engine, SparkEngine):

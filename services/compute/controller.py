@@ -197,11 +197,17 @@ class CatalogController:
                 raise
             except FailedPrecondition as exc:
                 # The catalog compacted the time we meant to resume at: start over at the
-                # current time (its snapshot replaces the contents all the same).
+                # current time (its snapshot replaces the contents all the same). A current
+                # time already compacted means the oracle's timeline is not the catalog's.
+                self.follow_error = exc.message
+                if fresh:
+                    self.follow_error += (
+                        "; the oracle's catalog read time is older than the catalog's history: "
+                        "does this cluster read the oracle timeline the catalog writes?"
+                    )
                 failures += 1
                 fresh = True
-                self.follow_error = exc.message
-                self._log.warning("compute_catalog_resume_failed", error=exc.message)
+                self._log.warning("compute_catalog_resume_failed", error=self.follow_error)
             except Exception as exc:
                 failures += 1
                 fresh = self._contents.frontier == 0

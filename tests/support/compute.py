@@ -58,6 +58,8 @@ class Stack:
     compute_extra: tuple[str, ...] = ()
     compute_env: dict[str, str] = field(default_factory=dict)
     catalog_extra: tuple[str, ...] = ()
+    # The oracle timeline of the catalog's times (None: the catalog's default).
+    catalog_timeline: str | None = None
     computes: dict[str, ServiceProcess] = field(default_factory=dict)
 
     def compute_args(self, cluster: str) -> list[str]:
@@ -80,6 +82,8 @@ class Stack:
         ]
         if self.catalog is not None:
             args += ["--catalog", self.catalog.address, "--oracle", self.oracle.address]
+            if self.catalog_timeline is not None:
+                args += ["--catalog-timeline", self.catalog_timeline]
         return args
 
     def start_compute(self, cluster: str = "default", extra: Sequence[str] = ()) -> ServiceProcess:
@@ -105,6 +109,7 @@ class Stack:
             "services.oracle",
             ["--listen", "127.0.0.1:0", "--consensus-url", f"sqlite://{self.directory}/oracle.db"],
         )
+        self.catalog_timeline = timeline
         timeline_args = ["--timeline", timeline] if timeline else []
         self.catalog = ServiceProcess(
             "services.catalog",
@@ -133,9 +138,11 @@ def running_stack(
     compute_extra: Sequence[str] = (),
     compute_env: dict[str, str] | None = None,
     storage_extra: Sequence[str] = (),
+    catalog_extra: Sequence[str] = (),
 ) -> Iterator[Stack]:
     """Storage (+ oracle and catalog when ``catalog``) and one compute process per cluster,
-    all killed on exit. ``storage_extra`` overrides storage's settings."""
+    all killed on exit. ``storage_extra`` and ``catalog_extra`` override the settings of
+    storage and of the catalog."""
     storage = start_storage(embedded_backends(directory), extra=(*STORAGE_SETTINGS, *storage_extra))
     stack = Stack(
         directory,
@@ -144,6 +151,7 @@ def running_stack(
         spark_master=spark_master,
         compute_extra=tuple(compute_extra),
         compute_env=dict(compute_env or {}),
+        catalog_extra=tuple(catalog_extra),
     )
     try:
         if catalog:
