@@ -14,6 +14,9 @@ an echo server in a process of its own (raw bytes, no protobuf), in the caller's
 - ``stream_message_after_idle``: a server-stream message sent ``DELAY_S`` after the last;
 - ``bidi_message_answered_later``: a message written on an open two-way stream and answered
   on it ``DELAY_S`` later (as the commit on ``AppendStream``);
+- ``streamed_call_answered_later``: the same through ``tidemark.rpc.streamed_calls`` (how
+  ``StorageClient`` sends the commit on the stream: a writer task, a reader task, a future per
+  call and a deadline), so the difference to the line above is that layer's own cost;
 - ``thread_handoff``: ``asyncio.to_thread`` of a call that sleeps ``DELAY_S`` (the engine
   call's hand-off, without its work).
 
@@ -32,6 +35,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 import grpc.aio
+
+from tidemark.retry import RetryPolicy
+from tidemark.rpc.streamed_calls import StreamedCalls
 
 DELAY_S = 0.005
 CALLS = 300
@@ -54,8 +60,9 @@ async def _serve() -> None:
         requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[bytes, bytes]
     ) -> AsyncIterator[bytes]:
         async for request in requests:
-            await asyncio.sleep(float(request.decode()))
-            yield b"x" * 64
+            sequence, delay = request.decode().split()
+            await asyncio.sleep(float(delay))
+            yield sequence.encode().ljust(64)
 
     async def messages(
         request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]
@@ -79,6 +86,20 @@ async def _serve() -> None:
     await server.start()
     print(port, flush=True)
     await server.wait_for_termination()
+
+
+def _streamed_calls(
+    method: grpc.aio.StreamStreamMultiCallable[bytes, bytes],
+) -> StreamedCalls[str, bytes, bytes, bytes]:
+    """Tidemark's calls-as-stream-messages (``tidemark.rpc.streamed_calls``, as
+    ``StorageClient`` sends appends and commits) over the echo stream, raw bytes."""
+    return StreamedCalls(
+        method,
+        wrap=lambda sequence, delay: f"{sequence} {delay}".encode(),
+        unwrap=lambda message: (int(message.split()[0]), message),
+        retry=RetryPolicy(),
+        name="floor",
+    )
 
 
 async def _per_call(work: Callable[[], Awaitable[object]], calls: int) -> float:
@@ -114,11 +135,16 @@ async def measure(calls: int = CALLS, delay: float = DELAY_S) -> dict[str, float
         two_way = channel.stream_stream(f"/{_SERVICE}/Echo", None, None)(None)
 
         async def exchange() -> object:
-            await two_way.write(str(delay).encode())
+            await two_way.write(f"0 {delay}".encode())
             return await two_way.read()
 
         result["bidi_message_answered_later"] = await _per_call(exchange, calls)
         await two_way.done_writing()
+        calls_on_stream = _streamed_calls(channel.stream_stream(f"/{_SERVICE}/Echo", None, None))
+        result["streamed_call_answered_later"] = await _per_call(
+            lambda: calls_on_stream.call(str(delay), 5.0), calls
+        )
+        await calls_on_stream.close()
         result["thread_handoff"] = await _per_call(
             lambda: asyncio.to_thread(time.sleep, delay), calls
         )
