@@ -260,3 +260,16 @@ def test_an_answer_the_wire_cannot_carry_fails_its_request_and_the_task_serves_o
     served.thread.join(10)
     assert served.outcome is None
     served.driver.close()
+
+
+def test_a_channel_closed_under_its_reader_ends_as_a_lost_connection() -> None:
+    """``Mesh.close`` closes a peer's socket while its reader thread may be about to wait on
+    it: the wait reports the end of the connection, and the receive ``ConnectionLost``, rather
+    than the reader dying on the closed file descriptor."""
+    ours, theirs = socket.socketpair()
+    channel = Channel(ours, LIVENESS.deadline_s)
+    ours.close()
+    assert channel.readable(0)
+    with pytest.raises(ConnectionLost):
+        channel.receive()
+    theirs.close()

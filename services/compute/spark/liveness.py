@@ -125,7 +125,12 @@ class Channel:
         if self.buffered():
             return True
         poller = select.poll()
-        poller.register(self.sock, _READABLE)
+        try:
+            poller.register(self.sock, _READABLE)
+        except ValueError:
+            # Closed here meanwhile (``Mesh.close`` while its reader waits): the end of the
+            # connection, which the receive that follows reports as ``ConnectionLost``.
+            return True
         return bool(poller.poll(None if timeout is None else max(0.0, timeout) * 1000))
 
     def shut(self) -> None:
