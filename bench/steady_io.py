@@ -21,14 +21,15 @@ workload), so that this process's CPU is the driver's alone. Per step: the wall 
 driver's CPU (``getrusage(RUSAGE_SELF)``: this process, all its threads; not the storage
 process, the appender, Spark's JVM or the tasks), for the whole step and for the engine call
 alone (``step`` / ``step_io``, which benchmark (g) times). The rows path's whole step runs
-from reading the interval to the commit. The parts path's runs, in wall time, from the moment
-the followers hold the interval to the commit, and in CPU from before the append (all the
-followers' work on receiving the interval included) to the commit. Then as many steps of one
-changed order each way (the fixed cost of a step). The resident tasks' CPU per step each way
-(their pids' user + system time, summed over the timed steps). The parts path's whole-step
-driver CPU is also split in three (``driver_cpu_ms_per_step_by_part``): following the inputs
-until both hold the interval, the engine call, and the commit; next to it, what those
-interactions cost bare on the same machine (``bench/grpc_floor.py``, ``grpc_floor_cpu_ms``).
+from reading the interval to the commit. The parts path's runs, in wall time, from the
+moment the followers hold the interval to the commit, and in CPU from just after the
+appender is told to append (all the followers' work on receiving the interval included) to
+the commit. Then as many steps of one changed order each way (the fixed cost of a step). The
+resident tasks' CPU per step each way (their pids' user + system time, summed over the timed
+steps). The parts path's whole-step driver CPU is also split in three
+(``driver_cpu_ms_per_step_by_part``): following the inputs until both hold the interval, the
+engine call, and the commit; next to it, what those interactions cost bare on the same
+machine (``bench/grpc_floor.py``, ``grpc_floor_cpu_ms``).
 
 ``--compare keyed`` runs the parts path both ways instead: with and without reading a
 step's big input part by key partition (``part_shares.keyed_sources``; without it each task
@@ -221,8 +222,8 @@ async def run(
                 """Appends the next delta and runs its step as the runner does (the
                 append's wall time is not the step's; the followers' CPU is)."""
                 whole, engine = timers[kind]
-                cpu = _cpu()
                 appender.send()
+                cpu = _cpu()
                 held = await interval_held(upper)
                 followed = _cpu()
                 windows = {
@@ -337,8 +338,9 @@ async def run(
 class Appender:
     """The process appending the workload's deltas to the inputs: ``next`` names the next
     delta's size (the appender draws the same delta from the same seeded workload), ``send``
-    has it appended, ``confirm`` reads the appender's answer (after the step: reading it
-    costs this process CPU that is not the driver's)."""
+    has it appended, ``confirm`` asks for the appender's answer and reads it (after the step:
+    an answer the appender sent unasked would arrive during the step, and reading it would
+    cost this process CPU that is not the driver's)."""
 
     def __init__(self, process: asyncio.subprocess.Process) -> None:
         self.process = process
@@ -375,6 +377,8 @@ class Appender:
 
     async def confirm(self, upper: int) -> None:
         """Checks that the appender's last delta ended at ``upper``."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(b"?\n")
         if await self._reply() != upper:
             raise SystemExit("the appender's workload went another way")
 
@@ -395,7 +399,7 @@ class Appender:
 
 async def append_forever(address: str, orders: int, capabilities: list[str]) -> None:
     """The appender's side: a delta per line read (``<updates> <times>``), appended to both
-    inputs, answered with ``upper <upper>``."""
+    inputs; a line ``?`` is answered with ``upper <upper>`` (the last delta's)."""
     workload = Workload(orders)
     client = StorageClient(address, timeout=30.0)
     orders_write, customers_write = (
@@ -404,13 +408,16 @@ async def append_forever(address: str, orders: int, capabilities: list[str]) -> 
     )
     print("upper 0", flush=True)
     try:
+        upper = 1  # the inputs' upper before the first delta
         for line in sys.stdin:
+            if line.strip() == "?":
+                print(f"upper {upper}", flush=True)
+                continue
             updates, times = (int(word) for word in line.split())
             delta, upper = workload.delta(updates, times)
             lower = upper - times
             await client.append(orders_write, delta, upper, expected_upper=lower)
             await client.append(customers_write, [], upper, expected_upper=lower)
-            print(f"upper {upper}", flush=True)
     finally:
         await client.close()
 
