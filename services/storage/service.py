@@ -240,6 +240,7 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
             answer,
             failed,
             method="/tidemark.v1.Storage/AppendStream",
+            kind_of=lambda message: message.WhichOneof("kind") or "none",
             stopping=self.stopping,
         )
 

@@ -204,10 +204,14 @@ async def test_metrics_move_with_appends_and_peeks(deployment: Deployment) -> No
     assert value(storage_after, "tidemark_storage_appended_bytes_total") > value(
         storage_before, "tidemark_storage_appended_bytes_total"
     )
-    # The adapter appends over AppendStream: counted once per stream, so look at all calls.
     assert value(storage_after, "tidemark_rpc_requests_total", service="tidemark.v1.Storage") > (
         value(storage_before, "tidemark_rpc_requests_total", service="tidemark.v1.Storage")
     )
+    # The adapter appends over AppendStream, which counts above once per stream: each append
+    # on it counts as a streamed call.
+    streamed = "tidemark_rpc_streamed_calls_total"
+    appends = {"method": "AppendStream", "kind": "append", "code": "OK"}
+    assert value(storage_after, streamed, **appends) > value(storage_before, streamed, **appends)
     lags = {
         dict(labels)["collection"]: v
         for (name, labels), v in storage_after.items()

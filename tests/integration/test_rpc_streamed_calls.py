@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 import grpc.aio
 import pytest
+from prometheus_client import REGISTRY
 
 from tidemark.errors import (
     DeadlineExceeded,
@@ -53,6 +54,7 @@ class ScriptedStorage(storage_pb2_grpc.StorageServicer):
                 sequence=message.sequence, error=status
             ),
             method="/tidemark.v1.Storage/AppendStream",
+            kind_of=lambda message: message.WhichOneof("kind") or "none",
             stopping=self.stopping,
         )
 
@@ -221,3 +223,50 @@ async def test_stopping_answers_what_runs_then_ends_idle_streams_without_the_gra
     async with Server([scripted_service(ScriptedStorage())], f"127.0.0.1:{port}"):
         assert await upper(calls, "ok-3") == 3
     await calls.close()
+
+
+def streamed_calls(code: str) -> float:
+    labels = {"service": "tidemark.v1.Storage", "method": "AppendStream", "kind": "append"}
+    value = REGISTRY.get_sample_value("tidemark_rpc_streamed_calls_total", {**labels, "code": code})
+    return value or 0.0
+
+
+def streamed_call_seconds(sample: str) -> float:
+    labels = {"service": "tidemark.v1.Storage", "method": "AppendStream", "kind": "append"}
+    value = REGISTRY.get_sample_value(
+        f"tidemark_rpc_streamed_call_duration_seconds_{sample}", labels
+    )
+    return value or 0.0
+
+
+async def test_each_call_on_the_stream_counts_in_the_metrics_by_kind_and_status() -> None:
+    codes = ("OK", "FAILED_PRECONDITION", "INTERNAL")
+    before = {code: streamed_calls(code) for code in codes}
+    timed_before = streamed_call_seconds("count"), streamed_call_seconds("sum")
+    servicer = ScriptedStorage()
+    async with Server([scripted_service(servicer)], "127.0.0.1:0") as server:
+        calls = calls_to(f"127.0.0.1:{server.port}")
+        assert await upper(calls, "ok-1") == 1
+        assert await upper(calls, "slow-2") == 2
+        with pytest.raises(FailedPrecondition):
+            await calls.call("refuse", 5.0)
+        with pytest.raises(Internal):
+            await calls.call("bug", 5.0)
+        with pytest.raises(DeadlineExceeded):
+            await calls.call("hang-3", 0.2)
+        await calls.close()
+        for _ in range(50):
+            if servicer.cancelled:
+                break
+            await asyncio.sleep(0.05)
+        assert servicer.cancelled == ["hang-3"]
+    after = {code: streamed_calls(code) for code in codes}
+    assert {code: after[code] - before[code] for code in codes} == {
+        "OK": 2,
+        "FAILED_PRECONDITION": 1,
+        "INTERNAL": 1,
+    }
+    # Four answered calls are timed, the slow one's 0.3 s among them; the call cancelled
+    # with its stream had no answer and counts nowhere.
+    assert streamed_call_seconds("count") - timed_before[0] == 4
+    assert streamed_call_seconds("sum") - timed_before[1] >= 0.3

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -38,6 +39,7 @@ from tidemark.errors import (
 from tidemark.retry import RetryPolicy, retry_unavailable
 from tidemark.rpc.client import call_metadata
 from tidemark.rpc.errors import error_from_rpc, status_for_exception
+from tidemark.rpc.metrics import STREAMED_CALL_DURATION, STREAMED_CALLS, split_method
 from tidemark.tasks import cancel_and_wait
 from tidemark.v1 import common_pb2
 
@@ -240,6 +242,7 @@ async def answer_streamed_calls(
     failed: Callable[[WireRequest, common_pb2.CallStatus], WireResponse],
     *,
     method: str,
+    kind_of: Callable[[WireRequest], str] = lambda request: "call",
     stopping: asyncio.Event | None = None,
     max_in_flight: int = 256,
 ) -> None:
@@ -247,7 +250,8 @@ async def answer_streamed_calls(
     it is ready: each request is answered by ``answer`` in a task of its own (so they proceed
     concurrently), or, if that raises, by ``failed`` with the status the unary call would
     have ended with. At most ``max_in_flight`` requests run at once; further ones wait in the
-    stream.
+    stream. Each answer counts in the streamed-call metrics (``tidemark.rpc.metrics``) under
+    ``method``, the request's ``kind_of`` and the status it carries.
 
     Once ``stopping`` is set (the server is shutting down), the requests running are answered
     and the stream ends, so an idle stream does not hold up the shutdown; whatever the client
@@ -258,13 +262,25 @@ async def answer_streamed_calls(
     running: set[asyncio.Task[None]] = set()
     answering = True
 
+    service, short_method = split_method(method)
+
     async def run(request: WireRequest) -> None:
+        started = time.perf_counter()
+        kind = kind_of(request)
+        code = grpc.StatusCode.OK
         try:
             response = await answer(request)
         except Exception as exc:
-            response = failed(request, call_status(exc, method))
+            status = call_status(exc, method)
+            code = _CODES.get(status.code, grpc.StatusCode.UNKNOWN)
+            response = failed(request, status)
         finally:
             room.release()
+        # Counted once answered (a call cancelled with its stream has no answer).
+        STREAMED_CALL_DURATION.labels(service, short_method, kind).observe(
+            time.perf_counter() - started
+        )
+        STREAMED_CALLS.labels(service, short_method, kind, code.name).inc()
         async with writing:
             await write(response)
 
