@@ -37,6 +37,7 @@ class ScriptedStorage(storage_pb2_grpc.StorageServicer):
 
     def __init__(self) -> None:
         self.streams = 0
+        self.started: list[str] = []
         self.cancelled: list[str] = []
         self.stopping = asyncio.Event()
 
@@ -62,6 +63,7 @@ class ScriptedStorage(storage_pb2_grpc.StorageServicer):
         self, message: storage_pb2.AppendStreamRequest
     ) -> storage_pb2.AppendStreamResponse:
         token = message.append.idempotency_token
+        self.started.append(token)
         kind, _, number = token.partition("-")
         if kind == "slow":
             await asyncio.sleep(0.3)
@@ -215,7 +217,11 @@ async def test_stopping_answers_what_runs_then_ends_idle_streams_without_the_gra
     calls = calls_to(f"127.0.0.1:{port}")
     assert await upper(calls, "ok-1") == 1
     running = asyncio.create_task(upper(calls, "slow-2"))
-    await asyncio.sleep(0.05)
+    for _ in range(200):  # until the server runs it (a loaded machine may take a while)
+        if "slow-2" in servicer.started:
+            break
+        await asyncio.sleep(0.01)
+    assert "slow-2" in servicer.started
     # The open stream does not hold the stop for its 30 s grace; the request it was
     # running is still answered.
     await asyncio.wait_for(server.stop(), timeout=10.0)
@@ -223,6 +229,39 @@ async def test_stopping_answers_what_runs_then_ends_idle_streams_without_the_gra
     async with Server([scripted_service(ScriptedStorage())], f"127.0.0.1:{port}"):
         assert await upper(calls, "ok-3") == 3
     await calls.close()
+
+
+class EndsItsFirstStream(ScriptedStorage):
+    """Its first stream reads one request and ends cleanly without answering it, as a
+    stopping server ends a stream on a request written just before the end; later streams
+    answer as ``ScriptedStorage``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dropped: list[str] = []
+
+    async def AppendStream(  # type: ignore[override]  # reader/writer style
+        self,
+        request_iterator: AsyncIterator[storage_pb2.AppendStreamRequest],
+        context: grpc.aio.ServicerContext[object, object],
+    ) -> None:
+        if self.streams == 0:
+            self.streams += 1
+            request = await anext(request_iterator)
+            self.dropped.append(request.append.idempotency_token)
+            return
+        await super().AppendStream(request_iterator, context)
+
+
+async def test_a_request_left_unanswered_by_a_cleanly_ended_stream_goes_again() -> None:
+    servicer = EndsItsFirstStream()
+    async with Server([scripted_service(servicer)], "127.0.0.1:0") as server:
+        calls = calls_to(f"127.0.0.1:{server.port}")
+        # Not Indeterminate: the server ran nothing it left unanswered.
+        assert await upper(calls, "ok-1") == 1
+        assert servicer.dropped == ["ok-1"]
+        assert servicer.streams == 2
+        await calls.close()
 
 
 def streamed_calls(code: str) -> float:

@@ -12,7 +12,9 @@ stream, and the caller gets the same Tidemark error the unary call would have ra
 When a stream breaks, the requests still waiting may or may not have taken effect: they fail
 with :class:`~tidemark.errors.Indeterminate`, the outcome a unary call has when its connection
 drops mid-call, and the next request opens a new stream. Only requests that are exact on retry
-(an append with an idempotency token) belong on such a stream.
+(an append with an idempotency token) belong on such a stream. A stream the server ends
+cleanly is not broken: the server does that when it stops, after answering every request it
+took, so the requests left unanswered never ran and go again on a new stream.
 
 :class:`StreamedCalls` is the client side, :func:`answer_streamed_calls` the server side.
 """
@@ -86,10 +88,13 @@ class _Stream(Generic[WireRequest, WireResponse]):
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     broken: TidemarkError | None = None
 
-    def fail(self, error: TidemarkError, unsent: int | None = None) -> None:
+    def fail(
+        self, error: TidemarkError, unsent: int | None = None, *, none_ran: bool = False
+    ) -> None:
         """End the stream: callers whose requests were written get ``error``; those whose
-        requests were not (``unsent``, the one whose write failed, and the ones still queued)
-        are told so, and send them again."""
+        requests were not (``unsent``, the one whose write failed, and the ones still queued),
+        or all of them when ``none_ran`` (the server ran none of those left unanswered), are
+        told so, and send them again."""
         if self.broken is None:
             self.broken = error
             self.call.cancel()
@@ -103,7 +108,7 @@ class _Stream(Generic[WireRequest, WireResponse]):
         waiting, self.waiting = self.waiting, {}
         for sequence, future in waiting.items():
             if not future.done():
-                future.set_exception(_Unsent() if sequence in not_written else error)
+                future.set_exception(_Unsent() if none_ran or sequence in not_written else error)
 
 
 class StreamedCalls(Generic[Request, Response, WireRequest, WireResponse]):
@@ -203,17 +208,19 @@ class StreamedCalls(Generic[Request, Response, WireRequest, WireResponse]):
                 return
 
     async def _read(self, stream: _Stream[WireRequest, WireResponse]) -> None:
-        error: TidemarkError
         try:
             async for message in stream.call:
                 sequence, _ = self.unwrap(message)
                 future = stream.waiting.pop(sequence, None)
                 if future is not None and not future.done():
                     future.set_result(message)
-            error = Indeterminate(f"{self.name}: the server ended the stream")
         except grpc.aio.AioRpcError as exc:
-            error = self._broken(exc)
-        stream.fail(error)
+            stream.fail(self._broken(exc))
+            return
+        # A server ends a stream cleanly only once it has answered every request it took
+        # (``answer_streamed_calls``, when it stops): an unanswered one never ran, even if
+        # it was written just before the end, and goes again on a new stream.
+        stream.fail(Unavailable(f"{self.name}: the server ended the stream"), none_ran=True)
 
     def _broken(self, exc: grpc.aio.AioRpcError | asyncio.InvalidStateError) -> TidemarkError:
         if isinstance(exc, grpc.aio.AioRpcError):
