@@ -29,7 +29,9 @@ resident tasks' CPU per step each way (their pids' user + system time, summed ov
 steps). The parts path's whole-step driver CPU is also split in three
 (``driver_cpu_ms_per_step_by_part``): following the inputs until both hold the interval, the
 engine call, and the commit; next to it, what those interactions cost bare on the same
-machine (``bench/grpc_floor.py``, ``grpc_floor_cpu_ms``).
+machine (``bench/grpc_floor.py``, ``grpc_floor_cpu_ms``), and their sum for the two a step
+keeps even with the tasks following the inputs themselves, as long as the driver commits
+(``driver_commits_floor_cpu_ms``: a message in, a commit answered later).
 
 ``--compare keyed`` runs the parts path both ways instead: with and without reading a
 step's big input part by key partition (``part_shares.keyed_sources``; without it each task
@@ -445,6 +447,12 @@ def main() -> None:
     floor = asyncio.run(grpc_floor.measure())
     result = asyncio.run(run(args.orders, args.steps, args.warmup, args.small_steps, args.compare))
     result["grpc_floor_cpu_ms"] = floor
+    # The least driver CPU a step can cost while the driver commits it, whoever follows the
+    # inputs and deals the work: one message in (the tasks' written parts) and one commit
+    # answered later on the append stream, each at its bare cost on this machine.
+    result["driver_commits_floor_cpu_ms"] = round(
+        floor["stream_message_after_idle"] + floor["streamed_call_answered_later"], 3
+    )
     print(json.dumps(result, indent=2))
     runs = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
     runs.append(result)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc.aio
 import pytest
@@ -264,8 +264,8 @@ async def test_a_request_left_unanswered_by_a_cleanly_ended_stream_goes_again() 
         await calls.close()
 
 
-def streamed_calls(code: str) -> float:
-    labels = {"service": "tidemark.v1.Storage", "method": "AppendStream", "kind": "append"}
+def streamed_calls(code: str, kind: str = "append") -> float:
+    labels = {"service": "tidemark.v1.Storage", "method": "AppendStream", "kind": kind}
     value = REGISTRY.get_sample_value("tidemark_rpc_streamed_calls_total", {**labels, "code": code})
     return value or 0.0
 
@@ -309,3 +309,48 @@ async def test_each_call_on_the_stream_counts_in_the_metrics_by_kind_and_status(
     # with its stream had no answer and counts nowhere.
     assert streamed_call_seconds("count") - timed_before[0] == 4
     assert streamed_call_seconds("sum") - timed_before[1] >= 0.3
+
+
+def unknowable_kind(message: storage_pb2.AppendStreamRequest) -> str:
+    raise ValueError("no kind for this one")
+
+
+@pytest.mark.parametrize(
+    ("kind_of", "kind"),
+    [(None, "call"), (unknowable_kind, "unknown")],
+    ids=["default-kind", "kind-of-raises"],
+)
+async def test_a_call_counts_under_its_kind_even_when_none_is_given_or_it_cannot_be_told(
+    kind_of: Callable[[storage_pb2.AppendStreamRequest], str] | None, kind: str
+) -> None:
+    servicer = ScriptedStorage()
+
+    async def append_stream(
+        request_iterator: AsyncIterator[storage_pb2.AppendStreamRequest],
+        context: grpc.aio.ServicerContext[object, object],
+    ) -> None:
+        labelled = {} if kind_of is None else {"kind_of": kind_of}
+        await answer_streamed_calls(
+            request_iterator,
+            context.write,
+            servicer._answer,
+            lambda message, status: storage_pb2.AppendStreamResponse(
+                sequence=message.sequence, error=status
+            ),
+            method="/tidemark.v1.Storage/AppendStream",
+            stopping=servicer.stopping,
+            **labelled,
+        )
+
+    servicer.AppendStream = append_stream  # type: ignore[method-assign]
+    before = streamed_calls("OK", kind), streamed_calls("FAILED_PRECONDITION", kind)
+    async with Server([scripted_service(servicer)], "127.0.0.1:0") as server:
+        calls = calls_to(f"127.0.0.1:{server.port}")
+        # Answered either way: a label that cannot be told must not hold up the answer.
+        assert await upper(calls, "ok-4") == 4
+        with pytest.raises(FailedPrecondition):
+            await calls.call("refuse", 5.0)
+        assert await upper(calls, "ok-5") == 5
+        await calls.close()
+    after = streamed_calls("OK", kind), streamed_calls("FAILED_PRECONDITION", kind)
+    assert (after[0] - before[0], after[1] - before[1]) == (2, 1)

@@ -38,12 +38,15 @@ from tidemark.errors import (
     Unavailable,
     error_for_status,
 )
+from tidemark.logging import get_logger
 from tidemark.retry import RetryPolicy, retry_unavailable
 from tidemark.rpc.client import call_metadata
 from tidemark.rpc.errors import error_from_rpc, status_for_exception
 from tidemark.rpc.metrics import STREAMED_CALL_DURATION, STREAMED_CALLS, split_method
 from tidemark.tasks import cancel_and_wait
 from tidemark.v1 import common_pb2
+
+log = get_logger("tidemark.rpc")
 
 Request = TypeVar("Request")
 Response = TypeVar("Response")
@@ -271,9 +274,17 @@ async def answer_streamed_calls(
 
     service, short_method = split_method(method)
 
+    def _kind(request: WireRequest) -> str:
+        # A label must never keep a request from its answer (or its slot from release).
+        try:
+            return kind_of(request)
+        except Exception:
+            log.warning("streamed_call_kind_failed", method=method, exc_info=True)
+            return "unknown"
+
     async def run(request: WireRequest) -> None:
         started = time.perf_counter()
-        kind = kind_of(request)
+        kind = _kind(request)
         code = grpc.StatusCode.OK
         try:
             response = await answer(request)
