@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from services.compute.dataflow.batch import KeyFunction, Update
+from services.compute.dataflow.batch import Key, KeyFunction, Update
 from services.compute.dataflow.keys import shard_of
 
 
@@ -20,8 +20,16 @@ def partition(updates: Sequence[Update], route: KeyFunction, shards: int) -> lis
     if shards == 1:
         parts[0].extend(updates)
         return parts
+    # A step's updates repeat keys (a retraction and an insertion of one row, many rows of
+    # one group), and hashing a key is most of the cost of routing it. One route's key
+    # columns have one type each, so keys equal in Python are keys that hash alike.
+    owners: dict[Key, int] = {}
     for update in updates:
-        parts[shard_of(route(update[0]), shards)].append(update)
+        key = route(update[0])
+        owner = owners.get(key)
+        if owner is None:
+            owner = owners[key] = shard_of(key, shards)
+        parts[owner].append(update)
     return parts
 
 
