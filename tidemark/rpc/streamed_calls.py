@@ -274,12 +274,17 @@ async def answer_streamed_calls(
 
     service, short_method = split_method(method)
 
+    kind_failed = False
+
     def _kind(request: WireRequest) -> str:
         # A label must never keep a request from its answer (or its slot from release).
+        nonlocal kind_failed
         try:
             return kind_of(request)
         except Exception:
-            log.warning("streamed_call_kind_failed", method=method, exc_info=True)
+            if not kind_failed:  # once per stream: a busy stream would repeat it per call
+                kind_failed = True
+                log.warning("streamed_call_kind_failed", method=method, exc_info=True)
             return "unknown"
 
     async def run(request: WireRequest) -> None:

@@ -15,7 +15,12 @@ from services.compute.dataflow.keys import shard_of
 
 
 def partition(updates: Sequence[Update], route: KeyFunction, shards: int) -> list[list[Update]]:
-    """``updates`` split into one list per shard, by the shard that owns each row's key."""
+    """``updates`` split into one list per shard, by the shard that owns each row's key.
+
+    Each of ``route``'s key columns must hold values of one Python class (as rows decoded
+    from their schema do): ``shard_of`` hashes ``1``, ``1.0`` and ``True`` apart although
+    Python finds them equal, so a column mixing them would be split across shards anyway,
+    and here equal keys share the first one's shard."""
     parts: list[list[Update]] = [[] for _ in range(shards)]
     if shards == 1:
         parts[0].extend(updates)
