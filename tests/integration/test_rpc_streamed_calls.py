@@ -30,13 +30,21 @@ QUICK = RetryPolicy(total_seconds=0.5, initial_backoff=0.05, max_backoff=0.1)
 Outcome = storage_pb2.AppendResponse | common_pb2.CallStatus
 
 
+KindOf = Callable[[storage_pb2.AppendStreamRequest], str]
+
+
+def by_oneof(message: storage_pb2.AppendStreamRequest) -> str:
+    return message.WhichOneof("kind") or "none"
+
+
 class ScriptedStorage(storage_pb2_grpc.StorageServicer):
     """AppendStream answers by token: ``ok-N`` with upper ``{N}``, ``slow-N`` the same after
     0.3 s, ``refuse`` FAILED_PRECONDITION, ``maybe`` indeterminate, ``bug`` an unexpected
     exception, ``hang`` never."""
 
-    def __init__(self) -> None:
+    def __init__(self, kind_of: KindOf | None = by_oneof) -> None:
         self.streams = 0
+        self.kind_of = kind_of  # None: answer_streamed_calls' default
         self.started: list[str] = []
         self.cancelled: list[str] = []
         self.stopping = asyncio.Event()
@@ -47,6 +55,7 @@ class ScriptedStorage(storage_pb2_grpc.StorageServicer):
         context: grpc.aio.ServicerContext[object, object],
     ) -> None:
         self.streams += 1
+        labelled = {} if self.kind_of is None else {"kind_of": self.kind_of}
         await answer_streamed_calls(
             request_iterator,
             context.write,
@@ -55,8 +64,8 @@ class ScriptedStorage(storage_pb2_grpc.StorageServicer):
                 sequence=message.sequence, error=status
             ),
             method="/tidemark.v1.Storage/AppendStream",
-            kind_of=lambda message: message.WhichOneof("kind") or "none",
             stopping=self.stopping,
+            **labelled,
         )
 
     async def _answer(
@@ -321,28 +330,9 @@ def unknowable_kind(message: storage_pb2.AppendStreamRequest) -> str:
     ids=["default-kind", "kind-of-raises"],
 )
 async def test_a_call_counts_under_its_kind_even_when_none_is_given_or_it_cannot_be_told(
-    kind_of: Callable[[storage_pb2.AppendStreamRequest], str] | None, kind: str
+    kind_of: KindOf | None, kind: str
 ) -> None:
-    servicer = ScriptedStorage()
-
-    async def append_stream(
-        request_iterator: AsyncIterator[storage_pb2.AppendStreamRequest],
-        context: grpc.aio.ServicerContext[object, object],
-    ) -> None:
-        labelled = {} if kind_of is None else {"kind_of": kind_of}
-        await answer_streamed_calls(
-            request_iterator,
-            context.write,
-            servicer._answer,
-            lambda message, status: storage_pb2.AppendStreamResponse(
-                sequence=message.sequence, error=status
-            ),
-            method="/tidemark.v1.Storage/AppendStream",
-            stopping=servicer.stopping,
-            **labelled,
-        )
-
-    servicer.AppendStream = append_stream  # type: ignore[method-assign]
+    servicer = ScriptedStorage(kind_of)
     before = streamed_calls("OK", kind), streamed_calls("FAILED_PRECONDITION", kind)
     async with Server([scripted_service(servicer)], "127.0.0.1:0") as server:
         calls = calls_to(f"127.0.0.1:{server.port}")

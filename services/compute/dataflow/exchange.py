@@ -26,8 +26,7 @@ def partition(updates: Sequence[Update], route: KeyFunction, shards: int) -> lis
         parts[0].extend(updates)
         return parts
     # A step's updates repeat keys (a retraction and an insertion of one row, many rows of
-    # one group), and hashing a key is most of the cost of routing it. One route's key
-    # columns have one type each, so keys equal in Python are keys that hash alike.
+    # one group), and hashing a key is most of the cost of routing it.
     owners: dict[Key, int] = {}
     for update in updates:
         key = route(update[0])
