@@ -140,13 +140,15 @@ def _task_cpu(pids: Sequence[int]) -> float:
 async def run(
     orders: int, steps: int, warmup: int, small_steps: int, compare: str = "rows"
 ) -> dict[str, Any]:
+    # Spark's JVM first: launching it forks, and a fork while gRPC's threads run (the
+    # storage client's) can lose the gateway before it sends its port.
+    spark = spark_session(min_slots=SHARDS + 4)
     directory = Path(tempfile.mkdtemp(prefix="steady-io-"))
     storage = start_storage(
         embedded_backends(directory),
         extra=("--lease-seconds", "600", "--retired-blob-grace", "600"),
     )
     client = StorageClient(storage.address, timeout=30.0)
-    spark = spark_session(min_slots=SHARDS + 4)
     workload = Workload(orders)
     plan = view_plan("u101", "u102")
     schema = derive_schema(plan.root)
