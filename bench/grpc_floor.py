@@ -20,8 +20,8 @@ an echo server in a process of its own (raw bytes, no protobuf), in the caller's
 - ``thread_handoff``: ``asyncio.to_thread`` of a call that sleeps ``DELAY_S`` (the engine
   call's hand-off, without its work).
 
-``steady_io.py`` runs it at its end, so its figures sit next to the step's split measured in
-the same run on the same machine.
+``steady_io.py`` runs it first, so its figures sit next to the step's split measured in the
+same run on the same machine.
 """
 
 from __future__ import annotations

@@ -42,7 +42,8 @@ def float_key(value: float) -> tuple[bool, float]:
 
 
 def value_key(value: Any) -> Any:
-    """The ascending key of one non-NULL value (floats handle NaN, the rest order natively)."""
+    """The ascending key of one non-NULL value (floats handle NaN, the rest order natively;
+    ``natively_ordered`` relies on that)."""
     if value.__class__ is float:
         return float_key(value)
     return value
@@ -126,3 +127,14 @@ def compile_order_key(
 def row_key(row: Row) -> tuple[Any, ...]:
     """Ascending, NULLs last, for any row: the canonical order of output batches."""
     return tuple(_NULL_LAST if value is None else (1, value_key(value)) for value in row)
+
+
+def natively_ordered(row: Row) -> bool:
+    """Whether ``row_key`` orders ``row`` among rows like it as Python orders the rows
+    themselves: true when it holds no NULL (Python cannot compare one) and no NaN (Python
+    orders it inconsistently), since ``value_key`` leaves every other value as it is. A
+    value that ``value_key`` gives a key of its own must be caught here too."""
+    for value in row:
+        if value is None or value != value:
+            return False
+    return True
