@@ -23,6 +23,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
@@ -95,6 +96,30 @@ class Workload:
             "orders": [(row, AS_OF, 1) for row in self.orders()],
             "customers": [(row, AS_OF, 1) for row in self.customers],
         }
+
+    def snapshot_tables(self) -> dict[str, pa.Table]:
+        """``snapshot`` as update batches of each input's schema, built from the arrays."""
+        count = self.order_count
+        orders = pa.table(
+            [
+                pa.array(range(count), pa.int64()),
+                pa.array(self.custs, pa.int64()),
+                pa.array(self.amounts, pa.int64()),
+                pa.array(np.full(count, AS_OF, dtype=np.uint64)),
+                pa.array(np.ones(count, dtype=np.int64)),
+            ],
+            schema=ORDERS.update_schema(),
+        )
+        customers = pa.table(
+            [
+                pa.array([cust for cust, _ in self.customers], pa.int64()),
+                pa.array([region for _, region in self.customers], pa.string()),
+                pa.array(np.full(CUSTOMER_COUNT, AS_OF, dtype=np.uint64)),
+                pa.array(np.ones(CUSTOMER_COUNT, dtype=np.int64)),
+            ],
+            schema=CUSTOMERS.update_schema(),
+        )
+        return {"orders": orders, "customers": customers}
 
     def delta(
         self, updates: int = DELTA_UPDATES, times: int = DELTA_TIMES

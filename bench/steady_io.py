@@ -16,6 +16,11 @@ ways alternating step by step, so both see the same load:
   (``SparkDataflow.step_io``: the tasks read the part and write the output's parts), and
   commits the parts (``OutputWriter.write_parts``). No output row comes back.
 
+The view's state is built as the compute service builds it (``--hydrate spark``, the
+default): the inputs' snapshot is in storage, Spark stages it and the tasks load it into
+columnar state (``hydration.py``). ``--hydrate rows`` deals the snapshot's rows out instead,
+which leaves the state in Python dicts.
+
 The inputs' appends come from a process of their own (``--appender``, the same seeded
 workload), so that this process's CPU is the driver's alone. Per step: the wall time and the
 driver's CPU (``getrusage(RUSAGE_SELF)``: this process, all its threads; not the storage
@@ -78,8 +83,10 @@ from services.compute.dataflow import Dataflow  # noqa: E402
 from services.compute.inputs import InputFollower, PartsFeed  # noqa: E402
 from services.compute.output import OutputWriter  # noqa: E402
 from services.compute.spark import ResidentCluster, SparkDataflow, spark_session  # noqa: E402
+from services.compute.spark.hydration import early_loads, stage  # noqa: E402
 from services.compute.spark.parts_source import s3_credentials  # noqa: E402
 from services.compute.spark.spark_dataflow import OutputSink  # noqa: E402
+from services.compute.spark.staging import delete_prefix, run_prefix  # noqa: E402
 from tests.support.storage import embedded_backends, start_storage  # noqa: E402
 from tidemark.cdc import Progress  # noqa: E402
 from tidemark.clients.storage import Capability, StorageClient  # noqa: E402
@@ -137,8 +144,58 @@ def _task_cpu(pids: Sequence[int]) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+async def _hydrate_by_spark(
+    spark: Any, client: StorageClient, dataflow: SparkDataflow, pairs: dict[str, Any]
+) -> float:
+    """Hydrates ``dataflow`` from the inputs' parts in storage as the compute service does
+    (``engines.py``): the nodes the tasks read from parts alone load first, Spark stages the
+    rest, the tasks load it into columnar state. Returns the seconds it took."""
+    started = time.perf_counter()
+    listings = {
+        pair.read.collection_id: await client.list_parts(pair.read, 0) for pair in pairs.values()
+    }
+    blob_url = next(iter(listings.values())).blob_url
+    prefix = run_prefix(dataflow.dataflow_id)
+    early, preloaded = early_loads(
+        dataflow.graph,
+        listings,
+        dataflow_id=dataflow.dataflow_id,
+        as_of=dataflow.as_of,
+        shards=dataflow.shards,
+    )
+    try:
+        if early:
+            await asyncio.to_thread(dataflow.load_staged, early)
+        staged = await asyncio.to_thread(
+            lambda: stage(
+                spark,
+                dataflow.plan,
+                dataflow.graph,
+                dataflow_id=dataflow.dataflow_id,
+                as_of=dataflow.as_of,
+                shards=dataflow.shards,
+                index_key_columns=dataflow.index_key_columns,
+                listings=listings,
+                staging_url=blob_url,
+                prefix=prefix,
+                output=None,
+                count_output=False,
+                preloaded=preloaded,
+            )
+        )
+        await asyncio.to_thread(dataflow.load_staged, staged.loads)
+    finally:
+        await delete_prefix(blob_url, prefix)
+    return time.perf_counter() - started
+
+
 async def run(
-    orders: int, steps: int, warmup: int, small_steps: int, compare: str = "rows"
+    orders: int,
+    steps: int,
+    warmup: int,
+    small_steps: int,
+    compare: str = "rows",
+    hydrate: str = "spark",
 ) -> dict[str, Any]:
     # Spark's JVM first: launching it forks, and a fork while gRPC's threads run (the
     # storage client's) can lose the gateway before it sends its port.
@@ -163,8 +220,13 @@ async def run(
             "orders": await client.create("u101", ORDERS),
             "customers": await client.create("u102", CUSTOMERS),
         }
-        for pair in pairs.values():
-            await client.append(pair.write, [], 1, expected_upper=0)
+        if hydrate == "spark":
+            # The snapshot in storage at time 0, as a table's load would leave it.
+            for name, table in workload.snapshot_tables().items():
+                await client.append_table(pairs[name].write, table, 1, expected_upper=0)
+        else:
+            for pair in pairs.values():
+                await client.append(pair.write, [], 1, expected_upper=0)
         output = await client.create("u103", schema)
         writer = OutputWriter(client, output.write, schema, "bench-view", 0)
         local = Dataflow(view_plan("u101", "u102"), as_of=0)
@@ -172,8 +234,15 @@ async def run(
             dataflow = SparkDataflow(plan, as_of=0, cluster=cluster)
             snapshot = workload.snapshot()
             renamed = {"u101": snapshot["orders"], "u102": snapshot["customers"]}
-            hydrated, upper = await asyncio.to_thread(dataflow.hydrate, renamed)
-            apply(local.hydrate(renamed)[0])
+            if hydrate == "spark":
+                hydrated_s = await _hydrate_by_spark(spark, client, dataflow, pairs)
+                hydrated, upper = local.hydrate(renamed)
+            else:
+                started = time.perf_counter()
+                hydrated, upper = await asyncio.to_thread(dataflow.hydrate, renamed)
+                hydrated_s = time.perf_counter() - started
+                local.hydrate(renamed)
+            apply(hydrated)
             del snapshot, renamed
             await writer.write(hydrated, upper)
             listing = await client.list_parts(pairs["orders"].read, 0)
@@ -303,6 +372,8 @@ async def run(
             "orders": orders,
             "steps_each": steps,
             "compare": compare,
+            "hydrate": hydrate,
+            "hydrate_s": round(hydrated_s, 1),
             "load_average": round(sum(loads) / len(loads), 2),
             other: {
                 "step": timers["rows"][0].summary(),
@@ -437,6 +508,13 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--small-steps", type=int, default=60, help="1-update steps, each way")
     parser.add_argument(
+        "--hydrate",
+        choices=("spark", "rows"),
+        default="spark",
+        help="how the view's state is built: from the inputs' parts by Spark into the tasks' "
+        "columnar state, as the compute service does, or from rows the driver deals out",
+    )
+    parser.add_argument(
         "--compare",
         choices=("rows", "keyed", "commit"),
         default="rows",
@@ -447,7 +525,9 @@ def main() -> None:
     # The bare cost of the step's interactions on this machine, to print next to its split
     # (first: a failure here costs seconds, not the run).
     floor = asyncio.run(grpc_floor.measure())
-    result = asyncio.run(run(args.orders, args.steps, args.warmup, args.small_steps, args.compare))
+    result = asyncio.run(
+        run(args.orders, args.steps, args.warmup, args.small_steps, args.compare, args.hydrate)
+    )
     result["grpc_floor_cpu_ms"] = floor
     # The least driver CPU a step can cost while the driver commits it, whoever follows the
     # inputs and deals the work: one message in (the tasks' written parts) and one commit

@@ -83,6 +83,10 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
         "budget_rows": draw(st.one_of(st.none(), st.integers(1, 8))),
         # Keys with more rows than this in a batch collect their changes beside it.
         "materialise_rows": draw(st.sampled_from([0, 1, 3, 64])),
+        # Operations applied a run at a time (``apply_all``), their rows' multiplicities in
+        # the batch looked up before the run's reads (``bases``) or by ``apply_all``.
+        "run": draw(st.sampled_from([1, 3, 8])),
+        "together": draw(st.sampled_from([None, "looked up", "given"])),
     }
 
 
@@ -131,17 +135,34 @@ def test_a_columnar_arrangement_holds_what_a_dict_one_holds(scenario: dict[str, 
         assert columnar.row_count == reference.row_count
         assert len(columnar) == len(reference)
         assert dict(columnar.items()) == dict(reference.items())
-        for (key_value, second), changes, read_first in scenario["operations"]:
-            key = (engine_row((key_value,), float_key)[0], second)[: len(key_columns)]
-            if read_first:  # reading moves the key out of the batch; changing may not
+        operations = scenario["operations"]
+        together = scenario["together"]
+        run = scenario["run"] if together else 1
+        for first in range(0, len(operations), run):
+            reads: list[tuple[Any, ...]] = []
+            changes_by_key: dict[tuple[Any, ...], list[Any]] = {}
+            for (key_value, second), changes, read_first in operations[first : first + run]:
+                key = (engine_row((key_value,), float_key)[0], second)[: len(key_columns)]
+                if read_first:  # reading moves the key out of the batch; changing may not
+                    reads.append(key)
+                # The changes' rows carry the key (their other columns are drawn).
+                changes_by_key.setdefault(key, []).extend(
+                    (engine_row((key_value, *key[1:], *row[len(key) :]), float_key), diff)
+                    for row, diff in changes
+                )
+            bases = None
+            if together == "given":
+                bases = columnar.bases(
+                    {key: [row for row, _ in changes] for key, changes in changes_by_key.items()}
+                )
+            for key in reads:
                 assert columnar.get(key) == reference.get(key)
-            # The changes' rows carry the key (their other columns are drawn).
-            changes = [
-                (engine_row((key_value, *key[1:], *row[len(key) :]), float_key), diff)
-                for row, diff in changes
-            ]
-            columnar.apply(key, changes)
-            reference.apply(key, changes)
+            if together:
+                columnar.apply_all(changes_by_key, bases)
+            for key, changes in changes_by_key.items():
+                if not together:
+                    columnar.apply(key, changes)
+                reference.apply(key, changes)
             assert columnar.row_count == reference.row_count
             assert len(columnar) == len(reference)
             if budget is not None:
@@ -191,6 +212,35 @@ def test_keys_sharing_a_hash_are_told_apart(monkeypatch: pytest.MonkeyPatch) -> 
     assert arrangement.get(("d",)) is None
     assert arrangement.get(("b",)) == {("b", 2): 1}
     assert arrangement.row_count == 4
+
+
+def test_rows_sharing_a_hash_are_looked_up_together_apart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``bases`` and ``apply_all`` find each row's own multiplicity when every row of the
+    batch hashes alike, and skip the rows of a key that left the batch."""
+    from services.compute.dataflow import columnar
+
+    monkeypatch.setattr(columnar, "value_hash", lambda value: 1)
+    monkeypatch.setattr(arrangement_module, "MATERIALISE_ROWS", 0)
+    table = pa.table({"k": ["b", "a", "a", "b", "a"], "v": ["x", "y", "z", "x", "w"]})
+    diffs = np.array([1, 2, 1, 1, 3], dtype=np.int64)
+    batch = build_keyed(table, diffs, lambda row: (row[0],), None, True)
+    assert batch is not None
+    arrangement = Arrangement(2)
+    arrangement.add_batch(batch)
+    assert arrangement.get(("b",)) == {("b", "x"): 2}  # its rows are dead in the batch now
+    wanted = [("a", "w"), ("a", "z"), ("a", "q"), ("a", "y")]
+    assert arrangement.bases({("a",): wanted}) == {
+        ("a", "w"): 3,
+        ("a", "z"): 1,
+        ("a", "q"): 0,
+        ("a", "y"): 2,
+    }
+    arrangement.apply_all({("a",): [(("a", "z"), -1), (("a", "q"), 1), (("a", "y"), 1)]})
+    assert arrangement.get(("a",)) == {("a", "y"): 3, ("a", "q"): 1, ("a", "w"): 3}
+    assert arrangement.row_count == 4
+    assert len(arrangement) == 2
 
 
 def test_loading_sums_equal_rows_and_drops_what_cancels() -> None:
@@ -278,6 +328,9 @@ def test_a_batch_past_the_disk_limit_is_refused(tmp_path: Any) -> None:
     ),
     keep=st.tuples(st.booleans(), st.booleans()),
     computed=st.booleans(),
+    # 0: every changed key keeps its rows in the batch, its changes beside it.
+    materialise_rows=st.sampled_from([0, 64]),
+    times=st.lists(st.sampled_from([6, 7]), min_size=12, max_size=12),
 )
 def test_a_join_loaded_from_tables_steps_like_one_loaded_from_rows(
     left: list[Any],
@@ -286,6 +339,8 @@ def test_a_join_loaded_from_tables_steps_like_one_loaded_from_rows(
     step_right: list[Any],
     keep: tuple[bool, bool],
     computed: bool,
+    materialise_rows: int,
+    times: list[int],
 ) -> None:
     def key(row: tuple[Any, ...]) -> tuple[Any, ...]:
         return (row[0],)
@@ -309,13 +364,22 @@ def test_a_join_loaded_from_tables_steps_like_one_loaded_from_rows(
     ]
     from_tables.load_columnar(tables, 5)
     assert from_tables.row_count() == from_rows.row_count()
+    # Each update at one of two times: a key's changes at the first are beside the batch
+    # (or moved it out) when the second's are looked up.
     step = [
-        [(normalize.row(row), 6, diff) for row, diff in side] for side in (step_left, step_right)
+        [(normalize.row(row), times[i + 6 * s], diff) for i, (row, diff) in enumerate(side)]
+        for s, side in enumerate((step_left, step_right))
     ]
-    expected = from_rows.process(step)
-    actual = from_tables.process(step)
+    threshold = arrangement_module.MATERIALISE_ROWS
+    arrangement_module.MATERIALISE_ROWS = materialise_rows
+    try:
+        expected = from_rows.process(step)
+        actual = from_tables.process(step)
+    finally:
+        arrangement_module.MATERIALISE_ROWS = threshold
     assert _summed(actual) == _summed(expected)
     assert from_tables.row_count() == from_rows.row_count()
+    assert from_tables.key_count() == from_rows.key_count()
 
 
 def _summed(updates: list[Any]) -> dict[Any, int]:

@@ -16,18 +16,24 @@ recently used keys: a read of a key that is in neither the dict nor the spill fi
 the batches, and moves the key's rows from its batch into the dict, so that every key lives in
 one place. A change to a key with few rows in a batch moves them the same way; a key with many
 (a join's customer with thousands of orders) keeps them in the batch and collects its changes
-beside it (``_pending``), each changed row looked up in the batch by its own hash, so that a
-step inserting under it does not convert all its rows to Python objects. Over the budget, the
+beside it (``_pending``), each changed row's multiplicity there looked up by its row hash, so
+that a step inserting under it does not convert all its rows to Python objects. A step's
+changed rows are looked up together (``bases``, ``apply_all``): one hashing of them as Arrow
+arrays and one binary search of every key's range in the same numpy passes, rather than a
+search and a decoded row per change. Over the budget, the
 batches are the first to go to disk (as Arrow IPC files, memory-mapped back).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 
+import numpy as np
+import pyarrow as pa
+
 from services.compute.dataflow.batch import Key, Row
-from services.compute.dataflow.columnar import ColumnarBatch, key_hash
+from services.compute.dataflow.columnar import ColumnarBatch, key_hash, row_hashes_of
 from services.compute.dataflow.guard import row_bytes
 from services.compute.dataflow.spill import Location, StateBudget
 
@@ -158,6 +164,103 @@ class Arrangement:
         if budget is not None and (added or budget.held_bytes > budget.budget_bytes):
             budget.charge(added * self._row_bytes)
 
+    def apply_all(
+        self,
+        changes_by_key: Mapping[Key, Sequence[tuple[Row, int]]],
+        bases: Mapping[Row, int] | None = None,
+    ) -> None:
+        """``apply`` to every key of ``changes_by_key``. The changed rows of keys that keep
+        their rows in a batch learn their multiplicities there together (from ``bases``,
+        what ``bases`` answered for these changes earlier, else looked up here), rather
+        than by one binary search and one decoded row per change."""
+        if not self._batches:
+            for key, changes in changes_by_key.items():
+                self.apply(key, changes)
+            return
+        beside: list[tuple[Key, _Pending, Sequence[tuple[Row, int]]]] = []
+        for key, changes in changes_by_key.items():
+            if key not in self.rows and key not in self._cold:
+                pending = self._pending.get(key)
+                if pending is None:
+                    ranges = self._ranges(key)
+                    if sum(batch.live_in(lo, hi) for batch, lo, hi in ranges) > MATERIALISE_ROWS:
+                        pending = self._pending[key] = _Pending(ranges)
+                if pending is not None:
+                    beside.append((key, pending, changes))
+                    continue
+            self.apply(key, changes)
+        if bases is None:
+            # Looked up after the keys above moved out of the batches (which leaves the
+            # other rows there as they are).
+            bases = self._bases(
+                [(pending.ranges, [row for row, _ in changes]) for _, pending, changes in beside]
+            )
+        for key, pending, changes in beside:
+            self._apply_pending(key, pending, changes, bases)
+
+    @property
+    def batched(self) -> bool:
+        """Whether some of its rows are held in columnar batches."""
+        return bool(self._batches)
+
+    def bases(self, rows_by_key: Mapping[Key, Sequence[Row]]) -> dict[Row, int]:
+        """The multiplicity in the batches of each of ``rows_by_key``'s rows whose key keeps
+        its rows there, all looked up together: for ``apply_all`` of any of those changes
+        later (the batches' rows of such a key change only when the key leaves them)."""
+        if not self._batches:
+            return {}
+        ranged = []
+        for key, rows in rows_by_key.items():
+            if key in self.rows or key in self._cold:
+                continue
+            pending = self._pending.get(key)
+            ranges = pending.ranges if pending is not None else self._ranges(key)
+            if ranges:
+                ranged.append((ranges, rows))
+        return self._bases(ranged)
+
+    def _bases(
+        self, ranged: Sequence[tuple[Sequence[tuple[ColumnarBatch, int, int]], Sequence[Row]]]
+    ) -> dict[Row, int]:
+        """``bases`` of each row, given where its key's rows are in each batch."""
+        rows: list[Row] = []
+        where: dict[int, tuple[ColumnarBatch, list[int], list[int], list[int]]] = {}
+        for ranges, key_rows in ranged:
+            first = len(rows)
+            rows.extend(key_rows)
+            span = range(first, len(rows))
+            for batch, lo, hi in ranges:
+                found = where.get(id(batch))
+                if found is None:
+                    found = where[id(batch)] = (batch, [], [], [])
+                found[1].extend(span)
+                found[2].extend([lo] * len(span))
+                found[3].extend([hi] * len(span))
+        bases = np.zeros(len(rows), dtype=np.int64)
+        hashed: dict[pa.Schema, np.ndarray | None] = {}
+        for batch, indices, lows, highs in where.values():
+            schema = batch.table.schema
+            if schema not in hashed:
+                hashed[schema] = row_hashes_of(rows, schema)
+            row_hashes = hashed[schema]
+            if row_hashes is None:  # a row Arrow does not take as the batch's: one by one
+                counts = np.array(
+                    [
+                        batch.count_of(rows[i], key_hash(rows[i]), lo, hi)
+                        for i, lo, hi in zip(indices, lows, highs, strict=True)
+                    ],
+                    dtype=np.int64,
+                )
+            else:
+                counts = batch.counts_of(
+                    [rows[i] for i in indices],
+                    row_hashes[indices],
+                    np.array(lows, dtype=np.int64),
+                    np.array(highs, dtype=np.int64),
+                )
+            np.add.at(bases, indices, counts)
+        return dict(zip(rows, bases.tolist(), strict=True))
+
     def items(self) -> Iterator[tuple[Key, dict[Row, int]]]:
         """Every key and its rows, spilled ones included (for tests and diagnostics)."""
         yield from self.rows.items()
@@ -237,15 +340,24 @@ class Arrangement:
             held += batch.live_in(*batch.key_range(hashed))
         return held > MATERIALISE_ROWS
 
+    def _ranges(self, key: Key) -> list[tuple[ColumnarBatch, int, int]]:
+        """Where the key's rows are in each batch that holds any."""
+        hashed = key_hash(key)
+        ranges = [(batch, *batch.key_range(hashed)) for batch in self._batches]
+        return [r for r in ranges if r[1] < r[2]]
+
     def _apply_pending(
-        self, key: Key, pending: _Pending | None, changes: Iterable[tuple[Row, int]]
+        self,
+        key: Key,
+        pending: _Pending | None,
+        changes: Iterable[tuple[Row, int]],
+        bases: Mapping[Row, int] | None = None,
     ) -> None:
         """Adds ``changes`` beside the key's rows in the batches: each row's multiplicity
-        there decides whether the change adds or removes a distinct row."""
+        there (from ``bases`` when given) decides whether the change adds or removes a
+        distinct row."""
         if pending is None:
-            hashed = key_hash(key)
-            ranges = [(batch, *batch.key_range(hashed)) for batch in self._batches]
-            pending = self._pending[key] = _Pending([r for r in ranges if r[1] < r[2]])
+            pending = self._pending[key] = _Pending(self._ranges(key))
         ranges = pending.ranges
         held = pending.changes
         entries, net = len(held), pending.net
@@ -254,8 +366,10 @@ class Arrangement:
                 continue
             old = held.get(row, 0)
             new = old + diff
-            row_hash = key_hash(row)
-            base = sum(batch.count_of(row, row_hash, lo, hi) for batch, lo, hi in ranges)
+            base = None if bases is None else bases.get(row)
+            if base is None:
+                row_hash = key_hash(row)
+                base = sum(batch.count_of(row, row_hash, lo, hi) for batch, lo, hi in ranges)
             pending.net += ((base + new) != 0) - ((base + old) != 0)
             if new:
                 held[row] = new
