@@ -224,41 +224,43 @@ class Arrangement:
     ) -> dict[Row, int]:
         """``bases`` of each row, given where its key's rows are in each batch."""
         rows: list[Row] = []
-        where: dict[int, tuple[ColumnarBatch, list[int], list[int], list[int]]] = {}
+        # Per batch, per key holding rows there: its rows' first index and count, and range.
+        spans: dict[int, tuple[ColumnarBatch, list[tuple[int, int, int, int]]]] = {}
         for ranges, key_rows in ranged:
             first = len(rows)
             rows.extend(key_rows)
-            span = range(first, len(rows))
             for batch, lo, hi in ranges:
-                found = where.get(id(batch))
+                found = spans.get(id(batch))
                 if found is None:
-                    found = where[id(batch)] = (batch, [], [], [])
-                found[1].extend(span)
-                found[2].extend([lo] * len(span))
-                found[3].extend([hi] * len(span))
+                    found = spans[id(batch)] = (batch, [])
+                found[1].append((first, len(key_rows), lo, hi))
         bases = np.zeros(len(rows), dtype=np.int64)
         hashed: dict[pa.Schema, np.ndarray | None] = {}
-        for batch, indices, lows, highs in where.values():
+        for batch, keys in spans.values():
+            firsts, counts, lows, highs = np.array(keys, dtype=np.int64).reshape(-1, 4).T
+            # Each key's rows' indices, and its range repeated for each of them.
+            ends = np.cumsum(counts)
+            indices = np.arange(ends[-1] if len(ends) else 0) + np.repeat(
+                firsts - ends + counts, counts
+            )
+            whole = len(indices) == len(rows)  # the usual case: one batch holds every key
+            chosen = rows if whole else [rows[i] for i in indices.tolist()]
             schema = batch.table.schema
             if schema not in hashed:
                 hashed[schema] = row_hashes_of(rows, schema)
             row_hashes = hashed[schema]
+            low, high = np.repeat(lows, counts), np.repeat(highs, counts)
             if row_hashes is None:  # a row Arrow does not take as the batch's: one by one
-                counts = np.array(
+                counted = np.array(
                     [
-                        batch.count_of(rows[i], key_hash(rows[i]), lo, hi)
-                        for i, lo, hi in zip(indices, lows, highs, strict=True)
+                        batch.count_of(row, key_hash(row), lo, hi)
+                        for row, lo, hi in zip(chosen, low.tolist(), high.tolist(), strict=True)
                     ],
                     dtype=np.int64,
                 )
             else:
-                counts = batch.counts_of(
-                    [rows[i] for i in indices],
-                    row_hashes[indices],
-                    np.array(lows, dtype=np.int64),
-                    np.array(highs, dtype=np.int64),
-                )
-            np.add.at(bases, indices, counts)
+                counted = batch.counts_of(chosen, row_hashes[indices], low, high)
+            np.add.at(bases, indices, counted)
         return dict(zip(rows, bases.tolist(), strict=True))
 
     def items(self) -> Iterator[tuple[Key, dict[Row, int]]]:
