@@ -234,15 +234,17 @@ async def run(
             dataflow = SparkDataflow(plan, as_of=0, cluster=cluster)
             snapshot = workload.snapshot()
             renamed = {"u101": snapshot["orders"], "u102": snapshot["customers"]}
+            # The expected output is the in-process view's; what is written is the tasks'
+            # hydration's when it answers one (from rows), else the in-process one.
+            expected, upper = local.hydrate(renamed)
+            apply(expected)
             if hydrate == "spark":
                 hydrated_s = await _hydrate_by_spark(spark, client, dataflow, pairs)
-                hydrated, upper = local.hydrate(renamed)
+                hydrated = expected
             else:
                 started = time.perf_counter()
-                hydrated, upper = await asyncio.to_thread(dataflow.hydrate, renamed)
+                hydrated, _ = await asyncio.to_thread(dataflow.hydrate, renamed)
                 hydrated_s = time.perf_counter() - started
-                local.hydrate(renamed)
-            apply(hydrated)
             del snapshot, renamed
             await writer.write(hydrated, upper)
             listing = await client.list_parts(pairs["orders"].read, 0)

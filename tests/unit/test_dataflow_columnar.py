@@ -243,6 +243,29 @@ def test_rows_sharing_a_hash_are_looked_up_together_apart(
     assert len(arrangement) == 2
 
 
+def test_rows_arrow_cannot_take_are_looked_up_one_by_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A changed row that does not fit the batch's types (a value past int64) is absent from
+    it; the step's other rows are still found, looked up in Python instead."""
+    monkeypatch.setattr(arrangement_module, "MATERIALISE_ROWS", 0)
+    table = pa.table({"k": ["a", "a", "b"], "v": [1, 2, 3]})
+    batch = build_keyed(table, np.array([1, 2, 1], dtype=np.int64), lambda r: (r[0],), (0,), True)
+    assert batch is not None
+    arrangement = Arrangement(2)
+    arrangement.add_batch(batch)
+    huge = ("a", 1 << 70)
+    assert arrangement.bases({("a",): [("a", 2), huge], ("b",): [("b", 3)]}) == {
+        ("a", 2): 2,
+        huge: 0,
+        ("b", 3): 1,
+    }
+    arrangement.apply_all({("a",): [(huge, 1), (("a", 2), -2)], ("b",): [(("b", 3), 1)]})
+    assert arrangement.get(("a",)) == {("a", 1): 1, huge: 1}
+    assert arrangement.get(("b",)) == {("b", 3): 2}
+    assert arrangement.row_count == 3
+
+
 def test_loading_sums_equal_rows_and_drops_what_cancels() -> None:
     table = pa.table({"k": [1, 1, 1, 2, 2], "v": [5.0, 5.0, -0.0, 0.0, 7.0]})
     diffs = np.array([1, 2, 1, 1, -1], dtype=np.int64)

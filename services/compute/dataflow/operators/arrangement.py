@@ -206,7 +206,9 @@ class Arrangement:
     def bases(self, rows_by_key: Mapping[Key, Sequence[Row]]) -> dict[Row, int]:
         """The multiplicity in the batches of each of ``rows_by_key``'s rows whose key keeps
         its rows there, all looked up together: for ``apply_all`` of any of those changes
-        later (the batches' rows of such a key change only when the key leaves them)."""
+        later (the batches' rows of such a key change only when the key leaves them; two keys
+        sharing a 64-bit hash may let one come back within a step, and its distinct-row count
+        is then as approximate as key counts by hash already are)."""
         if not self._batches:
             return {}
         ranged = []
