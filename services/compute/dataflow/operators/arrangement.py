@@ -146,7 +146,7 @@ class Arrangement:
         is a key with no rows left, so "no rows" always means "absent"."""
         if self._batches and key not in self.rows and key not in self._cold:
             pending = self._pending.get(key)
-            if pending is not None or self._many_in_batches(key):
+            if pending is not None or self._many_in(self._ranges(key)):
                 self._apply_pending(key, pending, changes)
                 return
         rows = self.get(key)
@@ -183,7 +183,7 @@ class Arrangement:
                 pending = self._pending.get(key)
                 if pending is None:
                     ranges = self._ranges(key)
-                    if sum(batch.live_in(lo, hi) for batch, lo, hi in ranges) > MATERIALISE_ROWS:
+                    if self._many_in(ranges):
                         pending = self._pending[key] = _Pending(ranges)
                 if pending is not None:
                     beside.append((key, pending, changes))
@@ -337,12 +337,10 @@ class Arrangement:
             budget.held_bytes += len(rows) * self._row_bytes
         return rows
 
-    def _many_in_batches(self, key: Key) -> bool:
-        hashed = key_hash(key)
-        held = 0
-        for batch in self._batches:
-            held += batch.live_in(*batch.key_range(hashed))
-        return held > MATERIALISE_ROWS
+    @staticmethod
+    def _many_in(ranges: Sequence[tuple[ColumnarBatch, int, int]]) -> bool:
+        """Whether a key whose rows are at ``ranges`` keeps them in the batches."""
+        return sum(batch.live_in(lo, hi) for batch, lo, hi in ranges) > MATERIALISE_ROWS
 
     def _ranges(self, key: Key) -> list[tuple[ColumnarBatch, int, int]]:
         """Where the key's rows are in each batch that holds any."""
