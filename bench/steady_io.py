@@ -43,7 +43,9 @@ step's big input part by key partition (``part_shares.keyed_sources``; without i
 decodes a run of the part's rows and routes them through the mesh), reported as
 ``parts_path`` and ``parts_path_unkeyed``. ``--compare commit`` runs the parts path with
 the commit sent as a message on the client's ``AppendStream`` (``parts_path``) and as an
-``AppendParts`` call of its own (``parts_path_unary_commit``). Each run records the load
+``AppendParts`` call of its own (``parts_path_unary_commit``). ``--compare none`` runs the
+parts path alone: storage then has no other way's reads, appends and compactions to do
+between its steps. Each run records the load
 average. The output collection must equal the view evaluated in-process at the end, or the
 run stops.
 Writes ``bench/results/steady_io.json``.
@@ -329,17 +331,21 @@ async def run(
                     shares[kind].append((followed - cpu, stepped - followed, _cpu() - stepped))
                 await appender.confirm(upper)
 
-            plan_steps = [(DELTA_UPDATES, DELTA_TIMES, "")] * (2 * (warmup + steps))
-            plan_steps += [(1, 1, "-1")] * (2 * small_steps)
+            # The two ways alternate step by step; with --compare none the parts path runs alone.
+            ways = ("parts",) if compare == "none" else ("rows", "parts")
+            plan_steps = [(DELTA_UPDATES, DELTA_TIMES, "")] * (len(ways) * (warmup + steps))
+            plan_steps += [(1, 1, "-1")] * (len(ways) * small_steps)
             for number, (updates, times, suffix) in enumerate(plan_steps):
                 delta, upper = workload.delta(updates, times)
                 lower = upper - times
                 apply(local.step({"u101": delta}, upper)[0])
                 appender.next(updates, times)
-                timed = number >= 2 * warmup and (bool(suffix) or number < 2 * (warmup + steps))
+                timed = number >= len(ways) * warmup and (
+                    bool(suffix) or number < len(ways) * (warmup + steps)
+                )
                 if timed:
                     loads.append(load_average())
-                way = "rows" if number % 2 == 0 else "parts"
+                way = ways[number % len(ways)]
                 before = _task_cpu(cluster.task_pids)
                 if compare == "keyed":
                     dataflow._keyed_sources = keyed if way == "parts" else frozenset()
@@ -370,43 +376,35 @@ async def run(
         other = {"keyed": "parts_path_unkeyed", "commit": "parts_path_unary_commit"}.get(
             compare, "rows_path"
         )
-        return {
+        kinds = [("parts_path", "parts")] + ([] if compare == "none" else [(other, "rows")])
+        result: dict[str, Any] = {
             "orders": orders,
             "steps_each": steps,
             "compare": compare,
             "hydrate": hydrate,
             "hydrate_s": round(hydrated_s, 1),
             "load_average": round(sum(loads) / len(loads), 2),
-            other: {
-                "step": timers["rows"][0].summary(),
-                "engine": timers["rows"][1].summary(),
-                "tasks_cpu_ms_per_step": round(task_cpu["rows"] / steps * 1000, 2),
-                **(
-                    {"driver_cpu_ms_per_step_by_part": _by_part(shares["rows"])}
-                    if compare != "rows"
-                    else {}
-                ),
-            },
-            "parts_path": {
-                "step": timers["parts"][0].summary(),
-                "engine": timers["parts"][1].summary(),
-                "tasks_cpu_ms_per_step": round(task_cpu["parts"] / steps * 1000, 2),
-                "driver_cpu_ms_per_step_by_part": _by_part(shares["parts"]),
-            },
-            **{
-                name: {"step": timers[kind][0].summary(), "engine": timers[kind][1].summary()}
-                for name, kind in (
-                    ("one_update_" + other, "rows-1"),
-                    ("one_update_parts_path", "parts-1"),
-                )
-                if small_steps  # --small-steps 0: none timed
-            },
-            "step_latency_" + other.replace("_path", ""): Latency.of(
-                timers["rows"][0].wall
-            ).__dict__,
-            "step_latency_parts": Latency.of(timers["parts"][0].wall).__dict__,
-            "python": platform.python_version(),
         }
+        for name, kind in kinds:
+            result[name] = {
+                "step": timers[kind][0].summary(),
+                "engine": timers[kind][1].summary(),
+                "tasks_cpu_ms_per_step": round(task_cpu[kind] / steps * 1000, 2),
+            }
+            if kind == "parts" or compare != "rows":
+                result[name]["driver_cpu_ms_per_step_by_part"] = _by_part(shares[kind])
+        for name, kind in kinds:
+            if small_steps:  # --small-steps 0: none timed
+                result["one_update_" + name] = {
+                    "step": timers[kind + "-1"][0].summary(),
+                    "engine": timers[kind + "-1"][1].summary(),
+                }
+        for name, kind in kinds:
+            result["step_latency_" + name.replace("_path", "")] = Latency.of(
+                timers[kind][0].wall
+            ).__dict__
+        result["python"] = platform.python_version()
+        return result
     finally:
         await client.close()
         storage.kill()
@@ -518,10 +516,11 @@ def main() -> None:
     )
     parser.add_argument(
         "--compare",
-        choices=("rows", "keyed", "commit"),
+        choices=("rows", "keyed", "commit", "none"),
         default="rows",
-        help="the other way: the rows path, the parts path without reading by key, or the "
-        "parts path committing through AppendParts calls",
+        help="the other way: the rows path, the parts path without reading by key, the "
+        "parts path committing through AppendParts calls, or none (the parts path alone, "
+        "without the other way's load on storage between its steps)",
     )
     args = parser.parse_args()
     # The bare cost of the step's interactions on this machine, to print next to its split

@@ -87,6 +87,8 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
         # the batch looked up before the run's reads (``bases``) or by ``apply_all``.
         "run": draw(st.sampled_from([1, 3, 8])),
         "together": draw(st.sampled_from([None, "looked up", "given"])),
+        # The loaded rows in two batches (by key): lookups then sort rows out by batch.
+        "two_batches": draw(st.booleans()),
     }
 
 
@@ -111,10 +113,22 @@ def test_a_columnar_arrangement_holds_what_a_dict_one_holds(scenario: dict[str, 
         return tuple(row[c] for c in key_columns)
 
     drop = scenario["drop_null_keys"]
-    table, diffs = staged_table(scenario["loaded"], scenario["arrow_type"])
-    batch = build_keyed(
-        table, diffs, key_of, None if scenario["computed_key"] else key_columns, drop
-    )
+    loaded = scenario["loaded"]
+    parts = [loaded]
+    if scenario["two_batches"]:
+        # Split by key (each key's rows in one batch, as ``add_batch`` requires).
+        def odd(row: tuple[Any, ...]) -> bool:
+            return bool(key_hash(key_of(engine_row(row, float_key))) % 2)
+
+        parts = [[item for item in loaded if odd(item[0]) is side] for side in (True, False)]
+    batches = []
+    for part in parts:
+        table, diffs = staged_table(part, scenario["arrow_type"])
+        built = build_keyed(
+            table, diffs, key_of, None if scenario["computed_key"] else key_columns, drop
+        )
+        if built is not None:
+            batches.append(built)
 
     reference = Arrangement(ROW_WIDTH)
     for row, diff in scenario["loaded"]:
@@ -130,7 +144,7 @@ def test_a_columnar_arrangement_holds_what_a_dict_one_holds(scenario: dict[str, 
         budget = StateBudget(scenario["budget_rows"] * row_bytes(ROW_WIDTH))
         columnar.attach(budget)
     try:
-        if batch is not None:
+        for batch in batches:
             columnar.add_batch(batch)
         assert columnar.row_count == reference.row_count
         assert len(columnar) == len(reference)

@@ -225,6 +225,10 @@ class Arrangement:
         self, ranged: Sequence[tuple[Sequence[tuple[ColumnarBatch, int, int]], Sequence[Row]]]
     ) -> dict[Row, int]:
         """``bases`` of each row, given where its key's rows are in each batch."""
+        if len(self._batches) == 1:
+            in_one = self._bases_in(self._batches[0], ranged)
+            if in_one is not None:
+                return in_one
         rows: list[Row] = []
         # Per batch, per key holding rows there: its rows' first index and count, and range.
         spans: dict[int, tuple[ColumnarBatch, list[tuple[int, int, int, int]]]] = {}
@@ -264,6 +268,34 @@ class Arrangement:
                 counted = batch.counts_of(chosen, row_hashes[indices], low, high)
             np.add.at(bases, indices, counted)
         return dict(zip(rows, bases.tolist(), strict=True))
+
+    @staticmethod
+    def _bases_in(
+        batch: ColumnarBatch,
+        ranged: Sequence[tuple[Sequence[tuple[ColumnarBatch, int, int]], Sequence[Row]]],
+    ) -> dict[Row, int] | None:
+        """``_bases`` when every key's rows are in ``batch`` alone (the usual case: the one
+        batch a hydration loaded), without sorting rows out by batch; None when some key's
+        are elsewhere too, or a row does not fit the batch's types."""
+        rows: list[Row] = []
+        lows: list[int] = []
+        highs: list[int] = []
+        counts: list[int] = []
+        for ranges, key_rows in ranged:
+            if len(ranges) != 1 or ranges[0][0] is not batch:
+                return None
+            rows.extend(key_rows)
+            lows.append(ranges[0][1])
+            highs.append(ranges[0][2])
+            counts.append(len(key_rows))
+        if not rows:
+            return {}
+        row_hashes = row_hashes_of(rows, batch.table.schema)
+        if row_hashes is None:
+            return None
+        low = np.repeat(np.array(lows, dtype=np.int64), counts)
+        high = np.repeat(np.array(highs, dtype=np.int64), counts)
+        return dict(zip(rows, batch.counts_of(rows, row_hashes, low, high).tolist(), strict=True))
 
     def items(self) -> Iterator[tuple[Key, dict[Row, int]]]:
         """Every key and its rows, spilled ones included (for tests and diagnostics)."""
