@@ -8,15 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from services.compute.dataflow import Dataflow, Update
-from services.compute.dataflow.keys import shard_of
+from services.compute.dataflow import Dataflow
 from services.compute.spark import requests as rq
 from services.compute.spark.part_shares import keyed_sources
 from services.compute.spark.shard_host import ShardHost
 from services.compute.spark.wire import receive_message, send_message
 from tidemark.columnar import ColumnType as T
 from tidemark.columnar import RelationSchema, table_from_updates, to_parquet
-from tidemark.errors import FailedPrecondition, Internal
+from tidemark.errors import FailedPrecondition
 from tidemark.plan import builders as pb
 from tidemark.plan import derive_schema
 
@@ -117,39 +116,3 @@ def test_a_part_read_by_key_partition_reaches_its_stateful_node_with_the_drivers
     local.hydrate({"orders": []})
     want, _ = local.step({"orders": window + from_driver}, 4)
     assert sorted(got) == sorted(want) and want
-
-
-def test_a_step_that_moves_nothing_before_a_node_skips_its_exchange(tmp_path: Path) -> None:
-    """Shard 0 of two, with no mesh at all: a step whose part is read by key partition, and
-    which the driver says moves nothing before the reduce (``StepIO.unrouted``), completes
-    without an exchange and counts exactly the keys shard 0 owns. Without that word the
-    same step needs the exchange; a row of the driver's, which would need routing, fails
-    the step rather than be lost."""
-    orders = RelationSchema.of(("o_id", T.INT64), ("cust", T.INT64), ("amount", T.INT64))
-    root = pb.reduce(pb.project(pb.get("orders", orders), 1, 2), [0], [pb.aggregate("sum", 1)])
-    plan = pb.plan(root, derive_schema(root))
-    local = Dataflow(plan, as_of=0)
-    source_id = local.graph.inputs["orders"]
-    reduce_id = local.graph.root
-    route = local.graph.nodes[reduce_id].operator.routes[0]  # type: ignore[union-attr]
-    in_part = [((i, i % 7, i), 1 + i % 3, 1) for i in range(60)]
-    (tmp_path / "part").write_bytes(to_parquet(table_from_updates(orders, in_part)))
-    owned = [u for u in in_part if u[1] < 4 and shard_of(route((u[0][1], u[0][2])), 2) == 0]
-    assert 0 < len(owned) < len([u for u in in_part if u[1] < 4])  # both shards own some
-
-    def step(unrouted: tuple[int, ...], rows: list[Update]) -> object:
-        host = ShardHost(shard=0, shards=2)
-        host.handle(rq.Install("v", plan.SerializeToString(), False))
-        parts = {source_id: [("part", 1, 4, 0, 0)]}
-        io = rq.StepIO(f"file://{tmp_path}", {}, parts, "", b"", True, unrouted)
-        return host.handle(rq.Step("v", {source_id: rows} if rows else {}, None, 4, io))
-
-    got = step((reduce_id,), [])
-    local.hydrate({"orders": []})
-    want, _ = local.step({"orders": owned}, 4)
-    assert sorted(got) == sorted(want) and want  # type: ignore[call-overload]
-    with pytest.raises(FailedPrecondition, match="no mesh"):
-        step((), [])
-    theirs = next(o for o in range(100) if shard_of(route((o, 1)), 2) == 1)
-    with pytest.raises(Internal, match="moves none"):
-        step((reduce_id,), [((1000, theirs, 1), 2, 1)])

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from services.compute.dataflow.graph import GetSource
 from services.compute.dataflow.keys import shard_of
 from services.compute.dataflow.lower import lower
-from services.compute.spark.part_shares import keyed_sources, unrouted_nodes
+from services.compute.spark.part_shares import keyed_sources
 from services.compute.spark.requests import StepIO
 from services.compute.spark.spark_dataflow import PartWindow, _deal
 from services.compute.spark.step_io import read_sources
@@ -112,36 +112,6 @@ def test_a_big_part_of_a_keyed_source_is_dealt_to_every_task_by_key() -> None:
     # A small part stays whole on one task, to be routed as it is read.
     small = [(3, PartWindow("a", 4, 6, 300)), (3, PartWindow("b", 4, 6, 300))]
     assert _deal(small, 2, keyed={3}) == [{3: [("a", 4, 6, 0, 1)]}, {3: [("b", 4, 6, 0, 1)]}]
-
-
-def _unrouted(root: Any, moving: set[str]) -> list[str]:
-    """The kinds of the stateful nodes a step moves nothing before, given the names of the
-    sources whose rows may be on any task."""
-    graph = lower(pb.plan(root, derive_schema(root)))
-    ids = {graph.inputs[name] for name in moving}
-    return [type(graph.nodes[n].operator).__name__ for n in unrouted_nodes(graph, ids)]
-
-
-def test_a_node_fed_only_by_rows_read_by_key_or_by_none_moves_nothing_before_it() -> None:
-    orders, customers = pb.get("orders", ORDERS), pb.get("customers", CUSTOMERS)
-    view = pb.reduce(pb.join(orders, customers, [1], [0]), [4], [pb.aggregate("count")])
-    # Both inputs read by key (or without rows this step): the join's exchange moves
-    # nothing; the reduce's input is the join's output, held by the join's key.
-    assert _unrouted(view, set()) == ["JoinOperator"]
-    # Rows of either input dealt out (or a part in runs of rows): the join routes them.
-    assert _unrouted(view, {"orders"}) == []
-    assert _unrouted(view, {"customers"}) == []
-    # Through operators on the way, and a union of two inputs that are both quiet.
-    filtered = pb.filter(orders, pb.call("is_null", 2))
-    both = pb.union(pb.project(filtered, 1), pb.project(customers, 0))
-    assert _unrouted(pb.reduce(both, [0], [pb.aggregate("count")]), set()) == ["ReduceOperator"]
-    assert _unrouted(pb.reduce(both, [0], [pb.aggregate("count")]), {"customers"}) == []
-
-
-def test_constant_rows_count_as_moving() -> None:
-    constant = pb.constant(CUSTOMERS, [((1, "eu"), 1)])
-    orders = pb.get("orders", ORDERS)
-    assert _unrouted(pb.join(orders, constant, [1], [0]), set()) == []
 
 
 KEYED = RelationSchema(

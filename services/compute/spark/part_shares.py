@@ -15,11 +15,11 @@ jobs that compute the other inputs and the output, so all of them see one ``as_o
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
 
-from services.compute.dataflow.graph import ConstantSource, GetSource, Graph, Node
+from services.compute.dataflow.graph import GetSource, Graph, Node
 from services.compute.dataflow.keys import shards_of
 from services.compute.dataflow.operators.distinct import DistinctOperator
 from services.compute.dataflow.operators.join import JoinOperator
@@ -94,31 +94,6 @@ def keyed_sources(graph: Graph) -> dict[int, tuple[int, ...]]:
             chain.append(carried)
             current = consumer_id
     return keyed
-
-
-def unrouted_nodes(graph: Graph, moving: Collection[int]) -> tuple[int, ...]:
-    """The stateful nodes before which a step moves nothing between tasks. ``moving``: the
-    source nodes whose step rows may be on any task (rows the driver dealt out, parts dealt
-    whole or in runs of rows). Every input of such a node is fed only by sources read by key
-    partition (each row already on the task that owns its key) or by no rows at all, so the
-    exchange before it, where every task waits for every other, can be skipped by all.
-    Constant sources count as moving (a step may emit their rows on one task)."""
-    quiet: dict[int, bool] = {}
-    unrouted = []
-    for node in graph.nodes:  # in topological order
-        operator = node.operator
-        if isinstance(operator, GetSource):
-            quiet[node.id] = node.id not in moving
-        elif isinstance(operator, ConstantSource):
-            quiet[node.id] = False
-        elif node.is_stateful:
-            if all(quiet[i] for i in node.inputs):
-                unrouted.append(node.id)
-            # Its output sits on the task owning its own key, not the next node's.
-            quiet[node.id] = False
-        else:
-            quiet[node.id] = all(quiet[i] for i in node.inputs)
-    return tuple(unrouted)
 
 
 def _carried_columns(node: Node, input_width: int) -> list[int | None] | None:

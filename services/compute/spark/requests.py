@@ -63,9 +63,7 @@ class StepIO:
     of the output as one Parquet part (``""``: it answers with the updates instead);
     ``output_schema`` is that collection's serialized ``RelationSchema``; ``return_rows``:
     also answer with the updates. Parts live in the blob store at ``blob_url``, opened with
-    the S3 credentials in ``environment``. ``unrouted``: the stateful nodes before which this
-    step moves nothing between tasks (``part_shares.unrouted_nodes``), whose exchange every
-    task skips. The reply is a ``StepWritten``."""
+    the S3 credentials in ``environment``. The reply is a ``StepWritten``."""
 
     blob_url: str
     environment: dict[str, str]
@@ -73,7 +71,6 @@ class StepIO:
     output_collection: str
     output_schema: bytes
     return_rows: bool
-    unrouted: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

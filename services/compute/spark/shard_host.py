@@ -279,8 +279,7 @@ class ShardHost:
     def _run_step(self, step: int, request: Step) -> list[Update] | StepWritten:
         """Pushes this task's share of a step through the graph in topological order, as
         ``Dataflow._run`` does for all shards: linear operators on what this task holds, and
-        before each stateful node an exchange with every other task (unless the step moves
-        nothing before it: ``StepIO.unrouted``)."""
+        before each stateful node an exchange with every other task."""
         hosted = self._hosted(request.dataflow_id)
         if self._fault is not None and self._fault[0] == request.dataflow_id:
             self._fault_count += 1
@@ -322,14 +321,9 @@ class ShardHost:
                 for position, i in enumerate(node.inputs):
                     if i in kept:
                         routed[position][self.shard].extend(kept.pop(i))
-                if request.io is not None and node.id in request.io.unrouted:
-                    received = [self._unrouted(routed)]
-                else:
-                    received = self._exchange(
-                        step,
-                        node.id,
-                        [tuple(parts[p] for parts in routed) for p in range(self.shards)],
-                    )
+                received = self._exchange(
+                    step, node.id, [tuple(parts[p] for parts in routed) for p in range(self.shards)]
+                )
                 # The wire loses the identity of the one canonical NaN the operators rely on.
                 inputs = [
                     normalizer(nodes[input_id].types).apply(
@@ -399,15 +393,6 @@ class ShardHost:
                 [[update for part in owned for update in part[0]]]
             )
         return write_share(io, indexed)
-
-    def _unrouted(self, routed: list[list[list[Update]]]) -> tuple[list[Update], ...]:
-        """This task's own share of each input of a node the step moves nothing before
-        (``StepIO.unrouted``), taken without an exchange. A row bound for another task
-        would be lost: finding one fails the step instead."""
-        for parts in routed:
-            if any(part for shard, part in enumerate(parts) if shard != self.shard):
-                raise Internal("a row to route before a node the step said moves none")
-        return tuple(parts[self.shard] for parts in routed)
 
     def _exchange(
         self, step: int, node_id: int, parts: list[tuple[list[Update], ...]]

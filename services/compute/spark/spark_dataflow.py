@@ -29,7 +29,7 @@ from services.compute.dataflow.guard import UNGUARDED, Guard, row_bytes
 from services.compute.dataflow.lower import columns_key
 from services.compute.dataflow.work import StateSize, Work
 from services.compute.dataflow.worker import ShardWorker
-from services.compute.spark.part_shares import keyed_sources, unrouted_nodes
+from services.compute.spark.part_shares import keyed_sources
 from services.compute.spark.parts_source import missing_part
 from services.compute.spark.requests import (
     Hydrate,
@@ -372,15 +372,6 @@ class SparkDataflow(Dataflow):
             kept = sink is not None or self._rows_kept(return_rows)
             return IoStep(input_upper, None if kept and not return_rows else [])
         dealt = _deal(windows, self.shards, self._keyed_sources)
-        # Sources whose rows this step may be on any task: those dealt out as rows, and
-        # those whose parts are dealt whole or in runs of rows rather than by key.
-        moving = set(rows) | {
-            node_id
-            for share in dealt
-            for node_id, dealt_windows in share.items()
-            if any(window[4] for window in dealt_windows)
-        }
-        unrouted = unrouted_nodes(self.graph, moving)
         shares: list[dict[int, list[Update]]] = [{} for _ in range(self.shards)]
         for node_id, updates in rows.items():
             size = -(-len(updates) // self.shards)
@@ -401,7 +392,6 @@ class SparkDataflow(Dataflow):
                     "" if sink is None else sink.collection_id,
                     schema,
                     return_rows,
-                    unrouted,
                 ),
             )
             for shard in range(self.shards)
