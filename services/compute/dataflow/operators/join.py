@@ -264,12 +264,11 @@ def _bases(arrangement: Arrangement, by_time: dict[int, Changes]) -> dict[Row, i
     rows_by_key: dict[Key, list[Row]] = {}
     for changes in by_time.values():
         for key, key_changes in changes.items():
-            rows = rows_by_key.get(key)
-            if rows is None:
-                # A key holding a NULL is never arranged: ``bases`` finds no rows under it.
-                rows_by_key[key] = [row for row, _ in key_changes]
-            else:
-                rows.extend([row for row, _ in key_changes])
+            if None not in key:  # never arranged
+                rows = rows_by_key.get(key)
+                if rows is None:
+                    rows = rows_by_key[key] = []
+                rows.extend(row for row, _ in key_changes)
     return arrangement.bases(rows_by_key)
 
 
