@@ -271,23 +271,6 @@ def key_hashes(columns: Sequence[pa.Array | pa.ChunkedArray], rows: int) -> np.n
     return combined_hashes(sources, rows, [range(len(sources))])[0]
 
 
-def row_hashes_of(rows: Sequence[Row], schema: pa.Schema) -> np.ndarray | None:
-    """:func:`key_hash` of each engine row, computed over Arrow arrays of ``schema`` (the
-    columns of the batch the rows are looked up in, which hashed its own rows that way);
-    None when a row does not fit ``schema`` (the caller hashes in Python instead)."""
-    if not len(schema) or not rows:
-        return None
-    try:
-        columns = [
-            pa.array(values, type=field.type)
-            for values, field in zip(zip(*rows, strict=True), schema, strict=True)
-        ]
-    except (pa.ArrowException, TypeError, ValueError, OverflowError):
-        return None
-    (hashes,) = table_hashes(pa.Table.from_arrays(columns, schema=schema), [range(len(schema))])
-    return hashes
-
-
 def python_rows(table: pa.Table, float_columns: Sequence[int]) -> list[Row]:
     """A table's rows as the engine holds them: every float NaN the engine's one NaN (decoding
     makes a new NaN object each time, and NaN never equals itself), -0.0 as 0.0."""
@@ -555,64 +538,6 @@ class ColumnarBatch:
         if self._alive is None:
             return hi - lo
         return int(np.count_nonzero(self._alive[lo:hi]))
-
-    def count_of(self, row: Row, row_hash: int, lo: int, hi: int) -> int:
-        """The multiplicity of ``row`` (whose hash is ``row_hash``, its key's rows in
-        ``[lo, hi)``) still held here, 0 if none."""
-        if lo == hi:
-            return 0
-        target = np.uint64(row_hash)
-        row_hashes = self.row_hashes
-        position = lo + int(row_hashes[lo:hi].searchsorted(target, "left"))
-        alive = self._alive
-        while position < hi and row_hashes[position] == target:
-            if alive is None or alive[position]:
-                (candidate,) = python_rows(self.table.slice(position, 1), self._float_columns)
-                if candidate == row:
-                    return int(self.diffs[position])
-            position += 1
-        return 0
-
-    def counts_of(
-        self, rows: Sequence[Row], row_hashes: np.ndarray, lo: np.ndarray, hi: np.ndarray
-    ) -> np.ndarray:
-        """``count_of`` of many rows at once: ``rows[i]``, whose hash is ``row_hashes[i]``
-        and whose key's rows are in ``[lo[i], hi[i])``. Every range is binary-searched in the
-        same numpy passes, and only the rows found are converted to Python values, in one
-        take: a step's changes cost a few array operations, not a search and a decoded row
-        each."""
-        counts = np.zeros(len(rows), dtype=np.int64)
-        if not len(rows) or not len(self.row_hashes):
-            return counts
-        position = lo.astype(np.int64, copy=True)
-        right = hi.astype(np.int64, copy=True)
-        held = self.row_hashes
-        last = len(held) - 1
-        while True:
-            open_ = position < right
-            if not open_.any():
-                break
-            middle = (position + right) >> 1
-            below = held[np.minimum(middle, last)] < row_hashes
-            position = np.where(open_ & below, middle + 1, position)
-            right = np.where(open_ & ~below, middle, right)
-        found = np.flatnonzero((position < hi) & (held[np.minimum(position, last)] == row_hashes))
-        if not len(found):
-            return counts
-        at = position[found]
-        alive = self._alive
-        candidates = python_rows(self.table.take(pa.array(at)), self._float_columns)
-        diffs = self.diffs[at].tolist()
-        for index, spot, candidate, diff in zip(
-            found.tolist(), at.tolist(), candidates, diffs, strict=True
-        ):
-            row = rows[index]
-            if candidate == row and (alive is None or alive[spot]):
-                counts[index] = diff
-            else:
-                # Dead, or another row sharing the hash: the rows after it tell.
-                counts[index] = self.count_of(row, int(row_hashes[index]), spot, int(hi[index]))
-        return counts
 
     def _find(self, key: Key, hashed: int) -> tuple[list[int], dict[Row, int]] | None:
         lo, hi = self.key_range(hashed)

@@ -16,24 +16,21 @@ recently used keys: a read of a key that is in neither the dict nor the spill fi
 the batches, and moves the key's rows from its batch into the dict, so that every key lives in
 one place. A change to a key with few rows in a batch moves them the same way; a key with many
 (a join's customer with thousands of orders) keeps them in the batch and collects its changes
-beside it (``_pending``), each changed row's multiplicity there looked up by its row hash, so
-that a step inserting under it does not convert all its rows to Python objects. A step's
-changed rows are looked up together (``bases``, ``apply_all``): one hashing of them as Arrow
-arrays and one binary search of every key's range in the same numpy passes, rather than a
-search and a decoded row per change. Over the budget, the
+beside it (``_pending``), so that a step inserting under it does not convert all its rows to
+Python objects. Those changes are not looked up in the batch: whether a change adds or removes
+a distinct row is settled when a read moves the key out, and until then the row counts
+(``row_count``, ``len``) count what is held, as a spine counts updates before its batches
+merge. Over the budget, the
 batches are the first to go to disk (as Arrow IPC files, memory-mapped back).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 
-import numpy as np
-import pyarrow as pa
-
 from services.compute.dataflow.batch import Key, Row
-from services.compute.dataflow.columnar import ColumnarBatch, key_hash, row_hashes_of
+from services.compute.dataflow.columnar import ColumnarBatch, key_hash
 from services.compute.dataflow.guard import row_bytes
 from services.compute.dataflow.spill import Location, StateBudget
 
@@ -48,18 +45,13 @@ more keeps them there and collects its changes beside them."""
 class _Pending:
     """The changes to a key whose rows stay in a batch."""
 
-    __slots__ = ("base", "changes", "net", "ranges")
+    __slots__ = ("changes", "ranges")
 
     def __init__(self, ranges: list[tuple[ColumnarBatch, int, int]]) -> None:
         self.ranges = ranges
         """Where the key's rows are in each batch (the batches' arrays never change)."""
-        base = sum(batch.live_in(lo, hi) for batch, lo, hi in ranges)
         self.changes: dict[Row, int] = {}
         """Net change per row since the batch was loaded (no zeros)."""
-        self.base = base
-        """The key's rows in the batches."""
-        self.net = 0
-        """Distinct rows the changes added to the key's (negative: removed)."""
 
 
 def add_changes(rows: dict[Row, int], changes: Iterable[tuple[Row, int]]) -> None:
@@ -79,11 +71,9 @@ class Arrangement:
         "_budget",
         "_cold",
         "_hot_rows",
-        "_key_adjust",
         "_member_id",
         "_pending",
         "_pending_entries",
-        "_pending_net",
         "_row_bytes",
         "row_count",
         "rows",
@@ -93,7 +83,12 @@ class Arrangement:
         self.rows: dict[Key, dict[Row, int]] = {}
         """The keys held in memory (all of them unless spilled) and their rows."""
         self.row_count = 0
-        """Distinct rows held over all keys, spilled or not (for budgets and status)."""
+        """Rows held over all keys, spilled or not (for budgets and status): distinct rows,
+        but a key that keeps its rows in a batch counts its batch rows and, beside them,
+        each row a change touched since, until a read moves the key out of the batch (as a
+        spine counts its updates until its batches merge). Knowing whether a change beside
+        the batch adds or removes a distinct row would mean finding the row in the batch,
+        which was a third of a join's step."""
         self._row_bytes = row_bytes(width)
         self._hot_rows = 0
         self._cold: dict[Key, Location] = {}
@@ -102,9 +97,6 @@ class Arrangement:
         self._batches: list[ColumnarBatch] = []
         self._pending: dict[Key, _Pending] = {}
         self._pending_entries = 0
-        self._pending_net = 0
-        self._key_adjust = 0
-        """Keys the pending changes emptied (negative) of those counted in the batches."""
 
     def attach(self, budget: StateBudget) -> None:
         """Counts this arrangement's rows in memory against ``budget`` from now on."""
@@ -164,138 +156,10 @@ class Arrangement:
         if budget is not None and (added or budget.held_bytes > budget.budget_bytes):
             budget.charge(added * self._row_bytes)
 
-    def apply_all(
-        self,
-        changes_by_key: Mapping[Key, Sequence[tuple[Row, int]]],
-        bases: Mapping[Row, int] | None = None,
-    ) -> None:
-        """``apply`` to every key of ``changes_by_key``. The changed rows of keys that keep
-        their rows in a batch learn their multiplicities there together (from ``bases``,
-        what ``bases`` answered for these changes earlier, else looked up here), rather
-        than by one binary search and one decoded row per change."""
-        if not self._batches:
-            for key, changes in changes_by_key.items():
-                self.apply(key, changes)
-            return
-        beside: list[tuple[Key, _Pending, Sequence[tuple[Row, int]]]] = []
-        for key, changes in changes_by_key.items():
-            if key not in self.rows and key not in self._cold:
-                pending = self._pending.get(key)
-                if pending is None:
-                    ranges = self._ranges(key)
-                    if self._many_in(ranges):
-                        pending = self._pending[key] = _Pending(ranges)
-                if pending is not None:
-                    beside.append((key, pending, changes))
-                    continue
-            self.apply(key, changes)
-        if bases is None:
-            # Looked up after the keys above moved out of the batches (which leaves the
-            # other rows there as they are).
-            bases = self._bases(
-                [(pending.ranges, [row for row, _ in changes]) for _, pending, changes in beside]
-            )
-        for key, pending, changes in beside:
-            self._apply_pending(key, pending, changes, bases)
-
     @property
     def batched(self) -> bool:
         """Whether some of its rows are held in columnar batches."""
         return bool(self._batches)
-
-    def bases(self, rows_by_key: Mapping[Key, Sequence[Row]]) -> dict[Row, int]:
-        """The multiplicity in the batches of each of ``rows_by_key``'s rows whose key keeps
-        its rows there, all looked up together: for ``apply_all`` of any of those changes
-        later (the batches' rows of such a key change only when the key leaves them; two keys
-        sharing a 64-bit hash may let one come back within a step, and its distinct-row count
-        is then as approximate as key counts by hash already are)."""
-        if not self._batches:
-            return {}
-        ranged = []
-        for key, rows in rows_by_key.items():
-            if key in self.rows or key in self._cold:
-                continue
-            pending = self._pending.get(key)
-            ranges = pending.ranges if pending is not None else self._ranges(key)
-            if ranges:
-                ranged.append((ranges, rows))
-        return self._bases(ranged)
-
-    def _bases(
-        self, ranged: Sequence[tuple[Sequence[tuple[ColumnarBatch, int, int]], Sequence[Row]]]
-    ) -> dict[Row, int]:
-        """``bases`` of each row, given where its key's rows are in each batch."""
-        if len(self._batches) == 1:
-            in_one = self._bases_in(self._batches[0], ranged)
-            if in_one is not None:
-                return in_one
-        rows: list[Row] = []
-        # Per batch, per key holding rows there: its rows' first index and count, and range.
-        spans: dict[int, tuple[ColumnarBatch, list[tuple[int, int, int, int]]]] = {}
-        for ranges, key_rows in ranged:
-            first = len(rows)
-            rows.extend(key_rows)
-            for batch, lo, hi in ranges:
-                found = spans.get(id(batch))
-                if found is None:
-                    found = spans[id(batch)] = (batch, [])
-                found[1].append((first, len(key_rows), lo, hi))
-        bases = np.zeros(len(rows), dtype=np.int64)
-        hashed: dict[pa.Schema, np.ndarray | None] = {}
-        for batch, keys in spans.values():
-            firsts, counts, lows, highs = np.array(keys, dtype=np.int64).reshape(-1, 4).T
-            # Each key's rows' indices, and its range repeated for each of them.
-            ends = np.cumsum(counts)
-            indices = np.arange(ends[-1] if len(ends) else 0) + np.repeat(
-                firsts - ends + counts, counts
-            )
-            whole = len(indices) == len(rows)  # the usual case: one batch holds every key
-            chosen = rows if whole else [rows[i] for i in indices.tolist()]
-            schema = batch.table.schema
-            if schema not in hashed:
-                hashed[schema] = row_hashes_of(rows, schema)
-            row_hashes = hashed[schema]
-            low, high = np.repeat(lows, counts), np.repeat(highs, counts)
-            if row_hashes is None:  # a row Arrow does not take as the batch's: one by one
-                counted = np.array(
-                    [
-                        batch.count_of(row, key_hash(row), lo, hi)
-                        for row, lo, hi in zip(chosen, low.tolist(), high.tolist(), strict=True)
-                    ],
-                    dtype=np.int64,
-                )
-            else:
-                counted = batch.counts_of(chosen, row_hashes[indices], low, high)
-            np.add.at(bases, indices, counted)
-        return dict(zip(rows, bases.tolist(), strict=True))
-
-    @staticmethod
-    def _bases_in(
-        batch: ColumnarBatch,
-        ranged: Sequence[tuple[Sequence[tuple[ColumnarBatch, int, int]], Sequence[Row]]],
-    ) -> dict[Row, int] | None:
-        """``_bases`` when every key's rows are in ``batch`` alone (the usual case: the one
-        batch a hydration loaded), without sorting rows out by batch; None when some key's
-        are elsewhere too, or a row does not fit the batch's types."""
-        rows: list[Row] = []
-        lows: list[int] = []
-        highs: list[int] = []
-        counts: list[int] = []
-        for ranges, key_rows in ranged:
-            if len(ranges) != 1 or ranges[0][0] is not batch:
-                return None
-            rows.extend(key_rows)
-            lows.append(ranges[0][1])
-            highs.append(ranges[0][2])
-            counts.append(len(key_rows))
-        if not rows:
-            return {}
-        row_hashes = row_hashes_of(rows, batch.table.schema)
-        if row_hashes is None:
-            return None
-        low = np.repeat(np.array(lows, dtype=np.int64), counts)
-        high = np.repeat(np.array(highs, dtype=np.int64), counts)
-        return dict(zip(rows, batch.counts_of(rows, row_hashes, low, high).tolist(), strict=True))
 
     def items(self) -> Iterator[tuple[Key, dict[Row, int]]]:
         """Every key and its rows, spilled ones included (for tests and diagnostics)."""
@@ -323,11 +187,13 @@ class Arrangement:
         held."""
         on_disk = sum(batch.live_rows for batch in self._batches if batch.on_disk)
         in_batches = sum(batch.live_rows for batch in self._batches)
-        spilled = self.row_count - self._hot_rows - self._pending_net - in_batches + on_disk
+        spilled = self.row_count - self._hot_rows - self._pending_entries - in_batches + on_disk
         return min(spilled, self.row_count)
 
     def __len__(self) -> int:
-        batched = sum(batch.keys for batch in self._batches) + self._key_adjust
+        """Keys held: a key keeping its rows in a batch counts until a read moves it out,
+        even when its changes beside the batch have removed every row."""
+        batched = sum(batch.keys for batch in self._batches)
         return len(self.rows) + len(self._cold) + batched
 
     # -- columnar batches ----------------------------------------------------------------------
@@ -345,21 +211,25 @@ class Arrangement:
         """Moves the key's rows out of the batches, with its pending changes, into the dict."""
         hashed = key_hash(key)
         rows: dict[Row, int] = {}
+        taken_rows = 0
         for batch in list(self._batches):
             taken = batch.take(key, hashed)
             if taken is not None:
                 rows.update(taken)
+                taken_rows += len(taken)
                 if not batch.live_rows:
                     self._drop_batch(batch)
         budget = self._budget
+        entries = 0
         pending = self._pending.pop(key, None)
         if pending is not None:
-            self._pending_entries -= len(pending.changes)
-            self._pending_net -= pending.net
-            self._key_adjust -= (pending.base + pending.net > 0) - (pending.base > 0)
+            entries = len(pending.changes)
+            self._pending_entries -= entries
             if budget is not None:
-                budget.held_bytes -= len(pending.changes) * self._row_bytes
+                budget.held_bytes -= entries * self._row_bytes
             add_changes(rows, pending.changes.items())
+        # Counted as its batch rows and its changes beside them until now: now distinct.
+        self.row_count += len(rows) - taken_rows - entries
         if not rows:
             return None
         self.rows[key] = rows
@@ -381,39 +251,18 @@ class Arrangement:
         return [r for r in ranges if r[1] < r[2]]
 
     def _apply_pending(
-        self,
-        key: Key,
-        pending: _Pending | None,
-        changes: Iterable[tuple[Row, int]],
-        bases: Mapping[Row, int] | None = None,
+        self, key: Key, pending: _Pending | None, changes: Iterable[tuple[Row, int]]
     ) -> None:
-        """Adds ``changes`` beside the key's rows in the batches: each row's multiplicity
-        there (from ``bases`` when given) decides whether the change adds or removes a
-        distinct row."""
+        """Adds ``changes`` beside the key's rows in the batches, each changed row held
+        (and counted) once there until the key leaves the batches."""
         if pending is None:
             pending = self._pending[key] = _Pending(self._ranges(key))
-        ranges = pending.ranges
         held = pending.changes
-        entries, net = len(held), pending.net
-        for row, diff in changes:
-            if not diff:
-                continue
-            old = held.get(row, 0)
-            new = old + diff
-            base = None if bases is None else bases.get(row)
-            if base is None:
-                row_hash = key_hash(row)
-                base = sum(batch.count_of(row, row_hash, lo, hi) for batch, lo, hi in ranges)
-            pending.net += ((base + new) != 0) - ((base + old) != 0)
-            if new:
-                held[row] = new
-            else:
-                del held[row]
+        entries = len(held)
+        add_changes(held, changes)
         added = len(held) - entries
         self._pending_entries += added
-        self._pending_net += pending.net - net
-        self.row_count += pending.net - net
-        self._key_adjust += (pending.base + pending.net > 0) - (pending.base + net > 0)
+        self.row_count += added
         if not held:
             del self._pending[key]
         budget = self._budget

@@ -98,14 +98,11 @@ class JoinState(OperatorState):
         out: list[Update] = []
         left_by_time = keyed_by_time(left_updates, spec.left_key)
         right_by_time = keyed_by_time(right_updates, spec.right_key)
-        # The rows changed under keys held in batches, looked up there once for all times.
-        left_bases = _bases(self.left, left_by_time)
-        right_bases = _bases(self.right, right_by_time)
         for time in sorted(left_by_time.keys() | right_by_time.keys()):
             left_changes = left_by_time.get(time, {})
             right_changes = right_by_time.get(time, {})
             self._pad_null_keys(left_changes, right_changes, time, out)
-            self._step(time, left_changes, right_changes, out, left_bases, right_bases)
+            self._step(time, left_changes, right_changes, out)
         return out
 
     def load(self, inputs: Sequence[list[Update]]) -> None:
@@ -172,8 +169,6 @@ class JoinState(OperatorState):
         left_changes: Changes,
         right_changes: Changes,
         out: list[Update],
-        left_bases: dict[Row, int] | None = None,
-        right_bases: dict[Row, int] | None = None,
     ) -> None:
         spec = self.spec
         work = self.work
@@ -200,9 +195,9 @@ class JoinState(OperatorState):
                         next_check = len(out) + CHECK_EVERY
                     for left_row, diff in changes:
                         out.append(((*left_row, *r), time, diff * r_mult))
-        # Applied together, after the matching: the left side's changes meet the right as it
-        # was, and the rows of keys held in batches are looked up there in one pass.
-        left.apply_all(left_changes, left_bases)
+        # Applied after the matching: the left side's changes meet the right as it was.
+        for key, changes in left_changes.items():
+            left.apply(key, changes)
 
         for key, changes in right_changes.items():
             work.key_lookups += 1
@@ -215,7 +210,8 @@ class JoinState(OperatorState):
                         next_check = len(out) + CHECK_EVERY
                     for r, diff in changes:
                         out.append(((*left_row, *r), time, l_mult * diff))
-        right.apply_all(right_changes, right_bases)
+        for key, changes in right_changes.items():
+            right.apply(key, changes)
 
         if spec.keep_left:
             self._outer(time, touched, left, left_changes, right_before, right, True, out)
@@ -255,21 +251,6 @@ class JoinState(OperatorState):
                 if current:
                     self.work.rows_visited += len(current)
                     out.extend(self._padded(list(current.items()), left_side, time))
-
-
-def _bases(arrangement: Arrangement, by_time: dict[int, Changes]) -> dict[Row, int] | None:
-    """``arrangement.bases`` of every row changed at any time (None: nothing in batches)."""
-    if not arrangement.batched:
-        return None
-    rows_by_key: dict[Key, list[Row]] = {}
-    for changes in by_time.values():
-        for key, key_changes in changes.items():
-            if None not in key:  # never arranged
-                rows = rows_by_key.get(key)
-                if rows is None:
-                    rows = rows_by_key[key] = []
-                rows.extend(row for row, _ in key_changes)
-    return arrangement.bases(rows_by_key)
 
 
 def _grouped(table: pa.Table, diffs: np.ndarray, key_of: KeyFunction) -> Changes:
