@@ -44,7 +44,6 @@ _CONVERT_ROWS = 65_536
 """Rows converted to Python values at a time when a whole batch is read."""
 
 _HASH_COLUMN = "__tidemark_key_hash"
-_ROW_HASH_COLUMN = "__tidemark_row_hash"
 _DIFF_COLUMN = "__tidemark_diff"
 
 
@@ -437,7 +436,6 @@ class ColumnarBatch:
         "hashes",
         "keys",
         "live_rows",
-        "row_hashes",
         "table",
     )
 
@@ -445,16 +443,12 @@ class ColumnarBatch:
         self,
         table: pa.Table,
         hashes: np.ndarray,
-        row_hashes: np.ndarray,
         diffs: np.ndarray,
         key_of: KeyFunction,
         float_columns: Sequence[int],
     ) -> None:
         self.table = table
         self.hashes = hashes
-        self.row_hashes = row_hashes
-        """Each row's hash over all its columns (:func:`key_hash` of the row), sorted within
-        each key hash: a row is found by binary search without converting its neighbours."""
         self.diffs = diffs
         self._key_of = key_of
         self._float_columns = tuple(float_columns)
@@ -511,7 +505,6 @@ class ColumnarBatch:
             return cls(
                 table.take(pa.array(order)),
                 sorted_keys,
-                sorted_rows,
                 sorted_diffs,
                 key_of,
                 float_columns,
@@ -519,7 +512,6 @@ class ColumnarBatch:
         return cls(
             table.take(pa.array(order[keep])),
             sorted_keys[keep],
-            sorted_rows[keep],
             sorted_diffs[keep],
             key_of,
             float_columns,
@@ -594,9 +586,7 @@ class ColumnarBatch:
     def nbytes(self) -> int:
         """The bytes of its rows, hashes and multiplicities (in memory, or in its file once on
         disk; the dead marks, a byte a row, are not counted)."""
-        return int(
-            self.table.nbytes + self.hashes.nbytes + self.row_hashes.nbytes + self.diffs.nbytes
-        )
+        return int(self.table.nbytes + self.hashes.nbytes + self.diffs.nbytes)
 
     def to_disk(self, directory: str | None) -> int:
         """Writes the batch to an Arrow IPC file in ``directory`` and memory-maps it back in
@@ -605,10 +595,8 @@ class ColumnarBatch:
         held = self.nbytes
         fd, path = tempfile.mkstemp(prefix="tidemark-state-", suffix=".arrow", dir=directory)
         os.close(fd)
-        whole = (
-            self.table.append_column(_HASH_COLUMN, pa.array(self.hashes))
-            .append_column(_ROW_HASH_COLUMN, pa.array(self.row_hashes))
-            .append_column(_DIFF_COLUMN, pa.array(self.diffs))
+        whole = self.table.append_column(_HASH_COLUMN, pa.array(self.hashes)).append_column(
+            _DIFF_COLUMN, pa.array(self.diffs)
         )
         try:
             with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, whole.schema) as writer:
@@ -622,8 +610,7 @@ class ColumnarBatch:
         width = self.table.num_columns
         self.table = mapped.select(list(range(width)))
         self.hashes = _zero_copy(mapped.column(width))
-        self.row_hashes = _zero_copy(mapped.column(width + 1))
-        self.diffs = _zero_copy(mapped.column(width + 2))
+        self.diffs = _zero_copy(mapped.column(width + 1))
         self._path = path
         return held
 
