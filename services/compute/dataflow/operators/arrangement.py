@@ -42,18 +42,6 @@ MATERIALISE_ROWS = 64
 more keeps them there and collects its changes beside them."""
 
 
-class _Pending:
-    """The changes to a key whose rows stay in a batch."""
-
-    __slots__ = ("changes", "ranges")
-
-    def __init__(self, ranges: list[tuple[ColumnarBatch, int, int]]) -> None:
-        self.ranges = ranges
-        """Where the key's rows are in each batch (the batches' arrays never change)."""
-        self.changes: dict[Row, int] = {}
-        """Net change per row since the batch was loaded (no zeros)."""
-
-
 def add_changes(rows: dict[Row, int], changes: Iterable[tuple[Row, int]]) -> None:
     """Adds ``changes`` to the multiplicities in ``rows``, removing rows that reach zero."""
     for row, diff in changes:
@@ -88,14 +76,16 @@ class Arrangement:
         each row a change touched since, until a read moves the key out of the batch (as a
         spine counts its updates until its batches merge). Knowing whether a change beside
         the batch adds or removes a distinct row would mean finding the row in the batch,
-        which was a third of a join's step."""
+        which was a third of a task's step."""
         self._row_bytes = row_bytes(width)
         self._hot_rows = 0
         self._cold: dict[Key, Location] = {}
         self._budget: StateBudget | None = None
         self._member_id = 0
         self._batches: list[ColumnarBatch] = []
-        self._pending: dict[Key, _Pending] = {}
+        self._pending: dict[Key, dict[Row, int]] = {}
+        """Per key whose rows stay in a batch: the net change per row since the batch was
+        loaded (no zeros)."""
         self._pending_entries = 0
 
     def attach(self, budget: StateBudget) -> None:
@@ -174,8 +164,8 @@ class Arrangement:
         for batch in self._batches:
             for key, rows in batch.items():
                 held.setdefault(key, {}).update(rows)
-        for key, pending in self._pending.items():
-            add_changes(held.setdefault(key, {}), pending.changes.items())
+        for key, changes in self._pending.items():
+            add_changes(held.setdefault(key, {}), changes.items())
         for key, rows in held.items():
             if rows:
                 yield key, rows
@@ -223,11 +213,11 @@ class Arrangement:
         entries = 0
         pending = self._pending.pop(key, None)
         if pending is not None:
-            entries = len(pending.changes)
+            entries = len(pending)
             self._pending_entries -= entries
             if budget is not None:
                 budget.held_bytes -= entries * self._row_bytes
-            add_changes(rows, pending.changes.items())
+            add_changes(rows, pending.items())
         # Counted as its batch rows and its changes beside them until now: now distinct.
         self.row_count += len(rows) - taken_rows - entries
         if not rows:
@@ -251,13 +241,12 @@ class Arrangement:
         return [r for r in ranges if r[1] < r[2]]
 
     def _apply_pending(
-        self, key: Key, pending: _Pending | None, changes: Iterable[tuple[Row, int]]
+        self, key: Key, held: dict[Row, int] | None, changes: Iterable[tuple[Row, int]]
     ) -> None:
         """Adds ``changes`` beside the key's rows in the batches, each changed row held
         (and counted) once there until the key leaves the batches."""
-        if pending is None:
-            pending = self._pending[key] = _Pending(self._ranges(key))
-        held = pending.changes
+        if held is None:
+            held = self._pending[key] = {}
         entries = len(held)
         add_changes(held, changes)
         added = len(held) - entries
