@@ -109,6 +109,15 @@ class SqlStack:
         self.compute.stop()
 
 
+# Compute renews its capabilities three times per lease it is told; told the default 60 s
+# against storage's 30 s here, it renewed every 20 s, and a renewal held up 10 s on a loaded
+# machine (Spark starting) let a warm-up index's capability expire.
+_COMPUTE_LEASE = (
+    "--lease-ms",
+    str(round(float(FAST_SETTINGS[FAST_SETTINGS.index("--lease-seconds") + 1]) * 1000)),
+)
+
+
 async def _warm_up(stack: SqlStack, clusters: Sequence[str]) -> None:
     async with AdapterClient(stack.adapter(0)) as client:
         for cluster in clusters:
@@ -152,7 +161,9 @@ def sql_stack(
         if sources:
             stack.start_sources()
         for cluster in clusters:
-            compute.start_compute(cluster, (compute_extra or {}).get(cluster, ()))
+            compute.start_compute(
+                cluster, (*_COMPUTE_LEASE, *(compute_extra or {}).get(cluster, ()))
+            )
         for _ in range(adapters):
             stack.start_adapter()
         if warm_up:
