@@ -11,7 +11,7 @@ correctly rounded exact sum, which is what ``math.fsum`` returns.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from services.compute.dataflow.functions import decimals
@@ -32,6 +32,13 @@ class Aggregate(ABC):
     @abstractmethod
     def add(self, value: Any, diff: int) -> None:
         """``diff`` more copies of ``value`` (None for NULL; negative diffs remove)."""
+
+    def add_all(self, values: Sequence[Any], diffs: Sequence[int]) -> None:
+        """``add`` of each of ``values`` with its diff: a group's changes at one time, in
+        one call rather than one per row (the commonest aggregates override it with a loop
+        of their own)."""
+        for value, diff in zip(values, diffs, strict=True):
+            self.add(value, diff)
 
     @abstractmethod
     def result(self, rows: int) -> Any:
@@ -54,6 +61,9 @@ class CountRows(Aggregate):
     def add(self, value: Any, diff: int) -> None:
         pass
 
+    def add_all(self, values: Sequence[Any], diffs: Sequence[int]) -> None:
+        pass
+
     def result(self, rows: int) -> Any:
         return rows
 
@@ -70,6 +80,11 @@ class CountValues(Aggregate):
     def add(self, value: Any, diff: int) -> None:
         if value is not None:
             self.count += diff
+
+    def add_all(self, values: Sequence[Any], diffs: Sequence[int]) -> None:
+        self.count += sum(
+            diff for value, diff in zip(values, diffs, strict=True) if value is not None
+        )
 
     def result(self, rows: int) -> Any:
         return self.count
@@ -108,6 +123,19 @@ class SumExact(_Summing):
             self.total += value * diff
         else:
             self.total += int(value.scaleb(self.scale, decimals.EXACT)) * diff
+
+    def add_all(self, values: Sequence[Any], diffs: Sequence[int]) -> None:
+        count = total = 0
+        for value, diff in zip(values, diffs, strict=True):
+            if value is None:
+                continue
+            count += diff
+            if value.__class__ is int:
+                total += value * diff
+            else:
+                total += int(value.scaleb(self.scale, decimals.EXACT)) * diff
+        self.count += count
+        self.total += total
 
     def result(self, rows: int) -> Any:
         if self.count <= 0:

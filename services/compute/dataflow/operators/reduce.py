@@ -143,10 +143,12 @@ class ReduceState(SpillingGroupedState):
         readers = [a.value for a in self.spec.aggregates]
         keeps_values = self.spec.keeps_values
         values_before = sum(state.values_held() for state in states) if keeps_values else 0
-        for row, diff in changes:
-            group.rows += diff
-            for state, read in zip(states, readers, strict=True):
-                state.add(read(row) if read is not None else None, diff)
+        diffs = [diff for _, diff in changes]
+        group.rows += sum(diffs)
+        for state, read in zip(states, readers, strict=True):
+            state.add_all(
+                [None] * len(diffs) if read is None else [read(row) for row, _ in changes], diffs
+            )
         values_after = sum(state.values_held() for state in states) if keeps_values else 0
         self.values += values_after - values_before
         output: Row | None = None
