@@ -256,7 +256,7 @@ def _read_slices(
         root = Path(unquote(url.path))
         for key, index, count in slices:
             try:
-                source = pq.ParquetFile(root / key, memory_map=True)
+                source = pq.ParquetFile(root / key, memory_map=True, pre_buffer=False)
             except FileNotFoundError:
                 raise MissingPart(f"{MISSING_PART}: {key} (compacted away; list again)") from None
             with source:
@@ -265,13 +265,26 @@ def _read_slices(
     keys = list(dict.fromkeys(key for key, _, _ in slices))
     fetched = dict(zip(keys, asyncio.run(_fetch(blob_url, keys)), strict=True))
     for key, index, count in slices:
-        with pq.ParquetFile(pa.BufferReader(fetched[key])) as source:
+        with pq.ParquetFile(pa.BufferReader(fetched[key]), pre_buffer=False) as source:
             yield _row_groups(source, index, count, columns)
 
 
+def read_part_bytes(data: bytes) -> pa.Table:
+    """A whole part from its Parquet bytes, read as :func:`read_parts` reads a file."""
+    import pyarrow.parquet as pq
+
+    with pq.ParquetFile(pa.BufferReader(data), pre_buffer=False) as source:
+        return _row_groups(source, 0, 1, None)
+
+
 def _row_groups(source: Any, index: int, count: int, columns: Sequence[str] | None) -> pa.Table:
+    # In this thread, with the file's bytes read as the columns need them: a reader runs in
+    # a task or an executor's worker beside others on the same cores, and for the parts a
+    # step reads (thousands of rows) Arrow's thread pool and read-ahead cost more than they
+    # save (a 1,000-row part 0.51 -> 0.29 ms, 20,000 rows 1.66 -> 0.86 ms; 300,000 rows
+    # about even).
     chosen = [g for g in range(source.num_row_groups) if g % count == index]
-    return source.read_row_groups(chosen, columns=columns)
+    return source.read_row_groups(chosen, columns=columns, use_threads=False)
 
 
 def _relation(encoded: str) -> RelationSchema:
