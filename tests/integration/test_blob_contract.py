@@ -326,6 +326,26 @@ async def test_directory_files_land_under_the_root_as_named(
     assert not [p for p in directory_blob.root.rglob(".tmp-*")]
 
 
+async def test_directory_put_now_writes_in_the_calling_thread_as_put_does(
+    directory_blob: DirectoryBlob, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No thread hand-off: a resident task writes its step's part this way, from a request
+    # loop with no event loop running.
+    def no_thread(*args: object, **kwargs: object) -> None:
+        raise AssertionError("put_now handed the write to a thread")
+
+    monkeypatch.setattr(directory_module.asyncio, "to_thread", no_thread)
+    directory_blob.put_now("shards/u1/p1", b"part")
+    directory_blob.put_now("shards/u1/p1", b"part again")
+    with pytest.raises(InvalidArgument):
+        directory_blob.put_now("../escape", b"x")
+    monkeypatch.undo()
+
+    assert await directory_blob.get("shards/u1/p1") == b"part again"
+    assert await directory_blob.list() == ["shards/u1/p1"]
+    assert not [p for p in directory_blob.root.rglob(".tmp-*")]
+
+
 async def test_directory_key_cannot_also_be_a_directory(directory_blob: DirectoryBlob) -> None:
     await directory_blob.put("a", b"file")
     await directory_blob.put("c/d", b"nested")

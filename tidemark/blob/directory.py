@@ -74,10 +74,13 @@ class DirectoryBlob(Blob):
     # --- put ---------------------------------------------------------------------------
 
     async def put(self, key: str, data: bytes) -> None:
-        path = self._path(key)
-        await asyncio.to_thread(self._put_blocking, key, path, bytes(data))
+        await asyncio.to_thread(self.put_now, key, bytes(data))
 
-    def _put_blocking(self, key: str, path: Path, data: bytes) -> None:
+    def put_now(self, key: str, data: bytes) -> None:
+        """``put`` in the calling thread, for a caller with no event loop of its own (a
+        resident task's request loop): handing a small write to a thread and back costs
+        about as much as the write."""
+        path = self._path(key)
         try:
             self._make_directories(key, path.parent)
             temp = path.parent / f"{_TEMP_PREFIX}{secrets.token_hex(8)}"

@@ -116,6 +116,14 @@ async def store_part(blob_url: str, collection_id: str, updates: pa.Table) -> Wr
 
 async def put_part(blob: Blob, collection_id: str, updates: pa.Table) -> WrittenPart:
     """``store_part`` into a blob store already open (a ``tidemark.blob`` store)."""
+    written, data = encode_part(collection_id, updates)
+    await blob.put(written.key, data)
+    return written
+
+
+def encode_part(collection_id: str, updates: pa.Table) -> tuple[WrittenPart, bytes]:
+    """``updates`` as a part's Parquet bytes under a fresh key of ``collection_id``, and the
+    part they make once stored under that key."""
     import time as clock
 
     from tidemark.columnar import to_parquet
@@ -123,5 +131,4 @@ async def put_part(blob: Blob, collection_id: str, updates: pa.Table) -> Written
 
     data = to_parquet(updates)
     key = new_part_key(collection_id, int(clock.time() * 1000))
-    await blob.put(key, data)
-    return WrittenPart(key, updates.num_rows, len(data))
+    return WrittenPart(key, updates.num_rows, len(data)), data

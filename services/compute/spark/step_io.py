@@ -22,14 +22,19 @@ from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from services.compute.dataflow.batch import Update, consolidate
 from services.compute.spark.part_shares import owned_rows
-from services.compute.spark.parts_source import MISSING_PART, MissingPart, read_parts
-from services.compute.spark.parts_writer import put_part
+from services.compute.spark.parts_source import (
+    MISSING_PART,
+    MissingPart,
+    read_part_bytes,
+    read_parts,
+)
+from services.compute.spark.parts_writer import encode_part, put_part
 from services.compute.spark.requests import StepIO, StepWritten
 from tidemark.blob import Blob, open_blob
+from tidemark.blob.directory import DirectoryBlob
 from tidemark.columnar import (
     RelationSchema,
     data_columns,
@@ -84,9 +89,13 @@ def write_share(io: StepIO, share: list[Update]) -> StepWritten:
     table = table_from_updates(_schema(io.output_schema), updates)
     os.environ.update(io.environment)
     loop = _loop()
-    written = loop.run_until_complete(
-        put_part(_open(loop, io.blob_url), io.output_collection, table)
-    )
+    store = _open(loop, io.blob_url)
+    if isinstance(store, DirectoryBlob):
+        # Written here: this thread would only wait for the store's.
+        written, data = encode_part(io.output_collection, table)
+        store.put_now(written.key, data)
+    else:
+        written = loop.run_until_complete(put_part(store, io.output_collection, table))
     return _answer((written.key, written.rows, written.bytes), updates, rows)
 
 
@@ -124,7 +133,7 @@ def _read(io: StepIO, keys: list[str]) -> dict[str, pa.Table]:
     for key, data in zip(chosen, loop.run_until_complete(fetch()), strict=True):
         if data is None:
             raise MissingPart(f"{MISSING_PART}: {key} (compacted away)")
-        tables[key] = pq.read_table(pa.BufferReader(data))
+        tables[key] = read_part_bytes(data)
     return tables
 
 
