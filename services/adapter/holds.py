@@ -18,7 +18,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from tidemark.clients.storage import Capability, CapabilityPair, StorageClient
+from tidemark.clients.storage import Capability, CapabilityPair, StorageClient, renewal_wait
 from tidemark.columnar.updates import frontier_bound
 from tidemark.errors import FailedPrecondition, NotFound, PermissionDenied, TidemarkError
 from tidemark.logging import get_logger
@@ -58,6 +58,7 @@ class CollectionHolds:
         self.holder = holder
         self.history_ms = history_ms
         self.renew_every = renew_every
+        self._lease_ms = 0  # storage's lease length, once a renewal has said it
         self._read_ts = read_ts
         self._held: dict[str, _Held] = {}
         self._acquiring: dict[str, asyncio.Lock] = {}
@@ -147,7 +148,7 @@ class CollectionHolds:
 
     async def _upkeep(self) -> None:
         while True:
-            await asyncio.sleep(self.renew_every)
+            await asyncio.sleep(renewal_wait(self.renew_every, self._lease_ms))
             try:
                 await self.renew()
                 await self.downgrade_reads()
@@ -168,6 +169,7 @@ class CollectionHolds:
         if not capabilities:
             return
         result = await self.storage.renew(capabilities)
+        self._lease_ms = result.lease_ms or self._lease_ms
         for collection_id, _ in result.missing:
             # Expired or dropped: acquire afresh next time it is needed.
             self._held.pop(collection_id, None)

@@ -147,7 +147,8 @@ class ComputeConfig(ServiceConfig):
     )
     lease_ms: int = setting(
         60_000,
-        help="the storage service's capability lease; leases are renewed three times per lease",
+        help="the storage service's capability lease; leases are renewed three times per "
+        "lease, and sooner when storage grants shorter ones",
         metavar="MS",
     )
     hold_interval: float = setting(

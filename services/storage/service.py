@@ -445,6 +445,7 @@ class StorageServicer(storage_pb2_grpc.StorageServicer):
         return storage_pb2.RenewLeasesResponse(
             renewed=[capability_proto(c, record) for c, record in renewed],
             missing=[storage_pb2.CapabilityRef(collection_id=c, id=i) for c, i in missing],
+            lease_ms=self.core.policy.lease_ms,
         )
 
     async def IngestCdc(

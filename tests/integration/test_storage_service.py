@@ -371,6 +371,31 @@ async def check_lease_expiry(client: StorageClient) -> None:
     assert snapshot.version() == {(1, "a"): 1}
 
 
+async def test_a_keeper_told_a_longer_lease_renews_on_the_one_storage_grants(
+    backends: Backends,
+) -> None:
+    # Configured for leases of a minute (every 20 s) against storage's 1.5 s: the keeper
+    # learns the length from its first renewal and renews every 0.5 s from then on.
+    process = start_storage(backends, extra=SHORT_LEASE)
+    try:
+        async with StorageClient(process.address, retry=QUICK_RETRY) as client:
+            cid = new_id()
+            pair = await client.create(cid, SCHEMA)
+            await client.append(pair.write, [((1, "a"), 0, 1)], 10)
+            keeper = client.keep_alive([pair.read, pair.write], every=20.0)
+            async with keeper:
+                await asyncio.sleep(4.0)
+                assert keeper.lease_ms == 1_500
+                assert keeper.lost == set()
+                await client.append(pair.write, [((2, "b"), 10, 1)], 20)
+                assert (await client.snapshot(pair.read, 10)).version() == {
+                    (1, "a"): 1,
+                    (2, "b"): 1,
+                }
+    finally:
+        process.kill()
+
+
 # -- subscriptions ----------------------------------------------------------------------------
 
 

@@ -109,9 +109,11 @@ class SqlStack:
         self.compute.stop()
 
 
-# Compute renews its capabilities three times per lease it is told; told the default 60 s
-# against storage's 30 s here, it renewed every 20 s, and a renewal held up 10 s on a loaded
-# machine (Spark starting) let a warm-up index's capability expire.
+# Compute is told storage's lease, so it renews three times per lease from the start. Told
+# the default 60 s against storage's 30 s, it would wait 20 s for its first renewal and only
+# then renew sooner on the leases storage grants (``LeaseKeeper.next_wait``); before it did,
+# a renewal held up 10 s on a loaded machine (Spark starting) let a warm-up index's
+# capability expire.
 _COMPUTE_LEASE = (
     "--lease-ms",
     str(round(float(FAST_SETTINGS[FAST_SETTINGS.index("--lease-seconds") + 1]) * 1000)),

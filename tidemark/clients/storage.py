@@ -162,6 +162,8 @@ class RenewResult:
     renewed: list[Capability]
     missing: list[tuple[str, str]]
     """``(collection_id, capability_id)`` of capabilities that no longer exist."""
+    lease_ms: int = 0
+    """The length of the service's leases (0: it did not say)."""
 
 
 @dataclass(frozen=True)
@@ -838,11 +840,13 @@ class StorageClient(GrpcClient):
         return RenewResult(
             [Capability.from_proto(c) for c in response.renewed],
             [(m.collection_id, m.id) for m in response.missing],
+            response.lease_ms,
         )
 
     def keep_alive(self, capabilities: Iterable[Capability], every: float = 10.0) -> LeaseKeeper:
         """``async with client.keep_alive(caps):`` renews their leases every ``every``
-        seconds (pick well under the service's lease) until the block ends."""
+        seconds, or three times per lease when the service's leases are shorter than that
+        (``LeaseKeeper.next_wait``), until the block ends."""
         return LeaseKeeper(self, list(capabilities), every)
 
     # -- CDC ingestion ----------------------------------------------------------------------
@@ -894,6 +898,18 @@ def _cdc_proto(
     return cdc_to_proto(message)
 
 
+def renewal_wait(every: float, lease_ms: int) -> float:
+    """Seconds until a holder's next renewal: ``every``, or a third of the service's lease
+    (``lease_ms``, as its last renewal said; 0 until it has) when that is shorter. So a holder
+    configured for longer leases than the service grants (two settings that must agree, and
+    once did not) still renews in time, and a renewal held up twice in a row still lands
+    before the lease ends. The length comes from the service, not from comparing its clock
+    with this one."""
+    if not lease_ms:
+        return every
+    return min(every, lease_ms / 3000)
+
+
 @dataclass
 class LeaseKeeper:
     """Renews a set of capabilities in the background; see :meth:`StorageClient.keep_alive`."""
@@ -905,6 +921,9 @@ class LeaseKeeper:
     """Capabilities the service reported gone."""
     _task: asyncio.Task[None] | None = None
 
+    lease_ms: int = 0
+    """The service's lease length, as its last renewal said (0 until it says)."""
+
     async def _run(self) -> None:
         while True:
             live = [c for c in self.capabilities if (c.collection_id, c.id) not in self.lost]
@@ -912,9 +931,14 @@ class LeaseKeeper:
                 try:
                     result = await self.client.renew(live)
                     self.lost.update(result.missing)
+                    self.lease_ms = result.lease_ms or self.lease_ms
                 except TidemarkError as exc:
                     log.warning("lease_renewal_failed", error=exc.message)
-            await asyncio.sleep(self.every)
+            await asyncio.sleep(self.next_wait())
+
+    def next_wait(self) -> float:
+        """Seconds until the next renewal (``renewal_wait``)."""
+        return renewal_wait(self.every, self.lease_ms)
 
     async def __aenter__(self) -> LeaseKeeper:
         self._task = asyncio.create_task(self._run())
