@@ -285,6 +285,21 @@ def test_advance_by_empty_frontier_only_consolidates() -> None:
     assert updates_from_table(advance_by(table, u64_frontier())) == [((1, "a"), 3, 2)]
 
 
+def test_select_times_at_the_ends_of_u64_and_across_chunks() -> None:
+    top = (1 << 64) - 1
+    updates = [((1, "a"), 0, 1), ((2, "b"), 5, 1), ((3, "c"), top, 1)]
+    one = table_from_updates(PAIR, updates)
+    chunked = pa.concat_tables([one.slice(0, 1), one.slice(1, 2)])
+    for table in (one, chunked):
+        assert updates_from_table(select_times(table, 1, None)) == updates[1:]
+        assert updates_from_table(select_times(table, 0, 1 << 64)) == updates
+        assert updates_from_table(select_times(table, None, top)) == updates[:2]
+        assert select_times(table, 1 << 64, None).num_rows == 0
+        assert select_times(table, 0, None) is table  # nothing to select on
+        assert select_times(table, None, 1 << 64) is table
+        assert select_times(table, 3, 4).num_rows == 0
+
+
 @given(update_lists, st.integers(0, 7), st.integers(0, 7))
 def test_select_times_and_counts(updates: list[tuple[Any, int, int]], lo: int, hi: int) -> None:
     table = consolidate(table_from_updates(PAIR, updates))
