@@ -172,13 +172,12 @@ class Arrangement:
 
     @property
     def spilled_rows(self) -> int:
-        """Rows held on disk (spilled keys' rows and batches moved to disk). A batch's row
-        that a pending change removed is still on disk: the figure is capped at the rows
-        held."""
+        """Rows held on disk: the spilled keys' rows and the live rows of the batches moved
+        to disk, counted as held as ``row_count`` counts them (changes beside a batch are in
+        memory)."""
         on_disk = sum(batch.live_rows for batch in self._batches if batch.on_disk)
         in_batches = sum(batch.live_rows for batch in self._batches)
-        spilled = self.row_count - self._hot_rows - self._pending_entries - in_batches + on_disk
-        return min(spilled, self.row_count)
+        return self.row_count - self._hot_rows - self._pending_entries - in_batches + on_disk
 
     def __len__(self) -> int:
         """Keys held: a key keeping its rows in a batch counts until a read moves it out,
