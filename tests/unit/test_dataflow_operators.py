@@ -8,6 +8,9 @@ from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from services.compute.dataflow import Dataflow, Update
 from services.compute.dataflow.batch import accumulate
 from tidemark.columnar import Column, RelationSchema
@@ -130,6 +133,36 @@ def test_inner_join_multiplies_and_ignores_null_keys() -> None:
     assert at(out, 1) == {(1, "a", 1, "x"): 6}
     assert at(out, 2) == {(1, "a", 1, "x"): 6, (2, "b", 2, "y"): 1}
     assert at(out, 3) == {(2, "b", 2, "y"): 1}
+
+
+_SIDE = st.lists(
+    st.tuples(
+        st.tuples(st.sampled_from([1, 2, 3, None]), st.sampled_from(["a", "b"])),
+        st.integers(0, 11),
+        st.sampled_from([-1, 1, 2]),
+    ),
+    max_size=20,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(left=_SIDE, right=_SIDE, cuts=st.sets(st.integers(1, 12), max_size=6))
+def test_inner_join_is_the_join_of_its_inputs_at_every_time(
+    left: list[Update], right: list[Update], cuts: set[int]
+) -> None:
+    # Steps of every shape: both sides changing, one side alone (the path that meets the
+    # other side as it stands across the step's times), neither.
+    plan = pb.join(pb.get("l", KV), pb.get("r", KV), [0], [0])
+    out, _ = run(plan, {"l": left, "r": right}, sorted(cuts | {12}))
+    for time in range(12):
+        lefts, rights = at(left, time), at(right, time)
+        expected: dict[Row, int] = {}
+        for l_row, l_count in lefts.items():
+            for r_row, r_count in rights.items():
+                if l_row[0] is not None and l_row[0] == r_row[0]:
+                    joined = (*l_row, *r_row)
+                    expected[joined] = expected.get(joined, 0) + l_count * r_count
+        assert at(out, time) == {row: n for row, n in expected.items() if n}
 
 
 def test_join_matches_keys_across_numeric_types() -> None:

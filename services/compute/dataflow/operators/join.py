@@ -95,6 +95,11 @@ class JoinState(OperatorState):
     def process(self, inputs: Sequence[list[Update]]) -> list[Update]:
         left_updates, right_updates = inputs
         spec = self.spec
+        if not (spec.keep_left or spec.keep_right):
+            if not right_updates:
+                return self._one_side_changed(left_updates, spec.left_key, self.left, True)
+            if not left_updates:
+                return self._one_side_changed(right_updates, spec.right_key, self.right, False)
         out: list[Update] = []
         left_by_time = keyed_by_time(left_updates, spec.left_key)
         right_by_time = keyed_by_time(right_updates, spec.right_key)
@@ -103,6 +108,49 @@ class JoinState(OperatorState):
             right_changes = right_by_time.get(time, {})
             self._pad_null_keys(left_changes, right_changes, time, out)
             self._step(time, left_changes, right_changes, out)
+        return out
+
+    def _one_side_changed(
+        self, updates: list[Update], key_of: KeyFunction, changed: Arrangement, left_side: bool
+    ) -> list[Update]:
+        """An inner join's step in which only one side changed (orders changing against
+        customers that did not): every change meets the other side as it stands, whatever
+        its time, so the step needs no grouping by time, and each key is looked up and
+        applied once. Rows whose key holds a NULL never match and are not kept."""
+        by_key: dict[Key, list[Update]] = {}
+        for update in updates:
+            key = key_of(update[0])
+            changes = by_key.get(key)
+            if changes is None:
+                by_key[key] = [update]
+            else:
+                changes.append(update)
+        other = self.right if left_side else self.left
+        work = self.work
+        guard = self.guard
+        out_bytes = row_bytes(self.spec.left_width + self.spec.right_width)
+        next_check = 0
+        out: list[Update] = []
+        for key, changes in by_key.items():
+            if None in key:
+                continue
+            work.key_lookups += 1
+            matches = other.get(key)
+            if matches:
+                work.rows_visited += len(matches)
+                if len(out) >= next_check:
+                    guard.check(len(out) * out_bytes)
+                    next_check = len(out) + CHECK_EVERY
+                append = out.append
+                for match, multiplicity in matches.items():
+                    if left_side:
+                        for row, time, diff in changes:
+                            append(((*row, *match), time, diff * multiplicity))
+                    else:
+                        for row, time, diff in changes:
+                            append(((*match, *row), time, multiplicity * diff))
+            # After the matching: ``matches`` is a live view that an apply may spill.
+            changed.apply(key, [(row, diff) for row, _, diff in changes])
         return out
 
     def load(self, inputs: Sequence[list[Update]]) -> None:
