@@ -23,6 +23,7 @@ def test_the_wait_is_every_or_a_third_of_the_lease() -> None:
     assert renewal_wait(20.0, 120_000) == 20.0
     assert renewal_wait(20.0, 30_000) == 10.0
     assert renewal_wait(20.0, 600) == 0.2
+    assert renewal_wait(20.0, 3) == 0.05  # no storm, whatever the service says
 
 
 class _Storage:

@@ -904,10 +904,10 @@ def renewal_wait(every: float, lease_ms: int) -> float:
     configured for longer leases than the service grants (two settings that must agree, and
     once did not) still renews in time, and a renewal held up twice in a row still lands
     before the lease ends. The length comes from the service, not from comparing its clock
-    with this one."""
+    with this one. Never under 50 ms, whatever the service says."""
     if not lease_ms:
         return every
-    return min(every, lease_ms / 3000)
+    return min(every, max(lease_ms / 3000, 0.05))
 
 
 @dataclass
