@@ -109,17 +109,6 @@ class SqlStack:
         self.compute.stop()
 
 
-# Compute is told storage's lease, so it renews three times per lease from the start. Told
-# the default 60 s against storage's 30 s, it would wait 20 s for its first renewal and only
-# then renew sooner on the leases storage grants (``LeaseKeeper.next_wait``); before it did,
-# a renewal held up 10 s on a loaded machine (Spark starting) let a warm-up index's
-# capability expire.
-_COMPUTE_LEASE = (
-    "--lease-ms",
-    str(round(float(FAST_SETTINGS[FAST_SETTINGS.index("--lease-seconds") + 1]) * 1000)),
-)
-
-
 async def _warm_up(stack: SqlStack, clusters: Sequence[str]) -> None:
     async with AdapterClient(stack.adapter(0)) as client:
         for cluster in clusters:
@@ -163,9 +152,7 @@ def sql_stack(
         if sources:
             stack.start_sources()
         for cluster in clusters:
-            compute.start_compute(
-                cluster, (*_COMPUTE_LEASE, *(compute_extra or {}).get(cluster, ()))
-            )
+            compute.start_compute(cluster, (compute_extra or {}).get(cluster, ()))
         for _ in range(adapters):
             stack.start_adapter()
         if warm_up:

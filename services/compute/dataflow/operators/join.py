@@ -131,6 +131,7 @@ class JoinState(OperatorState):
         out_bytes = row_bytes(self.spec.left_width + self.spec.right_width)
         next_check = 0
         out: list[Update] = []
+        append = out.append
         for key, changes in by_key.items():
             if None in key:
                 continue
@@ -141,7 +142,6 @@ class JoinState(OperatorState):
                 if len(out) >= next_check:
                     guard.check(len(out) * out_bytes)
                     next_check = len(out) + CHECK_EVERY
-                append = out.append
                 for match, multiplicity in matches.items():
                     if left_side:
                         for row, time, diff in changes:
