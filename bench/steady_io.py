@@ -13,7 +13,7 @@ ways alternating step by step, so both see the same load:
 - **parts** (after): as ``RunningDataflow._step_io`` does, ``InputFollower``s of both inputs
   (``parts=True``), fed by one ``PartsFeed`` (a ``SubscribePartsJointly`` stream open over
   both), hold the part keys of each interval; the driver takes them, deals them out
-  (``SparkDataflow.step_io``: the tasks read the part and write the output's parts), and
+  (``SparkDataflow.astep_io``: the tasks read the part and write the output's parts), and
   commits the parts (``OutputWriter.write_parts``). No output row comes back.
 
 The view's state is built as the compute service builds it (``--hydrate spark``, the
@@ -25,7 +25,7 @@ The inputs' appends come from a process of their own (``--appender``, the same s
 workload), so that this process's CPU is the driver's alone. Per step: the wall time and the
 driver's CPU (``getrusage(RUSAGE_SELF)``: this process, all its threads; not the storage
 process, the appender, Spark's JVM or the tasks), for the whole step and for the engine call
-alone (``step`` / ``step_io``, which benchmark (g) times). The rows path's whole step runs
+alone (``step`` / ``astep_io``, which benchmark (g) times). The rows path's whole step runs
 from reading the interval to the commit. The parts path's runs, in wall time, from the
 moment the followers hold the interval to the commit, and in CPU from just after the
 appender is told to append (all the followers' work on receiving the interval included) to
@@ -43,7 +43,10 @@ step's big input part by key partition (``part_shares.keyed_sources``; without i
 decodes a run of the part's rows and routes them through the mesh), reported as
 ``parts_path`` and ``parts_path_unkeyed``. ``--compare commit`` runs the parts path with
 the commit sent as a message on the client's ``AppendStream`` (``parts_path``) and as an
-``AppendParts`` call of its own (``parts_path_unary_commit``). ``--compare none`` runs the
+``AppendParts`` call of its own (``parts_path_unary_commit``). ``--compare thread`` runs
+the parts path with the engine call's round on the event loop (``astep_io``, as the service
+does: ``parts_path``) and handed to a thread that runs ``step_io``
+(``parts_path_thread``). ``--compare none`` runs the
 parts path alone: storage then has no other way's reads, appends and compactions to do
 between its steps. Each run records the load
 average. The output collection must equal the view evaluated in-process at the end, or the
@@ -135,6 +138,15 @@ def _by_part(shares: Sequence[tuple[float, float, float]]) -> dict[str, float]:
         name: round(sum(share[i] for share in shares) / len(shares) * 1000, 3)
         for i, name in enumerate(names)
     }
+
+
+def _in_thread(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` as a coroutine function that runs it in a thread."""
+
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(function, *args, **kwargs)
+
+    return call
 
 
 def _task_cpu(pids: Sequence[int]) -> float:
@@ -295,7 +307,9 @@ async def run(
 
                 await (whole.timed(work) if timed else work())
 
-            async def parts_step(upper: int, timed: bool, kind: str = "parts") -> None:
+            async def parts_step(
+                upper: int, timed: bool, kind: str = "parts", on_loop: bool = True
+            ) -> None:
                 """Appends the next delta and runs its step as the runner does (the
                 append's wall time is not the step's; the followers' CPU is)."""
                 whole, engine = timers[kind]
@@ -307,8 +321,10 @@ async def run(
                     f.collection_id: taken for f in followers if (taken := f.take_parts(upper))
                 }
 
-                def step() -> Any:
-                    return dataflow.step_io(
+                step = dataflow.astep_io if on_loop else _in_thread(dataflow.step_io)
+
+                async def call() -> Any:
+                    return await step(
                         {},
                         windows,
                         upper,
@@ -317,9 +333,6 @@ async def run(
                         sink=sink,
                         return_rows=False,
                     )
-
-                async def call() -> Any:
-                    return await asyncio.to_thread(step)
 
                 done = await (engine.timed(call) if timed else call())
                 times = (done.least or 0, done.greatest or 0)
@@ -355,6 +368,8 @@ async def run(
                     # of messages on the AppendStream: the same writer, client and channel.
                     client.append_stream = way == "parts"
                     await parts_step(upper, timed, way + suffix)
+                elif compare == "thread":
+                    await parts_step(upper, timed, way + suffix, on_loop=way == "parts")
                 elif way == "rows":
                     appender.send()
                     # The followers' part keys of this step are the rows path's to ignore.
@@ -373,9 +388,11 @@ async def run(
             if final != {row: n for row, n in want.items() if n}:
                 raise SystemExit("the output collection is not the view: the run is worthless")
             dataflow.drop()
-        other = {"keyed": "parts_path_unkeyed", "commit": "parts_path_unary_commit"}.get(
-            compare, "rows_path"
-        )
+        other = {
+            "keyed": "parts_path_unkeyed",
+            "commit": "parts_path_unary_commit",
+            "thread": "parts_path_thread",
+        }.get(compare, "rows_path")
         kinds = [("parts_path", "parts")] + ([] if compare == "none" else [(other, "rows")])
         result: dict[str, Any] = {
             "orders": orders,
@@ -516,11 +533,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--compare",
-        choices=("rows", "keyed", "commit", "none"),
+        choices=("rows", "keyed", "commit", "thread", "none"),
         default="rows",
         help="the other way: the rows path, the parts path without reading by key, the "
-        "parts path committing through AppendParts calls, or none (the parts path alone, "
-        "without the other way's load on storage between its steps)",
+        "parts path committing through AppendParts calls, the parts path with its engine "
+        "call handed to a thread, or none (the parts path alone, without the other way's "
+        "load on storage between its steps)",
     )
     args = parser.parse_args()
     # The bare cost of the step's interactions on this machine, to print next to its split

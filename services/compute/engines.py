@@ -564,8 +564,7 @@ class SparkEngineDataflow:
         sink: OutputSink | None,
         return_rows: bool,
     ) -> IoStep:
-        work = functools.partial(
-            self._dataflow.step_io,
+        work = self._dataflow.astep_io(
             batches,
             parts,
             input_upper,
@@ -574,7 +573,7 @@ class SparkEngineDataflow:
             sink=sink,
             return_rows=return_rows,
         )
-        return await self._guarded_any(asyncio.to_thread(work))
+        return await self._guarded_any(work)
 
     @property
     def io_counters(self) -> IoCounters:

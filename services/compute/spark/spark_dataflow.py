@@ -32,6 +32,7 @@ from services.compute.dataflow.worker import ShardWorker
 from services.compute.spark.part_shares import keyed_sources
 from services.compute.spark.parts_source import missing_part
 from services.compute.spark.requests import (
+    ApplyIndex,
     Hydrate,
     LoadRows,
     Request,
@@ -346,6 +347,47 @@ class SparkDataflow(Dataflow):
         with a ``sink``, write the output's parts there (not committed); the output's
         updates come back only with ``return_rows`` or without a sink. The driver deals
         parts, not rows (``_deal``)."""
+        requests, finish = self._io_round(
+            batches, parts, input_upper, blob_url, environment, sink, return_rows
+        )
+        return finish(self.cluster.call(requests) if requests else [])
+
+    async def astep_io(
+        self,
+        batches: Batches,
+        parts: Mapping[str, Sequence[PartWindow]],
+        input_upper: int,
+        *,
+        blob_url: str,
+        environment: Mapping[str, str],
+        sink: OutputSink | None,
+        return_rows: bool,
+    ) -> IoStep:
+        """``step_io`` for asyncio callers. A step whose tasks write the output's parts and
+        send no rows back has small answers: its round runs on the event loop
+        (``ResidentCluster.acall``); the others run in a thread."""
+        requests, finish = self._io_round(
+            batches, parts, input_upper, blob_url, environment, sink, return_rows
+        )
+        if not requests:
+            return finish([])
+        if sink is not None and not return_rows:
+            return finish(await self.cluster.acall(requests))
+        return finish(await asyncio.to_thread(self.cluster.call, requests))
+
+    def _io_round(
+        self,
+        batches: Batches,
+        parts: Mapping[str, Sequence[PartWindow]],
+        input_upper: int,
+        blob_url: str,
+        environment: Mapping[str, str],
+        sink: OutputSink | None,
+        return_rows: bool,
+    ) -> tuple[list[Request], Callable[[list[object]], IoStep]]:
+        """A ``step_io`` step planned: the requests of its round (one per shard; none when
+        nothing is to be done), and what makes the step's result of their answers (and
+        moves the dataflow on)."""
         lower = self._upper
         if lower is None:
             raise FailedPrecondition("hydrate the dataflow before stepping it")
@@ -363,15 +405,21 @@ class SparkDataflow(Dataflow):
             for w in listed
             if max(w.lower, lower) < min(w.upper, input_upper)
         ]
+        if sink is not None and sink.blob_url != blob_url and windows:
+            raise InvalidArgument("the inputs' parts and the output's live in one blob store")
         if not rows and not windows:
-            self._upper = input_upper
-            if self.index_key_columns is not None:
-                self.cluster.apply_index(
-                    self.dataflow_id, [[] for _ in range(self.shards)], input_upper
-                )
             kept = sink is not None or self._rows_kept(return_rows)
-            return IoStep(input_upper, None if kept and not return_rows else [])
+
+            def nothing_done(_answers: list[object]) -> IoStep:
+                self._upper = input_upper
+                return IoStep(input_upper, None if kept and not return_rows else [])
+
+            moves_index = self.index_key_columns is not None
+            return [
+                ApplyIndex(self.dataflow_id, [], input_upper) for _ in range(self.shards)
+            ] if moves_index else [], nothing_done
         dealt = _deal(windows, self.shards, self._keyed_sources)
+        by_key = sum(1 for listed in dealt[0].values() for window in listed if not window[4])
         shares: list[dict[int, list[Update]]] = [{} for _ in range(self.shards)]
         for node_id, updates in rows.items():
             size = -(-len(updates) // self.shards)
@@ -379,7 +427,7 @@ class SparkDataflow(Dataflow):
                 if piece := updates[shard * size : (shard + 1) * size]:
                     share[node_id] = piece
         schema = b"" if sink is None else sink.schema.to_proto().SerializeToString()
-        requests = [
+        requests: list[Request] = [
             Step(
                 self.dataflow_id,
                 shares[shard],
@@ -396,38 +444,39 @@ class SparkDataflow(Dataflow):
             )
             for shard in range(self.shards)
         ]
-        if sink is not None and sink.blob_url != blob_url and windows:
-            raise InvalidArgument("the inputs' parts and the output's live in one blob store")
-        results = self.cluster.call(requests)
-        self._upper = input_upper
-        self.io_counters.input_rows += sum(len(updates) for updates in rows.values())
-        self.io_counters.input_parts += len(windows)
-        self.io_counters.input_parts_by_key += sum(
-            1 for windows_dealt in dealt[0].values() for window in windows_dealt if not window[4]
-        )
-        if sink is None and not self._rows_kept(return_rows):
-            output = self._consolidated(
-                [update for result in results for update in result]  # type: ignore[attr-defined]
-            )
-            self.io_counters.output_rows += len(output)
-            return IoStep(input_upper, output)
-        written = [r for r in results if isinstance(r, StepWritten)]
-        assert len(written) == len(results)
-        done = IoStep(input_upper, None)
-        for result in written:
-            # A share kept in the index has no part: only its diffs count.
-            done.diffs += result.diffs
-            if result.part is not None:
-                done.parts.append(WrittenPart(*result.part))
-                done.least = result.least if done.least is None else min(done.least, result.least)
-                done.greatest = max(done.greatest or 0, result.greatest)
-        if return_rows:
-            # Disjoint by row across the tasks: nothing to consolidate.
-            done.updates = normalizer(self.graph.output_types).apply(
-                [[update for result in written for update in result.updates or ()]]
-            )
-            self.io_counters.output_rows += len(done.updates)
-        return done
+
+        def stepped(results: list[object]) -> IoStep:
+            self._upper = input_upper
+            self.io_counters.input_rows += sum(len(updates) for updates in rows.values())
+            self.io_counters.input_parts += len(windows)
+            self.io_counters.input_parts_by_key += by_key
+            if sink is None and not self._rows_kept(return_rows):
+                output = self._consolidated(
+                    [update for result in results for update in result]  # type: ignore[attr-defined]
+                )
+                self.io_counters.output_rows += len(output)
+                return IoStep(input_upper, output)
+            written = [r for r in results if isinstance(r, StepWritten)]
+            assert len(written) == len(results)
+            done = IoStep(input_upper, None)
+            for result in written:
+                # A share kept in the index has no part: only its diffs count.
+                done.diffs += result.diffs
+                if result.part is not None:
+                    done.parts.append(WrittenPart(*result.part))
+                    done.least = (
+                        result.least if done.least is None else min(done.least, result.least)
+                    )
+                    done.greatest = max(done.greatest or 0, result.greatest)
+            if return_rows:
+                # Disjoint by row across the tasks: nothing to consolidate.
+                done.updates = normalizer(self.graph.output_types).apply(
+                    [[update for result in written for update in result.updates or ()]]
+                )
+                self.io_counters.output_rows += len(done.updates)
+            return done
+
+        return requests, stepped
 
     def _rows_kept(self, return_rows: bool) -> bool:
         """Whether a step without a sink keeps its output on the tasks: in the index, when
