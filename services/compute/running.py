@@ -96,6 +96,8 @@ class RunningDataflow:
         self.storage = storage
         self.inputs = list(inputs)
         self.writer = writer
+        self._sink: OutputSink | None = None
+        """The output's sink of the last step from parts, kept (its serialized schema too)."""
         self.output_has_data = output_has_data
         self.as_of = as_of
         self.settings = settings
@@ -432,7 +434,12 @@ class RunningDataflow:
         writer = self.writer
         sink = None
         if writer is not None and blob_url:
-            sink = OutputSink(writer.collection_id, blob_url, self.schema)
+            sink = self._sink
+            if sink is None or (sink.collection_id, sink.blob_url) != (
+                writer.collection_id,
+                blob_url,
+            ):
+                sink = self._sink = OutputSink(writer.collection_id, blob_url, self.schema)
         # Rows come back for listeners, and for a writer without a sink (no parts path to
         # the output): only an index-only dataflow's rows may stay on the tasks.
         return_rows = self.feed.has_listeners or (writer is not None and sink is None)

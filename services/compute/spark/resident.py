@@ -539,12 +539,12 @@ class ResidentCluster:
     async def acall(self, requests: Sequence[rq.Request]) -> list[object]:
         """``call`` for asyncio callers, run on the event loop itself when it can be: the
         requests are sent at once and each task's answer is read when its socket turns
-        readable, so a step pays no hand-off to a thread and back (a third of a millisecond
-        of driver CPU, ``bench/steady_io.py``). For rounds whose answers are small (a step
-        that writes its output's parts): a large answer would be read and decoded on the
-        loop. A round that would wait (for the lock, or a shard's rebuild), one over TLS
-        (one OpenSSL state per socket, driven from one thread at a time), and a round that
-        loses a task run in a thread as ``call`` does."""
+        readable, so a step pays no hand-off to a thread and back (0.1-0.2 ms of driver
+        CPU a step, ``bench/steady_io.py --compare thread``). For rounds whose answers are
+        small (a step that writes its output's parts): a large answer would be read and
+        decoded on the loop. A round that would wait (for the lock, or a shard's rebuild),
+        one over TLS (one OpenSSL state per socket, driven from one thread at a time), and
+        a round that loses a task run in a thread as ``call`` does."""
         if not self._claim_for_loop(requests):
             return await asyncio.to_thread(self.call, requests)
         # The lock is held from here on; whoever finishes the round releases it.
@@ -558,8 +558,9 @@ class ResidentCluster:
             if not lost:
                 lost = await self._collect_on_loop(replied)
         except BaseException:
-            # Cancelled while answers are on their way: a thread reads them (the next
-            # round must not), settles the round as ``call`` would and frees the lock.
+            # Cancelled (or failed) while answers are on their way: a thread reads them
+            # (the next round must not), settles the round as ``call`` would and frees
+            # the lock.
             threading.Thread(
                 target=self._finish_abandoned,
                 args=(requests, replied),
@@ -568,11 +569,10 @@ class ResidentCluster:
             ).start()
             raise
         if lost:
-            answers = await asyncio.to_thread(self._finish_and_release, requests, lost, replied)
-        else:
-            self._lock.release()
-            answers = [replied[shard] for shard in range(self.shards)]
-        return self._answers(answers)
+            # In the thread, the answers too: a cancelled caller still leaves them judged.
+            return await asyncio.to_thread(self._finish_lost, requests, lost, replied)
+        self._lock.release()
+        return self._answers([replied[shard] for shard in range(self.shards)])
 
     def _claim_for_loop(self, requests: Sequence[rq.Request]) -> bool:
         """Takes the lock for a round on the event loop, if nothing makes it wait or
@@ -623,6 +623,9 @@ class ResidentCluster:
             except ConnectionLost as error:
                 settle({shard: f"is gone ({error})"})
                 return
+            except Exception as error:  # raised by the round, whose rest a thread reads
+                done.set_exception(error)
+                return
             if isinstance(message, rq.Heartbeat):
                 return
             replied[shard] = message
@@ -666,6 +669,11 @@ class ResidentCluster:
             return self._finish_round(requests, lost, replied)
         finally:
             self._lock.release()
+
+    def _finish_lost(
+        self, requests: Sequence[rq.Request], lost: dict[int, str], replied: dict[int, object]
+    ) -> list[object]:
+        return self._answers(self._finish_and_release(requests, lost, replied))
 
     def _finish_abandoned(self, requests: Sequence[rq.Request], replied: dict[int, object]) -> None:
         """Ends a round its caller gave up on: its answers are read and dropped, but a lost

@@ -16,6 +16,7 @@ reads it at past times from its since on; ``compact_index`` moves that since.
 from __future__ import annotations
 
 import asyncio
+import functools
 import secrets
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -74,6 +75,11 @@ class OutputSink:
     collection_id: str
     blob_url: str
     schema: RelationSchema
+
+    @functools.cached_property
+    def schema_bytes(self) -> bytes:
+        """The serialized schema every step's request carries, made once per sink."""
+        return self.schema.to_proto().SerializeToString()
 
 
 @dataclass
@@ -426,7 +432,7 @@ class SparkDataflow(Dataflow):
             for shard, share in enumerate(shares):
                 if piece := updates[shard * size : (shard + 1) * size]:
                     share[node_id] = piece
-        schema = b"" if sink is None else sink.schema.to_proto().SerializeToString()
+        schema = b"" if sink is None else sink.schema_bytes
         requests: list[Request] = [
             Step(
                 self.dataflow_id,
