@@ -420,10 +420,13 @@ class SparkDataflow(Dataflow):
                 self._upper = input_upper
                 return IoStep(input_upper, None if kept and not return_rows else [])
 
-            moves_index = self.index_key_columns is not None
-            return [
+            if self.index_key_columns is None:
+                return [], nothing_done
+            # Only the index's upper moves.
+            moves: list[Request] = [
                 ApplyIndex(self.dataflow_id, [], input_upper) for _ in range(self.shards)
-            ] if moves_index else [], nothing_done
+            ]
+            return moves, nothing_done
         dealt = _deal(windows, self.shards, self._keyed_sources)
         by_key = sum(1 for listed in dealt[0].values() for window in listed if not window[4])
         shares: list[dict[int, list[Update]]] = [{} for _ in range(self.shards)]
