@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -150,3 +151,31 @@ def test_a_round_given_up_on_is_finished_before_the_next_one(quick: ResidentClus
     # The abandoned step ran once, to its end: every count is 8.
     after = asyncio.run(quick.acall(steps(flow, [((1,), 2, 1)], 3)))
     assert output(after) == [((1, 8), 2, -1), ((1, 9), 2, 1)]
+
+
+def test_a_round_no_thread_can_finish_fails_the_cluster_rather_than_hang_it(
+    quick: ResidentCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flow = SparkDataflow(counted(), as_of=0, cluster=quick)
+    flow.hydrate({"numbers": []})
+
+    def no_thread(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    async def give_up() -> None:
+        call = asyncio.ensure_future(quick.acall(steps(flow, LONG, 2)))
+        await asyncio.sleep(0.3)
+        monkeypatch.setattr(threading.Thread, "start", no_thread)
+        try:
+            call.cancel()
+            with pytest.raises(RuntimeError, match="can't start new thread"):
+                await call
+        finally:
+            monkeypatch.undo()  # at once: the rest of the process starts threads too
+
+    asyncio.run(give_up())
+    # The round's answers were never read: the cluster is failed, not left to hand them
+    # to the next round (or to hang it on the lock).
+    assert quick.failure is not None and "could not be finished" in quick.failure
+    with pytest.raises(Unavailable, match="could not be finished"):
+        asyncio.run(asyncio.wait_for(quick.acall([rq.Stats(flow.dataflow_id)] * 2), 30))

@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import TypeVar
 
 from pyspark.sql import SparkSession
 
@@ -66,6 +67,8 @@ from tidemark.rpc.tls import TlsSettings
 from tidemark.v1 import plan_pb2
 
 log = get_logger("compute.spark.resident")
+
+T = TypeVar("T")
 
 _STOP_WAIT_SECONDS = 30.0
 
@@ -561,18 +564,35 @@ class ResidentCluster:
             # Cancelled (or failed) while answers are on their way: a thread reads them
             # (the next round must not), settles the round as ``call`` would and frees
             # the lock.
-            threading.Thread(
+            finishing = threading.Thread(
                 target=self._finish_abandoned,
                 args=(requests, replied),
                 name="tidemark-resident-abandoned-round",
                 daemon=True,
-            ).start()
+            )
+            self._hand_off(finishing.start)
             raise
         if lost:
             # In the thread, the answers too: a cancelled caller still leaves them judged.
-            return await asyncio.to_thread(self._finish_lost, requests, lost, replied)
+            loop = asyncio.get_running_loop()
+            finished = self._hand_off(
+                lambda: loop.run_in_executor(None, self._finish_lost, requests, lost, replied)
+            )
+            return await finished
         self._lock.release()
         return self._answers([replied[shard] for shard in range(self.shards)])
+
+    def _hand_off(self, start: Callable[[], T]) -> T:
+        """``start()``, which hands a round in progress (and the lock) to a thread. If it
+        cannot, the round's answers stay unread on the sockets: the cluster is failed
+        (``Unavailable`` from then on) before the lock is freed, so no later round reads
+        them as its own."""
+        try:
+            return start()
+        except BaseException as error:
+            self._fail(f"a request round could not be finished ({error})")
+            self._lock.release()
+            raise
 
     def _claim_for_loop(self, requests: Sequence[rq.Request]) -> bool:
         """Takes the lock for a round on the event loop, if nothing makes it wait or
@@ -638,6 +658,8 @@ class ResidentCluster:
 
         def look_for_silence() -> None:
             nonlocal timer
+            if done.done() or not watched:  # the last answer came in this same turn
+                return
             now = time.monotonic()
             for shard in watched:
                 if (silence := now - heard(shard)) >= deadline_s:

@@ -369,17 +369,29 @@ class SparkDataflow(Dataflow):
         sink: OutputSink | None,
         return_rows: bool,
     ) -> IoStep:
-        """``step_io`` for asyncio callers. A step whose tasks write the output's parts and
-        send no rows back has small answers: its round runs on the event loop
-        (``ResidentCluster.acall``); the others run in a thread."""
+        """``step_io`` for asyncio callers. A step from parts alone whose tasks write the
+        output's parts and send no rows back has small requests and answers, and little
+        planning: its round runs on the event loop (``ResidentCluster.acall``). Any other
+        (rows to deal, rows to take back) runs in a thread, its planning and its output
+        too. A caller cancelled mid-round leaves ``_upper`` where it was although the
+        tasks stepped: cancelling is how a dataflow is stopped, and it is dropped next."""
+        if sink is None or return_rows or any(batches.values()):
+            return await asyncio.to_thread(
+                functools.partial(
+                    self.step_io,
+                    batches,
+                    parts,
+                    input_upper,
+                    blob_url=blob_url,
+                    environment=environment,
+                    sink=sink,
+                    return_rows=return_rows,
+                )
+            )
         requests, finish = self._io_round(
             batches, parts, input_upper, blob_url, environment, sink, return_rows
         )
-        if not requests:
-            return finish([])
-        if sink is not None and not return_rows:
-            return finish(await self.cluster.acall(requests))
-        return finish(await asyncio.to_thread(self.cluster.call, requests))
+        return finish(await self.cluster.acall(requests) if requests else [])
 
     def _io_round(
         self,
