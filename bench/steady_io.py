@@ -4,8 +4,9 @@
 The compute benchmark's view (``bench/compute_view.py``: ``orders ⋈ customers`` grouped by
 region) as a ``SparkDataflow`` on a ``ResidentCluster`` of two shards, its inputs and output
 collections in a storage process (a local directory). Each step's delta (1,000 changed rows
-over 10 times) is appended to storage as one batch; the view then steps through it, the two
-ways alternating step by step, so both see the same load:
+over 10 times; ``--changed-orders N`` changes N orders, 2N rows) is appended to storage as
+one batch; the view then steps through it, the two ways alternating step by step, so both
+see the same load:
 
 - **rows** (before): the driver reads the interval's rows (``SubscribeAt``, decoded to rows
   as ``InputFollower`` does), deals them out (``SparkDataflow.step``), gets the tasks' output
@@ -210,6 +211,7 @@ async def run(
     small_steps: int,
     compare: str = "rows",
     hydrate: str = "spark",
+    changed_orders: int = DELTA_UPDATES,
 ) -> dict[str, Any]:
     # Spark's JVM first: launching it forks, and a fork while gRPC's threads run (the
     # storage client's) can lose the gateway before it sends its port.
@@ -346,7 +348,7 @@ async def run(
 
             # The two ways alternate step by step; with --compare none the parts path runs alone.
             ways = ("parts",) if compare == "none" else ("rows", "parts")
-            plan_steps = [(DELTA_UPDATES, DELTA_TIMES, "")] * (len(ways) * (warmup + steps))
+            plan_steps = [(changed_orders, DELTA_TIMES, "")] * (len(ways) * (warmup + steps))
             plan_steps += [(1, 1, "-1")] * (len(ways) * small_steps)
             for number, (updates, times, suffix) in enumerate(plan_steps):
                 delta, upper = workload.delta(updates, times)
@@ -396,6 +398,7 @@ async def run(
         kinds = [("parts_path", "parts")] + ([] if compare == "none" else [(other, "rows")])
         result: dict[str, Any] = {
             "orders": orders,
+            "changed_rows_per_step": 2 * changed_orders,
             "steps_each": steps,
             "compare": compare,
             "hydrate": hydrate,
@@ -525,6 +528,13 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--small-steps", type=int, default=60, help="1-update steps, each way")
     parser.add_argument(
+        "--changed-orders",
+        type=int,
+        default=DELTA_UPDATES,
+        help="orders changed per step, each a retraction and an insertion (the default's "
+        "1,000 changed rows are benchmark (g)'s step)",
+    )
+    parser.add_argument(
         "--hydrate",
         choices=("spark", "rows"),
         default="spark",
@@ -545,7 +555,15 @@ def main() -> None:
     # (first: a failure here costs seconds, not the run).
     floor = asyncio.run(grpc_floor.measure())
     result = asyncio.run(
-        run(args.orders, args.steps, args.warmup, args.small_steps, args.compare, args.hydrate)
+        run(
+            args.orders,
+            args.steps,
+            args.warmup,
+            args.small_steps,
+            args.compare,
+            args.hydrate,
+            args.changed_orders,
+        )
     )
     result["grpc_floor_cpu_ms"] = floor
     # The least driver CPU a step can cost while the driver commits it, whoever follows the

@@ -63,8 +63,12 @@ class Dataflow:
         shards: int = 1,
         guard: Guard = UNGUARDED,
         budget: StateBudget | None = None,
+        combine: bool = True,
     ) -> None:
-        """``budget``: a memory budget the operator state spills past (None: no bound)."""
+        """``budget``: a memory budget the operator state spills past (None: no bound).
+        ``combine``: whether an operator that combines its input (``StatefulOperator.combine``)
+        gets each shard's share as partial rows, as resident tasks exchange them; without
+        it, every shard's nodes are given the updates themselves."""
         if not 0 <= as_of < MAX_TIME:
             raise InvalidArgument(f"as_of {as_of} is not a time before 2**64 - 1")
         if shards < 1:
@@ -73,6 +77,7 @@ class Dataflow:
         self.as_of = as_of
         self.shards = shards
         self.guard = guard
+        self.combine = combine
         self.workers = [ShardWorker(self.graph, shard, guard, budget) for shard in range(shards)]
         self._upper: int | None = None
 
@@ -229,14 +234,24 @@ class Dataflow:
                 ]
             else:
                 assert isinstance(op, StatefulOperator)
-                routed = [
-                    exchange(held[i], route, shards)
-                    for i, route in zip(node.inputs, op.routes, strict=True)
-                ]
-                parts = [
-                    worker.process(node.id, [inputs[shard] for inputs in routed])
-                    for shard, worker in enumerate(self.workers)
-                ]
+                if op.combines and shards > 1 and self.combine:
+                    (i,) = node.inputs
+                    partials = exchange(
+                        [op.combine(part) for part in held[i]], op.combined_route, shards
+                    )
+                    parts = [
+                        worker.process_combined(node.id, partials[shard])
+                        for shard, worker in enumerate(self.workers)
+                    ]
+                else:
+                    routed = [
+                        exchange(held[i], route, shards)
+                        for i, route in zip(node.inputs, op.routes, strict=True)
+                    ]
+                    parts = [
+                        worker.process(node.id, [inputs[shard] for inputs in routed])
+                        for shard, worker in enumerate(self.workers)
+                    ]
             held[node.id] = parts
             for i in node.inputs:
                 pending[i] -= 1

@@ -51,6 +51,11 @@ class ShardWorker:
         """Runs stateful node ``node_id`` on this shard's share of the step's input."""
         return self.states[node_id].process(inputs)
 
+    def process_combined(self, node_id: int, partials: list[Update]) -> list[Update]:
+        """``process`` of node ``node_id``'s input as the partial rows every shard summed its
+        share into (``StatefulOperator.combine``), those of this shard's keys."""
+        return self.states[node_id].process_combined(partials)
+
     def load(self, node_id: int, inputs: Sequence[list[Update]]) -> None:
         """``process`` into the empty state of ``node_id``, its output not wanted."""
         self.states[node_id].load(inputs)

@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from services.compute.dataflow.batch import Update, consolidate, whole_row
 from services.compute.dataflow.exchange import partition
-from services.compute.dataflow.graph import ConstantSource, GetSource, Graph
+from services.compute.dataflow.graph import ConstantSource, GetSource, Graph, Node
 from services.compute.dataflow.index import Index, with_index
 from services.compute.dataflow.lower import columns_key, lower
 from services.compute.dataflow.operators.base import LinearOperator, StatefulOperator
@@ -313,25 +313,7 @@ class ShardHost:
                     # keeps the key's values, so the rows stay this task's.
                     kept[node.id] = op.apply([kept.pop(node.inputs[0])])
             else:
-                assert isinstance(op, StatefulOperator)
-                routed = [
-                    partition(held[i], route, self.shards)
-                    for i, route in zip(node.inputs, op.routes, strict=True)
-                ]
-                for position, i in enumerate(node.inputs):
-                    if i in kept:
-                        routed[position][self.shard].extend(kept.pop(i))
-                received = self._exchange(
-                    step, node.id, [tuple(parts[p] for parts in routed) for p in range(self.shards)]
-                )
-                # The wire loses the identity of the one canonical NaN the operators rely on.
-                inputs = [
-                    normalizer(nodes[input_id].types).apply(
-                        [[update for part in received for update in part[position]]]
-                    )
-                    for position, input_id in enumerate(node.inputs)
-                ]
-                output = hosted.worker.process(node.id, inputs)
+                output = self._run_stateful(step, hosted, node, held, kept)
             held[node.id] = output
             for i in node.inputs:
                 pending[i] -= 1
@@ -358,6 +340,47 @@ class ShardHost:
             # The output has nowhere to go but the index: the rows stay here.
             return kept_share(indexed)
         return output
+
+    def _run_stateful(
+        self,
+        step: int,
+        hosted: HostedDataflow,
+        node: Node,
+        held: dict[int, list[Update]],
+        kept: dict[int, list[Update]],
+    ) -> list[Update]:
+        """Stateful ``node`` on this task's keys: its inputs' updates (``held``, and in
+        ``kept`` those already in this task's key partition) exchanged with every other task
+        first; an operator that combines sends one partial row per key and time instead."""
+        op = node.operator
+        assert isinstance(op, StatefulOperator)
+        nodes = hosted.graph.nodes
+        if op.combines and self.shards > 1:
+            (i,) = node.inputs
+            partials = op.combine([*held[i], *kept.pop(i, ())])
+            shares = partition(partials, op.combined_route, self.shards)
+            received = self._exchange(step, node.id, [(share,) for share in shares])
+            return hosted.worker.process_combined(
+                node.id, [update for part in received for update in part[0]]
+            )
+        routed = [
+            partition(held[i], route, self.shards)
+            for i, route in zip(node.inputs, op.routes, strict=True)
+        ]
+        for position, i in enumerate(node.inputs):
+            if i in kept:
+                routed[position][self.shard].extend(kept.pop(i))
+        received = self._exchange(
+            step, node.id, [tuple(parts[p] for parts in routed) for p in range(self.shards)]
+        )
+        # The wire loses the identity of the one canonical NaN the operators rely on.
+        inputs = [
+            normalizer(nodes[input_id].types).apply(
+                [[update for part in received for update in part[position]]]
+            )
+            for position, input_id in enumerate(node.inputs)
+        ]
+        return hosted.worker.process(node.id, inputs)
 
     def _step_sources(
         self, request: Step, hosted: HostedDataflow

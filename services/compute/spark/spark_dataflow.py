@@ -543,7 +543,8 @@ def hydrated_shard(
     ``shard_of`` of the same keys): what each stateful node of ``shard`` was given (a
     ``LoadRows``'s ``nodes``), and the whole output. Only for small inputs: the driver
     holds all of it."""
-    flow = Dataflow(plan, as_of=as_of, shards=shards)
+    # The updates themselves, not partial rows: a shard is loaded from what its nodes hold.
+    flow = Dataflow(plan, as_of=as_of, shards=shards, combine=False)
     recorder = _RecordingWorker(flow.graph, shard)
     flow.workers[shard] = recorder
     output, _ = flow.hydrate(snapshots or {})

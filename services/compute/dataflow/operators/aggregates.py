@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from services.compute.dataflow.functions import decimals
 from services.compute.dataflow.operators.sorted_weights import SortedWeights
@@ -28,6 +28,20 @@ class Aggregate(ABC):
     """The state of one aggregate for one group."""
 
     __slots__ = ()
+
+    parts_width: ClassVar[int | None] = None
+    """For a state that is nothing but sums over its changes, how many numbers ``parts``
+    gives (a group's partial aggregate, which adds up with others: ``add_parts``); None for
+    a state that keeps its values (MIN, MAX, DISTINCT)."""
+
+    def parts(self) -> tuple[int, ...]:
+        """The state as ``parts_width`` integers, which ``add_parts`` adds to another."""
+        raise Internal(f"{type(self).__name__} keeps its values: it has no partial aggregate")
+
+    def add_parts(self, parts: Sequence[int], diff: int) -> None:
+        """Adds ``diff`` times a state given as its ``parts``: the same as adding, ``diff``
+        times over, every change that made that state."""
+        raise Internal(f"{type(self).__name__} keeps its values: it has no partial aggregate")
 
     @abstractmethod
     def add(self, value: Any, diff: int) -> None:
@@ -57,11 +71,18 @@ class CountRows(Aggregate):
     """COUNT(*): the group's multiplicity, which the group tracks itself."""
 
     __slots__ = ()
+    parts_width = 0
 
     def add(self, value: Any, diff: int) -> None:
         pass
 
     def add_all(self, values: Sequence[Any], diffs: Sequence[int]) -> None:
+        pass
+
+    def parts(self) -> tuple[int, ...]:
+        return ()
+
+    def add_parts(self, parts: Sequence[int], diff: int) -> None:
         pass
 
     def result(self, rows: int) -> Any:
@@ -73,9 +94,16 @@ class CountRows(Aggregate):
 
 class CountValues(Aggregate):
     __slots__ = ("count",)
+    parts_width = 1
 
     def __init__(self) -> None:
         self.count = 0
+
+    def parts(self) -> tuple[int, ...]:
+        return (self.count,)
+
+    def add_parts(self, parts: Sequence[int], diff: int) -> None:
+        self.count += parts[0] * diff
 
     def add(self, value: Any, diff: int) -> None:
         if value is not None:
@@ -97,10 +125,18 @@ class _Summing(Aggregate):
     """Keeps an exact integer total and the count of non-NULL values."""
 
     __slots__ = ("count", "total")
+    parts_width = 2
 
     def __init__(self) -> None:
         self.total = 0
         self.count = 0
+
+    def parts(self) -> tuple[int, ...]:
+        return (self.total, self.count)
+
+    def add_parts(self, parts: Sequence[int], diff: int) -> None:
+        self.total += parts[0] * diff
+        self.count += parts[1] * diff
 
     def is_empty(self) -> bool:
         return self.total == 0 and self.count == 0
@@ -169,12 +205,30 @@ class SumFloat(_Summing):
     (kept as counts, since an infinity can be removed again)."""
 
     __slots__ = ("nans", "negative_infinities", "positive_infinities")
+    parts_width = 5
 
     def __init__(self) -> None:
         super().__init__()
         self.nans = 0
         self.positive_infinities = 0
         self.negative_infinities = 0
+
+    def parts(self) -> tuple[int, ...]:
+        return (
+            self.total,
+            self.count,
+            self.nans,
+            self.positive_infinities,
+            self.negative_infinities,
+        )
+
+    def add_parts(self, parts: Sequence[int], diff: int) -> None:
+        total, count, nans, positive, negative = parts
+        self.total += total * diff
+        self.count += count * diff
+        self.nans += nans * diff
+        self.positive_infinities += positive * diff
+        self.negative_infinities += negative * diff
 
     def add(self, value: Any, diff: int) -> None:
         if value is None:

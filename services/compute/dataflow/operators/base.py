@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -14,6 +14,10 @@ from services.compute.dataflow.guard import CHECK_EVERY, UNGUARDED, Guard, row_b
 from services.compute.dataflow.spill import StateBudget
 from services.compute.dataflow.spilling_map import SpillingMap
 from services.compute.dataflow.work import Work
+from tidemark.errors import Internal
+
+GroupUpdate = Callable[[Key, list[tuple[Row, int]], int, list[Update]], None]
+"""Applies one group's changes at a time, appending its output changes."""
 
 
 class LinearOperator(ABC):
@@ -43,6 +47,11 @@ class OperatorState(ABC):
 
     @abstractmethod
     def process(self, inputs: Sequence[list[Update]]) -> list[Update]: ...
+
+    def process_combined(self, partials: list[Update]) -> list[Update]:
+        """``process`` of an input that every shard summed before the exchange
+        (``StatefulOperator.combine``): one partial row per key and time from each shard."""
+        raise Internal(f"{type(self).__name__} takes no partial rows")
 
     def load(self, inputs: Sequence[list[Update]]) -> None:
         """``process`` into an empty state, where the output is not wanted (a hydration whose
@@ -100,15 +109,21 @@ class GroupedState(OperatorState):
 
     def process(self, inputs: Sequence[list[Update]]) -> list[Update]:
         (updates,) = inputs
+        return self._visit(keyed_by_time(updates, self.group_key), self._update_group)
+
+    def _visit(
+        self, keyed: dict[int, dict[Key, list[tuple[Row, int]]]], update: GroupUpdate
+    ) -> list[Update]:
+        """Runs ``update`` on each group ``keyed`` changes, time by time in increasing order;
+        its output changes."""
         out: list[Update] = []
-        keyed = keyed_by_time(updates, self.group_key)
         guard = self.guard
         for time in sorted(keyed):
             changes_by_key = keyed[time]
             for position, key in enumerate(self._visit_order(changes_by_key)):
                 if position % CHECK_EVERY == 0:
                     guard.check(len(out) * row_bytes(len(key) + 1))
-                self._update_group(key, changes_by_key[key], time, out)
+                update(key, changes_by_key[key], time, out)
         return out
 
     def _visit_order(self, keys: dict[Key, list[tuple[Row, int]]]) -> Iterable[Key]:
@@ -148,9 +163,24 @@ class SpillingGroupedState(GroupedState):
 
 class StatefulOperator(ABC):
     """The description of a stateful operator: how to route each input's rows to the shard
-    that owns their key, and how to make a shard's empty state."""
+    that owns their key, and how to make a shard's empty state.
+
+    An operator that ``combines`` has one input, and a state that adds up over its changes
+    (COUNT and SUM): each shard sums its share of the step per key and time (``combine``)
+    before the exchange, so a key's changes cross as one partial row, routed by
+    ``combined_route`` to the shard its rows would have gone to, where
+    ``OperatorState.process_combined`` folds them in."""
 
     routes: tuple[KeyFunction, ...]
+    combines: bool = False
+
+    def combine(self, updates: list[Update]) -> list[Update]:
+        """``updates`` summed into one partial row per key and time."""
+        raise Internal(f"{type(self).__name__} does not combine its input")
+
+    def combined_route(self, partial: Row) -> Key:
+        """The key of a partial row, which ``routes[0]`` gave its updates."""
+        raise Internal(f"{type(self).__name__} does not combine its input")
 
     @abstractmethod
     def new_state(self) -> OperatorState: ...

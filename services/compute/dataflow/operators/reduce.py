@@ -17,14 +17,28 @@ from typing import Any
 
 import pyarrow as pa
 
-from services.compute.dataflow.batch import Key, KeyFunction, Row, Update
+from services.compute.dataflow.batch import Key, KeyFunction, Row, Update, keyed_by_time
 from services.compute.dataflow.columnar import float_columns_of, python_rows
 from services.compute.dataflow.guard import CHECK_EVERY, row_bytes, rows_bytes
 from services.compute.dataflow.operators.aggregates import Aggregate, add_summed_parts
 from services.compute.dataflow.operators.base import SpillingGroupedState, StatefulOperator
+from services.compute.dataflow.ordering import canonical_float
 from services.compute.dataflow.spilling_map import SpillingMap
 
 Evaluator = Callable[[Row], Any]
+
+
+def fold_changes(
+    states: Sequence[Aggregate], specs: Sequence[AggregateSpec], changes: list[tuple[Row, int]]
+) -> int:
+    """Adds a group's ``changes`` to its aggregates' ``states``; returns their sum of diffs."""
+    diffs = [diff for _, diff in changes]
+    for state, spec in zip(states, specs, strict=True):
+        read = spec.value
+        state.add_all(
+            [None] * len(diffs) if read is None else [read(row) for row, _ in changes], diffs
+        )
+    return sum(diffs)
 
 
 class AggregateSpec:
@@ -40,11 +54,34 @@ class ReduceOperator(StatefulOperator):
         self.group_key = group_key
         self.aggregates = list(aggregates)
         self.routes = (group_key,)
+        kinds = [type(spec.new_state()) for spec in self.aggregates]
         # Only MIN/MAX and DISTINCT keep values; COUNT and SUM groups skip counting them.
-        self.keeps_values = any(
-            type(spec.new_state()).values_held is not Aggregate.values_held
-            for spec in self.aggregates
-        )
+        self.keeps_values = any(kind.values_held is not Aggregate.values_held for kind in kinds)
+        widths = [kind.parts_width for kind in kinds]
+        self.part_widths: list[int] = [width or 0 for width in widths]
+        """Per aggregate, how many numbers its partial aggregate takes in a partial row."""
+        self.combines = None not in widths
+        # A partial row: the group's key, its sum of diffs, then each aggregate's parts.
+        self._partial_tail = 1 + sum(self.part_widths)
+
+    def combine(self, updates: list[Update]) -> list[Update]:
+        """One partial row per group and time: ``(*key, rows, *parts)`` at that time with a
+        diff of 1, where ``rows`` is the group's sum of diffs and ``parts`` each aggregate's
+        state over those changes alone (``Aggregate.parts``). A group whose changes cancel
+        out sends nothing: it would change nothing where it lands."""
+        out: list[Update] = []
+        new_states = [spec.new_state for spec in self.aggregates]
+        for time, by_key in keyed_by_time(updates, self.group_key).items():
+            for key, changes in by_key.items():
+                states = [new_state() for new_state in new_states]
+                rows = fold_changes(states, self.aggregates, changes)
+                parts = [part for state in states for part in state.parts()]
+                if rows or any(parts):
+                    out.append(((*key, rows, *parts), time, 1))
+        return out
+
+    def combined_route(self, partial: Row) -> Key:
+        return partial[: len(partial) - self._partial_tail]
 
     def new_state(self) -> ReduceState:
         return ReduceState(self)
@@ -126,9 +163,42 @@ class ReduceState(SpillingGroupedState):
             groups.settle()
         self.key_width = key_width
 
-    def _update_group(
-        self, key: Key, changes: list[tuple[Row, int]], time: int, out: list[Update]
+    def process_combined(self, partials: list[Update]) -> list[Update]:
+        return self._visit(keyed_by_time(partials, self._partial_key), self._update_from_parts)
+
+    def _partial_key(self, partial: Row) -> Key:
+        # The wire loses the identity of the one canonical NaN the groups are found by.
+        return tuple(
+            canonical_float(value) if value.__class__ is float else value
+            for value in self.spec.combined_route(partial)
+        )
+
+    def _update_from_parts(
+        self, key: Key, partials: list[tuple[Row, int]], time: int, out: list[Update]
     ) -> None:
+        self._update_group(key, partials, time, out, from_parts=True)
+
+    def _add_partials(self, group: Group, key_width: int, partials: list[tuple[Row, int]]) -> None:
+        """Adds partial rows (``ReduceOperator.combine``), each ``diff`` times, to ``group``."""
+        widths = self.spec.part_widths
+        for partial, diff in partials:
+            group.rows += partial[key_width] * diff
+            start = key_width + 1
+            for state, width in zip(group.aggregates, widths, strict=True):
+                state.add_parts(partial[start : start + width], diff)
+                start += width
+
+    def _update_group(
+        self,
+        key: Key,
+        changes: list[tuple[Row, int]],
+        time: int,
+        out: list[Update],
+        *,
+        from_parts: bool = False,
+    ) -> None:
+        """Folds a group's changes at ``time`` in (partial rows with ``from_parts``) and
+        emits the change of its output row."""
         self.work.key_lookups += 1
         groups = self.groups
         bucket = groups.bucket(key)
@@ -140,15 +210,12 @@ class ReduceState(SpillingGroupedState):
             group = Group([a.new_state() for a in self.spec.aggregates])
         self.key_width = len(key)
         states = group.aggregates
-        readers = [a.value for a in self.spec.aggregates]
         keeps_values = self.spec.keeps_values
         values_before = sum(state.values_held() for state in states) if keeps_values else 0
-        diffs = [diff for _, diff in changes]
-        group.rows += sum(diffs)
-        for state, read in zip(states, readers, strict=True):
-            state.add_all(
-                [None] * len(diffs) if read is None else [read(row) for row, _ in changes], diffs
-            )
+        if from_parts:
+            self._add_partials(group, len(key), changes)
+        else:
+            group.rows += fold_changes(states, self.spec.aggregates, changes)
         values_after = sum(state.values_held() for state in states) if keeps_values else 0
         self.values += values_after - values_before
         output: Row | None = None
