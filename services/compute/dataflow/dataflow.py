@@ -77,7 +77,7 @@ class Dataflow:
         self.as_of = as_of
         self.shards = shards
         self.guard = guard
-        self.combine = combine
+        self._combine = combine
         self.workers = [ShardWorker(self.graph, shard, guard, budget) for shard in range(shards)]
         self._upper: int | None = None
 
@@ -234,7 +234,7 @@ class Dataflow:
                 ]
             else:
                 assert isinstance(op, StatefulOperator)
-                if op.combines and shards > 1 and self.combine:
+                if op.combines and shards > 1 and self._combine:
                     (i,) = node.inputs
                     partials = exchange(
                         [op.combine(part) for part in held[i]], op.combined_route, shards

@@ -530,6 +530,10 @@ class _RecordingWorker(ShardWorker):
         )
         return super().process(node_id, inputs)
 
+    def process_combined(self, node_id: int, partials: list[Update]) -> list[Update]:
+        # Partial rows are not updates a shard could be loaded from (``LoadRows``).
+        raise Internal(f"node {node_id}: a recording of a shard's inputs takes no partial rows")
+
 
 def hydrated_shard(
     plan: plan_pb2.Plan | plan_pb2.Relation,

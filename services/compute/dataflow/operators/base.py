@@ -166,10 +166,10 @@ class StatefulOperator(ABC):
     that owns their key, and how to make a shard's empty state.
 
     An operator that ``combines`` has one input, and a state that adds up over its changes
-    (COUNT and SUM): each shard sums its share of the step per key and time (``combine``)
-    before the exchange, so a key's changes cross as one partial row, routed by
-    ``combined_route`` to the shard its rows would have gone to, where
-    ``OperatorState.process_combined`` folds them in."""
+    (a reduce whose aggregates are COUNT, SUM and AVG, or none): each shard sums its share of
+    the step per key and time (``combine``) before the exchange, so a key's changes cross as
+    one partial row, routed by ``combined_route`` to the shard its rows would have gone to,
+    where ``OperatorState.process_combined`` folds them in."""
 
     routes: tuple[KeyFunction, ...]
     combines: bool = False

@@ -59,7 +59,8 @@ class ReduceOperator(StatefulOperator):
         self.keeps_values = any(kind.values_held is not Aggregate.values_held for kind in kinds)
         widths = [kind.parts_width for kind in kinds]
         self.part_widths: list[int] = [width or 0 for width in widths]
-        """Per aggregate, how many numbers its partial aggregate takes in a partial row."""
+        """Per aggregate, how many numbers its partial aggregate takes in a partial row (0
+        for one that keeps its values, whose reduce does not combine)."""
         self.combines = None not in widths
         # A partial row: the group's key, its sum of diffs, then each aggregate's parts.
         self._partial_tail = 1 + sum(self.part_widths)
