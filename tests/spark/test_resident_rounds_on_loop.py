@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +20,8 @@ from services.compute.dataflow.batch import Update
 from services.compute.spark import ResidentCluster, SparkDataflow
 from services.compute.spark import requests as rq
 from services.compute.spark.liveness import Liveness
+from services.compute.spark.resident import _Job
+from services.compute.spark.wire import receive_message, send_hello
 from tidemark.columnar import ColumnType as T
 from tidemark.columnar import RelationSchema
 from tidemark.errors import Unavailable
@@ -179,3 +182,43 @@ def test_a_round_no_thread_can_finish_fails_the_cluster_rather_than_hang_it(
     assert quick.failure is not None and "could not be finished" in quick.failure
     with pytest.raises(Unavailable, match="could not be finished"):
         asyncio.run(asyncio.wait_for(quick.acall([rq.Stats(flow.dataflow_id)] * 2), 30))
+
+
+def test_a_task_connected_first_hears_from_its_driver_while_the_others_come_up(
+    spark: SparkSession,
+) -> None:
+    """The driver pings the tasks that connected while it waits for the others (an executor
+    still starting): the first one would otherwise give a silent driver up after
+    ``deadline_s`` and fail the start."""
+    resident = ResidentCluster(spark, 2, liveness=QUICK)
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    port = listener.getsockname()[1]
+    jobs = {0: _Job("first"), 1: _Job("second")}
+    accepted: dict[int, tuple[socket.socket, int]] = {}
+    accepting = threading.Thread(
+        target=lambda: accepted.update(resident._accept_all(listener, jobs))
+    )
+    accepting.start()
+    try:
+        with socket.create_connection(("127.0.0.1", port)) as first:
+            send_hello(first, resident._token, 0, 100)
+            first.settimeout(QUICK.deadline_s)
+            # Longer than the task's deadline, and every frame in it is a ping.
+            heard = [
+                receive_message(first)
+                for _ in range(int(QUICK.deadline_s * 1.5 / QUICK.heartbeat_s))
+            ]
+            assert all(isinstance(frame, rq.Ping) for frame in heard)
+            with socket.create_connection(("127.0.0.1", port)) as second:
+                send_hello(second, resident._token, 1, 200)
+                accepting.join(10)
+                assert sorted((shard, pid) for shard, (_, pid) in accepted.items()) == [
+                    (0, 100),
+                    (1, 200),
+                ]
+    finally:
+        accepting.join(10)
+        listener.close()
+        for sock, _ in accepted.values():
+            sock.close()

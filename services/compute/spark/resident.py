@@ -59,7 +59,7 @@ from services.compute.spark.mesh import MESH_LOST, PEER_FAILED
 from services.compute.spark.secure import accept_secure, own_identity, server_context
 from services.compute.spark.session import MESH_PORTS, RESIDENT_PORT, local_slots, port_range
 from services.compute.spark.task import resident_task
-from services.compute.spark.wire import TOKEN_BYTES, ConnectionLost, authenticate
+from services.compute.spark.wire import TOKEN_BYTES, ConnectionLost, authenticate, send_message
 from tidemark import errors
 from tidemark.errors import FailedPrecondition, Internal, InvalidArgument, Unavailable
 from tidemark.logging import get_logger
@@ -783,8 +783,21 @@ class ResidentCluster:
     ) -> dict[int, tuple[socket.socket, int]]:
         by_shard: dict[int, tuple[socket.socket, int]] = {}
         deadline = time.monotonic() + self._connect_timeout
+        pinged = time.monotonic()
         try:
             while len(by_shard) < len(jobs):
+                if time.monotonic() - pinged >= self._liveness.heartbeat_s:
+                    # A task that connected early must hear from its driver while the others
+                    # come up (an executor still starting): it gives a silent driver up.
+                    pinged = time.monotonic()
+                    for shard, (early, _) in list(by_shard.items()):
+                        try:
+                            send_message(early, rq.Ping())
+                        except ConnectionLost as error:
+                            raise Unavailable(
+                                f"the resident task of shard {shard} is gone ({error}) "
+                                "while the others connected"
+                            ) from error
                 for shard, job in jobs.items():
                     if job.done.is_set() and shard not in by_shard:
                         raise Unavailable(
