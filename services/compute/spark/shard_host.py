@@ -405,15 +405,18 @@ class ShardHost:
         output: list[Update],
         indexed: list[Update] | None,
     ) -> StepWritten:
-        """Writes this task's share of the output as a part: ``indexed``, disjoint by row
-        from the other tasks' already (the updates its index keys own, or the output of a
-        root that keeps each row on one task); without it, those whose row it owns, after
-        an exchange by the whole row."""
+        """Writes this task's share of the output as a part: ``indexed``, consolidated and
+        disjoint by row from the other tasks' already (the updates its index keys own, or
+        the output of a root that keeps each row on one task); without it, those whose row
+        it owns, after an exchange by the whole row."""
         if indexed is None:
             shares = partition(output, whole_row, self.shards)
             owned = self._exchange(step, OUTPUT_EXCHANGE, [(share,) for share in shares])
-            indexed = normalizer(graph.output_types).apply(
-                [[update for part in owned for update in part[0]]]
+            # Two tasks may have made the same row at the same time.
+            indexed = consolidate(
+                normalizer(graph.output_types).apply(
+                    [[update for part in owned for update in part[0]]]
+                )
             )
         return write_share(io, indexed)
 

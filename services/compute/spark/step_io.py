@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 import pyarrow as pa
 
-from services.compute.dataflow.batch import Update, consolidate
+from services.compute.dataflow.batch import Update
 from services.compute.spark.part_shares import owned_rows
 from services.compute.spark.parts_source import (
     MISSING_PART,
@@ -79,10 +79,9 @@ def read_sources(
     return sources, owned
 
 
-def write_share(io: StepIO, share: list[Update]) -> StepWritten:
-    """Writes this task's output share (disjoint by row from the others') as one part of
-    the output collection, not committed; the reply names it."""
-    updates = consolidate(share)
+def write_share(io: StepIO, updates: list[Update]) -> StepWritten:
+    """Writes this task's output share (consolidated, and disjoint by row from the others')
+    as one part of the output collection, not committed; the reply names it."""
     rows = updates if io.return_rows else None
     if not updates:
         return StepWritten(None, 0, 0, 0, rows)

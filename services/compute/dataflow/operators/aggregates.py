@@ -366,20 +366,20 @@ def add_summed_parts(state: Aggregate, parts: Iterator[Any]) -> None:
       NULL when no value is), the diffs of non-NULL values, and a flag set when a product
       did not fit Spark's decimals.
 
-    Hydration by Spark loads such groups without their rows. Adding (not setting) lets two
-    rows of one group sum up."""
+    Hydration by Spark loads such groups without their rows. They are added as the state's
+    own ``parts`` (``add_parts``), as a partial row from another shard is, so that two rows
+    of one group sum up."""
     if isinstance(state, CountRows):
         next(parts)
     elif isinstance(state, CountValues):
-        state.count += next(parts)
+        state.add_parts((next(parts),), 1)
     elif isinstance(state, SumExact):
         total, count, overflowed = next(parts), next(parts), next(parts)
         if overflowed is not None or (total is None and count):
             raise FailedPrecondition(
                 "a SUM's total passes 38 digits: its exact state cannot be built by Spark"
             )
-        if total is not None:
-            state.total += int(total.scaleb(state.scale, decimals.EXACT))
-        state.count += count
+        scaled = 0 if total is None else int(total.scaleb(state.scale, decimals.EXACT))
+        state.add_parts((scaled, count), 1)
     else:
         raise Internal(f"{type(state).__name__} keeps more than sums of diffs")

@@ -174,10 +174,19 @@ class ReduceState(SpillingGroupedState):
             for value in self.spec.combined_route(partial)
         )
 
+    def _update_group(
+        self, key: Key, changes: list[tuple[Row, int]], time: int, out: list[Update]
+    ) -> None:
+        self._fold_into_group(key, changes, time, out, self._add_changes)
+
     def _update_from_parts(
         self, key: Key, partials: list[tuple[Row, int]], time: int, out: list[Update]
     ) -> None:
-        self._update_group(key, partials, time, out, from_parts=True)
+        self._fold_into_group(key, partials, time, out, self._add_partials)
+
+    def _add_changes(self, group: Group, key_width: int, changes: list[tuple[Row, int]]) -> None:
+        """Adds a group's input changes (rows of the reduce's input) to ``group``."""
+        group.rows += fold_changes(group.aggregates, self.spec.aggregates, changes)
 
     def _add_partials(self, group: Group, key_width: int, partials: list[tuple[Row, int]]) -> None:
         """Adds partial rows (``ReduceOperator.combine``), each ``diff`` times, to ``group``."""
@@ -189,17 +198,16 @@ class ReduceState(SpillingGroupedState):
                 state.add_parts(partial[start : start + width], diff)
                 start += width
 
-    def _update_group(
+    def _fold_into_group(
         self,
         key: Key,
         changes: list[tuple[Row, int]],
         time: int,
         out: list[Update],
-        *,
-        from_parts: bool = False,
+        add: Callable[[Group, int, list[tuple[Row, int]]], None],
     ) -> None:
-        """Folds a group's changes at ``time`` in (partial rows with ``from_parts``) and
-        emits the change of its output row."""
+        """Folds a group's ``changes`` at ``time`` in (with ``add``: input rows or partial
+        rows) and emits the change of its output row."""
         self.work.key_lookups += 1
         groups = self.groups
         bucket = groups.bucket(key)
@@ -213,10 +221,7 @@ class ReduceState(SpillingGroupedState):
         states = group.aggregates
         keeps_values = self.spec.keeps_values
         values_before = sum(state.values_held() for state in states) if keeps_values else 0
-        if from_parts:
-            self._add_partials(group, len(key), changes)
-        else:
-            group.rows += fold_changes(states, self.spec.aggregates, changes)
+        add(group, len(key), changes)
         values_after = sum(state.values_held() for state in states) if keeps_values else 0
         self.values += values_after - values_before
         output: Row | None = None
