@@ -15,12 +15,14 @@ import pytest
 
 from services.compute.dataflow import Dataflow, Update
 from services.compute.dataflow.batch import Row, consolidate
+from services.compute.dataflow.operators.reduce import ReduceOperator
+from services.compute.dataflow.worker import ShardWorker
 from services.compute.spark import requests as rq
 from services.compute.spark.liveness import Channel, Liveness, collect
 from services.compute.spark.mesh import MESH_LOST, PEER_FAILED, Mesh, MeshLost
 from services.compute.spark.shard_host import HOLD_ENV, ShardHost
 from services.compute.spark.wire import TOKEN_BYTES, ConnectionLost
-from tests.spark.test_spark_dataflow import history, orders_by_region
+from tests.spark.test_spark_dataflow import CUSTOMERS, ORDERS, history, orders_by_region
 from tidemark.columnar import ColumnType as T
 from tidemark.columnar import RelationSchema
 from tidemark.plan import builders as pb
@@ -312,3 +314,78 @@ def test_a_task_listens_on_the_first_free_port_of_its_range() -> None:
         for mesh in meshes:
             mesh.close()
         taken.close()
+
+
+def _comparable(updates: Sequence[Update]) -> list[tuple[Row, int, int]]:
+    # A NaN read off the wire is not the reference's NaN object, which tuples compare by;
+    # NULL keys do not sort against text.
+    return sorted(
+        (
+            (tuple("NaN" if value != value else value for value in row), time, diff)
+            for row, time, diff in updates
+        ),
+        key=repr,
+    )
+
+
+@pytest.mark.parametrize("seed", [1, 2, 23])
+def test_a_reduce_of_sums_combines_on_every_task_and_answers_as_one_shard(
+    tasks: Tasks, monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    """COUNT, SUM and AVG over the join of a float column (NaN, -0.0 and 1e300 among its
+    values) on three hosts: each host combines its share before the exchange and folds
+    the partial rows it receives (``ShardWorker.process_combined``, never ``process`` for
+    the reduce), and every step's output equals the single-shard engine's (seed 1 has a
+    group whose orders cancel out at a time while its sum changes)."""
+    joined = pb.join(pb.get("orders", ORDERS), pb.get("customers", CUSTOMERS), [1], [0])
+    plan = pb.reduce(
+        joined,
+        [4],
+        [
+            pb.aggregate("count"),
+            pb.aggregate("count", 2),
+            pb.aggregate("sum", 2),
+            pb.aggregate("avg", 2),
+        ],
+    )
+    updates = history(seed=seed, times=12)
+    as_of, uppers = 2, [4, 5, 8, 12]
+    # The single-shard reference first: the spies below are to see the hosts' workers only.
+    reference = Dataflow(plan, as_of=as_of)
+    snapshot = {name: [u for u in batch if u[1] <= as_of] for name, batch in updates.items()}
+    hydrated, _ = reference.hydrate(snapshot)
+    advanced = {name: [(r, as_of, d) for r, _, d in batch] for name, batch in snapshot.items()}
+    steps = [(_by_node(reference, advanced), as_of, as_of + 1, hydrated)]
+    for upper in uppers:
+        lower = reference.upper
+        assert lower is not None
+        batches = {
+            name: [u for u in batch if lower <= u[1] < upper] for name, batch in updates.items()
+        }
+        expected, _ = reference.step(batches, upper)
+        steps.append((_by_node(reference, batches), None, upper, expected))
+    calls: dict[str, set[int]] = {"process_combined": set(), "process": set()}
+
+    def spy(name: str) -> None:
+        original = getattr(ShardWorker, name)
+
+        def counted(self: ShardWorker, node_id: int, *args: object) -> object:
+            calls[name].add(node_id)
+            return original(self, node_id, *args)
+
+        monkeypatch.setattr(ShardWorker, name, counted)
+
+    spy("process_combined")
+    spy("process")
+    tasks.ask_all(rq.Install("v", plan.SerializeToString(), True))
+    changed = 0
+    for sources, constants_at, upper, expected in steps:
+        got = tasks.step("v", sources, constants_at, upper)
+        assert _comparable(got) == _comparable(expected)
+        changed += len(got)
+    assert changed > 10
+    (reduce_id,) = [
+        node.id for node in reference.graph.nodes if isinstance(node.operator, ReduceOperator)
+    ]
+    assert reduce_id in calls["process_combined"]
+    assert reduce_id not in calls["process"]
