@@ -59,6 +59,8 @@ class CollectionHolds:
         self.history_ms = history_ms
         self.renew_every = renew_every
         self._lease_ms = 0  # storage's lease length, once a renewal has said it
+        # Set when a capability is taken before any renewal has said the lease's length.
+        self._lease_unknown = asyncio.Event()
         self._read_ts = read_ts
         self._held: dict[str, _Held] = {}
         self._acquiring: dict[str, asyncio.Lock] = {}
@@ -86,7 +88,7 @@ class CollectionHolds:
                     )
                 raise CollectionGone(f"collection {collection_id} has been dropped")
             held = _Held(pair.read, pair.write)
-            self._held[collection_id] = held
+            self._keep(collection_id, held)
             return held
 
     async def _upper_open(self, collection_id: str) -> bool:
@@ -113,7 +115,12 @@ class CollectionHolds:
 
     def adopt(self, pair: CapabilityPair) -> None:
         """Keep the capabilities ``Create`` returned for a new collection."""
-        self._held[pair.read.collection_id] = _Held(pair.read, pair.write)
+        self._keep(pair.read.collection_id, _Held(pair.read, pair.write))
+
+    def _keep(self, collection_id: str, held: _Held) -> None:
+        self._held[collection_id] = held
+        if not self._lease_ms:
+            self._lease_unknown.set()
 
     def forget(self, collection_id: str) -> None:
         """Stop using the collection's capabilities (storage no longer knows them)."""
@@ -148,7 +155,7 @@ class CollectionHolds:
 
     async def _upkeep(self) -> None:
         while True:
-            await asyncio.sleep(renewal_wait(self.renew_every, self._lease_ms))
+            await self._until_renewal()
             try:
                 await self.renew()
                 await self.downgrade_reads()
@@ -158,6 +165,19 @@ class CollectionHolds:
                 log.warning("capability_upkeep_failed", error=exc.message)
             except Exception as exc:
                 log.exception("capability_upkeep_crashed", error=str(exc))
+
+    async def _until_renewal(self) -> None:
+        """Waits for the next renewal: ``renewal_wait`` once storage has said its lease's
+        length; until then, only until a capability is taken, which is renewed at once to
+        learn it (storage's lease may be shorter than ``renew_every``: waiting that long
+        first could let the new capability expire)."""
+        wait = renewal_wait(self.renew_every, self._lease_ms)
+        if self._lease_ms:
+            await asyncio.sleep(wait)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._lease_unknown.wait(), wait)
+        self._lease_unknown.clear()
 
     async def renew(self) -> None:
         capabilities = [

@@ -77,3 +77,25 @@ async def test_the_adapters_holds_renew_on_the_lease_storage_grants() -> None:
         await holds.close()
     # Every 0.2 s throughout, where 30 s alone would have renewed once.
     assert 5 <= storage.renewals <= 8
+
+
+async def test_the_adapter_renews_a_capability_taken_before_it_knows_the_lease_at_once() -> None:
+    """Storage's lease (300 ms) is far shorter than the interval the adapter was given (30
+    s): a capability taken before any renewal has said so is renewed at once, which learns
+    the lease, and then three times per lease, never lapsing."""
+    storage = _Storage(lease_ms=300)
+    client: Any = storage
+    holds = CollectionHolds(client, "adapter", history_ms=1_000, renew_every=30.0)
+    holds.start()
+    try:
+        await asyncio.sleep(0.2)
+        assert storage.renewals == 0  # nothing held: nothing to renew, nothing learnt
+        read = Capability("u1", "r1", "read", u64_frontier(0), 0)
+        holds.adopt(CapabilityPair(read, replace(read, id="w1", kind="write")))
+        await asyncio.sleep(0.05)
+        assert storage.renewals == 1  # at once, not 30 s later
+        await asyncio.sleep(0.5)
+    finally:
+        await holds.close()
+    # Every 0.1 s after the first.
+    assert 5 <= storage.renewals <= 8
