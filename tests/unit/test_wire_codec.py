@@ -72,6 +72,20 @@ def update_lists(draw: st.DrawFn, kinds: list[ColumnType]) -> list[tuple[Any, in
 
 IDS = st.text(max_size=20)
 
+STEP_IO = st.builds(
+    rq.StepIO,
+    st.text(),
+    st.dictionaries(st.text(), st.text(), max_size=3),
+    st.dictionaries(
+        INT64,
+        st.lists(st.tuples(st.text(), INT64, INT64, INT64, INT64), max_size=3),
+        max_size=2,
+    ),
+    st.text(),
+    st.binary(),
+    st.booleans(),
+)
+
 
 @st.composite
 def messages(draw: st.DrawFn) -> object:
@@ -96,6 +110,7 @@ def messages(draw: st.DrawFn) -> object:
             st.dictionaries(INT64, updates, max_size=3),
             st.one_of(st.none(), INT64),
             INT64,
+            st.one_of(st.none(), STEP_IO),
         ),
         st.builds(rq.MeshAddress),
         st.builds(
@@ -150,6 +165,14 @@ def messages(draw: st.DrawFn) -> object:
         st.dictionaries(st.tuples(*(DATUMS[kind] for kind in kinds)), ANY_INT),  # Peek
         st.tuples(INT64, st.builds(Work, INT64, INT64)),  # Stats
         st.tuples(INT64, ANY_INT),  # Hydrate
+        st.builds(  # Step with StepIO
+            rq.StepWritten,
+            st.one_of(st.none(), st.tuples(st.text(), INT64, INT64)),
+            INT64,
+            INT64,
+            ANY_INT,
+            st.one_of(st.none(), updates),
+        ),
     ]
     reply = st.builds(
         rq.Reply,
