@@ -198,6 +198,27 @@ def test_decimals_are_stored_as_integers_and_read_back_as_decimals(rows: int) ->
     assert from_parquet(data).equals(table)  # the decimal types come back without a schema
 
 
+def test_a_file_of_another_schema_is_read_as_the_schema_asked_for() -> None:
+    """A file whose schema is the one asked for is read as it is; one whose columns differ
+    (narrower integers, nullability, an extra column) comes back in the schema asked for,
+    as the dataset reader reconciles them."""
+    wanted = pa.schema([pa.field("a", pa.int64()), pa.field("time", pa.uint64(), nullable=False)])
+    same = pa.table({"a": pa.array([1, None], pa.int64()), "time": pa.array([3, 4], pa.uint64())})
+    same = same.cast(wanted)
+    assert from_parquet(to_parquet(same), wanted).equals(same)
+    other = pa.table(
+        {
+            "a": pa.array([1, None], pa.int32()),
+            "time": pa.array([3, 4], pa.uint64()),
+            "extra": pa.array(["x", "y"]),
+        }
+    )
+    got = from_parquet(to_parquet(other), wanted)
+    assert got.schema.equals(wanted)
+    assert got.column("a").to_pylist() == [1, None]
+    assert got.column("time").to_pylist() == [3, 4]
+
+
 @pytest.mark.parametrize("compression", ["zstd", "none"])
 def test_a_part_written_with_the_former_layout_reads_back_alike(compression: str) -> None:
     import pyarrow.parquet as pq

@@ -75,4 +75,11 @@ def to_parquet(table: pa.Table) -> bytes:
 
 def from_parquet(data: bytes, schema: pa.Schema | None = None) -> pa.Table:
     """The table a Parquet file holds, with ``schema`` if given (the file must match it)."""
+    # Read in this thread as one file: pq.read_table goes through the dataset layer, which
+    # costs about 1 ms more per file whatever its size (a 10-row part 1.22 -> 0.21 ms, 1,000
+    # rows 1.37 -> 0.41 ms), and storage reads every part it compacts. A file whose schema is
+    # not the one asked for still goes through read_table, which reconciles the two.
+    with pq.ParquetFile(pa.BufferReader(data), pre_buffer=False) as source:
+        if schema is None or source.schema_arrow.equals(schema):
+            return source.read(use_threads=False)
     return pq.read_table(pa.BufferReader(data), schema=schema)
