@@ -42,6 +42,9 @@ def from_ipc(data: bytes) -> pa.Table:
         raise InvalidArgument(f"not an Arrow IPC stream: {exc}") from None
 
 
+THREADED_READ_BYTES = 1 << 20
+"""A Parquet file larger than this is decoded by Arrow's thread pool (``from_parquet``)."""
+
 ROW_GROUP_ROWS = 1 << 20
 """Rows per Parquet row group: a reader can take a part's row groups apart (Spark slices).
 Smaller groups (2^17, 2^18 rows) scanned no faster by Spark and made larger files (a
@@ -75,11 +78,12 @@ def to_parquet(table: pa.Table) -> bytes:
 
 def from_parquet(data: bytes, schema: pa.Schema | None = None) -> pa.Table:
     """The table a Parquet file holds, with ``schema`` if given (the file must match it)."""
-    # Read in this thread as one file: pq.read_table goes through the dataset layer, which
-    # costs about 1 ms more per file whatever its size (a 10-row part 1.22 -> 0.21 ms, 1,000
-    # rows 1.37 -> 0.41 ms), and storage reads every part it compacts. A file whose schema is
-    # not the one asked for still goes through read_table, which reconciles the two.
+    # Read as one file: pq.read_table goes through the dataset layer, which costs about 1 ms
+    # more per file whatever its size (a 10-row part 1.22 -> 0.21 ms, 1,000 rows 1.37 -> 0.41
+    # ms), and storage reads every part it compacts. Arrow's threads only pay off on large
+    # files. A file whose schema is not the one asked for still goes through read_table,
+    # which reconciles the two.
     with pq.ParquetFile(pa.BufferReader(data), pre_buffer=False) as source:
         if schema is None or source.schema_arrow.equals(schema):
-            return source.read(use_threads=False)
+            return source.read(use_threads=len(data) > THREADED_READ_BYTES)
     return pq.read_table(pa.BufferReader(data), schema=schema)
