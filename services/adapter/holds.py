@@ -175,8 +175,11 @@ class CollectionHolds:
         if self._lease_ms:
             await asyncio.sleep(wait)
             return
+        # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
+        # arrives just as the event is set, and close() would then wait on a loop that goes on.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._lease_unknown.wait(), wait)
+            async with asyncio.timeout(wait):
+                await self._lease_unknown.wait()
         self._lease_unknown.clear()
 
     async def renew(self) -> None:
